@@ -1,0 +1,3 @@
+from ortgate.cli import main
+
+raise SystemExit(main())

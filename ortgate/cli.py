@@ -1,0 +1,221 @@
+"""The `ortgate` command line. Exit codes: 0 the gate passes, 1 it fails, 2 usage or input error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ortgate import __version__
+from ortgate.errors import InputError
+
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+FORMATS = ("text", "json")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line in ortgate's error format."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ortgate", description="Graph diagnostics linter and CI gate for LLMs on ONNX Runtime.")
+    parser.add_argument("--version", action="store_true", help="print versions (ortgate, onnxruntime, kernel table)")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    lint = sub.add_parser("lint", help="lint a model (and its deployment policy) and apply the gate")
+    lint.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
+    lint.add_argument("--policy", help="deployment policy YAML")
+    lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
+    lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    lint.add_argument("--format", choices=FORMATS, default="text")
+    lint.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    lint.add_argument("--fail-on", choices=("error", "warning", "info"),
+                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
+    lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
+    lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
+    lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+
+    rules = sub.add_parser("rules", help="list every rule")
+    rules.add_argument("--format", choices=FORMATS, default="text")
+
+    explain = sub.add_parser("explain", help="show a rule's documentation")
+    explain.add_argument("rule", metavar="CODE|NAME")
+
+    policy = sub.add_parser("policy", help="policy files")
+    policy_sub = policy.add_subparsers(dest="policy_command", parser_class=_Parser)
+    validate = policy_sub.add_parser("validate", help="check a policy against the schema (and its extends chain)")
+    validate.add_argument("file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _dispatch(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    except InputError as exc:
+        _error(exc.one_line())
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except MemoryError:
+        _error("out of memory")
+        return EXIT_INPUT
+    except BrokenPipeError:
+        return EXIT_PASS
+    except Exception as exc:  # never a traceback in CI logs; ORTGATE_STRICT=1 shows it
+        if os.environ.get("ORTGATE_STRICT") == "1":
+            raise
+        _error(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (please report this)")
+        return EXIT_INTERNAL
+
+
+def _error(message: str) -> None:
+    print(f"ortgate: error: {message}", file=sys.stderr)
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    args = parser.parse_args(argv)
+    if args.version:
+        print(version_text())
+        return EXIT_PASS
+    if args.command == "lint":
+        return cmd_lint(args)
+    if args.command == "rules":
+        return cmd_rules(args)
+    if args.command == "explain":
+        return cmd_explain(args)
+    if args.command == "policy" and args.policy_command == "validate":
+        return cmd_policy_validate(args)
+    parser.print_help(sys.stderr)
+    return EXIT_INPUT
+
+
+def version_text() -> str:
+    from ortgate.knowledge import kernel_table
+
+    try:
+        import onnxruntime
+
+        ort = onnxruntime.__version__
+    except ImportError:
+        ort = "not installed"
+    import onnx
+
+    table = kernel_table()
+    return (f"ortgate {__version__}\nonnxruntime {ort} (installed)\nonnx {onnx.__version__}\n"
+            f"kernel table: {table.ort_version} (commit {table.commit[:12]})")
+
+
+def _split(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _check_output_path(output: str | None, inputs: list[str | None]) -> None:
+    """Never write over something the user gave us."""
+    if output is None:
+        return
+    out = Path(output)
+    for given in inputs:
+        if given and out.exists() and Path(given).exists() and out.resolve() == Path(given).resolve():
+            raise InputError("refusing to write the report over an input file", output)
+    if out.exists() and out.is_dir():
+        raise InputError("is a directory", output)
+    if not out.parent.exists():
+        raise InputError("its folder does not exist", output)
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", output) from None
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator:
+    """A spinner on stderr while loading and analysing, only when stderr is a terminal."""
+    if not enabled:
+        yield lambda _msg: None
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("ortgate: starting") as status:
+        yield lambda msg: status.update(f"ortgate: {msg}")
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from ortgate.lint.engine import LintRequest, LintResult, load_inputs, run_rules, summarize
+    from ortgate.lint.gate import apply_gate, decide, gate_config_from, selected_rules
+    from ortgate.report import render
+
+    _check_output_path(args.output, [args.model, args.policy, args.optimized, args.config])
+    request = LintRequest(args.model, args.policy, args.optimized, args.config)
+    with _progress(sys.stderr.isatty()) as note:
+        inputs = load_inputs(request, note)
+        config = gate_config_from(inputs.policy, cli_select=_split(args.select), cli_ignore=_split(args.ignore),
+                                  fail_on=args.fail_on)
+        rules = selected_rules(config)
+        note(f"running {len(rules)} rules")
+        findings = apply_gate(run_rules(inputs, rules), config)
+    verdict = decide(findings, config.fail_on)
+    result = LintResult(findings, verdict, summarize(inputs), rules)
+    _write(render(args.format, result), args.output)
+    if args.exit_zero:
+        return EXIT_PASS
+    return verdict.exit_code
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from ortgate.rules import all_rules
+
+    rules = all_rules()
+    if args.format == "json":
+        payload = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family,
+                    "summary": r.summary} for r in rules]
+        print(json.dumps(payload, indent=2))
+        return EXIT_PASS
+    width = max(len(r.name) for r in rules)
+    for r in rules:
+        print(f"{r.code}  {r.name:<{width}}  {r.severity.label:<7}  {r.summary}")
+    return EXIT_PASS
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ortgate.rules import find_rule, suggest_rule
+
+    r = find_rule(args.rule)
+    if r is None:
+        hint = suggest_rule(args.rule)
+        raise InputError(f"unknown rule {args.rule!r}" + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
+    text = f"# {r.code} {r.name} (default severity: {r.severity.label})\n\n{r.doc}\n"
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
+    else:
+        sys.stdout.write(text)
+    return EXIT_PASS
+
+
+def cmd_policy_validate(args: argparse.Namespace) -> int:
+    from ortgate.policies.loader import load_policy
+
+    policy = load_policy(args.file)
+    chain = " <- ".join(str(p) for p in policy.chain[1:])
+    print(f"{args.file}: valid policy {policy.name!r}" + (f" (extends {chain})" if chain else ""))
+    return EXIT_PASS

@@ -1,0 +1,323 @@
+"""Execution-provider option catalogs and ONNX Runtime / onnxruntime-genai facts, as data.
+
+provider_options.json: for CUDA, TensorRT, CANN and CPU, every option key the provider accepts, with its type,
+default, allowed values and a one-line description (hand-curated from the ORT C++ sources named in each provider's
+"source", checked against the onnxruntime-gpu 1.31.1 binaries).
+ort_facts.json: graph optimization levels, known session/run config keys, provider names as onnxruntime-genai
+writes them in genai_config.json.
+
+    cat = provider_catalog("cuda")                  # or "CUDAExecutionProvider"
+    cat.option("cuda_graph_enable_partial")         # None: not a CUDA option
+    cat.suggest("enable_cuda_graphs")               # "enable_cuda_graph"
+    cat.option("enable_cuda_graph").validate("yes") # 'expects a boolean (0/1/true/false/True/False), got "yes"'
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROVIDER_OPTIONS_JSON = Path(__file__).with_name("provider_options.json")
+ORT_FACTS_JSON = Path(__file__).with_name("ort_facts.json")
+
+OPTION_TYPES = ("bool", "int", "size", "float", "enum", "string", "path")
+_INT_RE = re.compile(r"^[+-]?[0-9]+$")
+_SIZE_RE = re.compile(r"^\+?[0-9]+$")
+_INT32 = (-(2**31), 2**31 - 1)
+_SIZE_MAX = 2**64 - 1
+
+
+@functools.cache
+def _load(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _as_option_string(value: Any) -> str | None:
+    """How a value reaches ORT: Python's InferenceSession str()s provider option values."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return str(value)
+    return None
+
+
+def _quote(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+@dataclass(frozen=True)
+class ProviderOption:
+    provider: str
+    key: str
+    type: str  # one of OPTION_TYPES
+    default: Any
+    description: str
+    values: tuple[str, ...] = ()  # allowed values of an enum
+    min: int | None = None
+    max: int | None = None
+    bool_values: tuple[str, ...] = ("0", "1", "true", "false", "True", "False")
+    python_api: bool = True  # False: the Python API rejects the key (C/C++ API only)
+    validated_by: str = "ort"  # "ort", or the backend that checks the value instead (ORT passes it on unchecked)
+    note: str | None = None
+
+    @property
+    def default_string(self) -> str:
+        """The default as a string this option accepts ("0"/"1" for booleans, "True"/"False" where only those
+        parse, e.g. TensorRT options through the Python API)."""
+        if isinstance(self.default, bool):
+            if "1" in self.bool_values:
+                return "1" if self.default else "0"
+            return "True" if self.default else "False"
+        return str(self.default)
+
+    def validate(self, value: Any) -> str | None:
+        """None if ORT would accept `value` for this option, else a short reason."""
+        text = _as_option_string(value)
+        if text is None:
+            return f"expects a string value, got {type(value).__name__} {value!r}"
+        t = self.type
+        if t == "bool":
+            if text in self.bool_values:
+                return None
+            return f"expects a boolean ({'/'.join(self.bool_values)}), got {_quote(value)}"
+        if t in ("int", "size"):
+            if isinstance(value, bool) or not (_SIZE_RE if t == "size" else _INT_RE).match(text):
+                kind = "a non-negative integer" if t == "size" else "an integer"
+                return f"expects {kind}, got {_quote(value)}"
+            n = int(text)
+            lo, hi = (0, _SIZE_MAX) if t == "size" else _INT32
+            lo = lo if self.min is None else max(lo, self.min)
+            hi = hi if self.max is None else min(hi, self.max)
+            if n < lo or n > hi:
+                return f"expects an integer in [{lo}, {hi}], got {n}"
+            return None
+        if t == "float":
+            try:
+                float(text)
+            except ValueError:
+                return f"expects a number, got {_quote(value)}"
+            return None
+        if t == "enum":
+            if text in self.values:
+                return None
+            hint = difflib.get_close_matches(text, self.values, n=1)
+            did = f" (did you mean {hint[0]!r}?)" if hint else ""
+            return f"expects one of {', '.join(self.values)}, got {_quote(value)}{did}"
+        return None  # string / path: ORT does not check
+
+
+@dataclass(frozen=True)
+class ProviderCatalog:
+    name: str  # the ORT execution provider name, e.g. "CUDAExecutionProvider"
+    short_names: tuple[str, ...]
+    ort_version: str
+    source: Mapping[str, Any]
+    unknown_key_behavior: str  # "error" (session creation fails / falls back to CPU) or "ignored"
+    unknown_key_note: str
+    options: Mapping[str, ProviderOption] = field(repr=False)
+    possibly_valid: tuple[str, ...] = ()  # keys seen in some source version but not verified
+    possibly_valid_note: str | None = None
+    graph_capture_option: str | None = None  # the option that turns CUDA-graph capture/replay on, if any
+
+    def keys(self) -> list[str]:
+        return list(self.options)
+
+    def option(self, key: str) -> ProviderOption | None:
+        return self.options.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.options
+
+    def suggest(self, key: str) -> str | None:
+        """The valid key nearest to `key` (difflib), or None if nothing is close."""
+        if key in self.options:
+            return key
+        lowered = {k.lower(): k for k in self.options}
+        if key.lower() in lowered:
+            return lowered[key.lower()]
+        hits = difflib.get_close_matches(key, list(self.options), n=1, cutoff=0.75)
+        if hits:
+            return hits[0]
+        # Same words in another order ("cuda_graph_enable_partial" -> "enable_cuda_graph").
+        words = set(key.lower().replace("-", "_").split("_")) - {""}
+        best, best_score = None, 0.0
+        for k in self.options:
+            kw = set(k.split("_"))
+            shared = len(words & kw)
+            score = shared / len(words | kw) if shared >= 2 else 0.0
+            if score > best_score:
+                best, best_score = k, score
+        return best if best_score >= 0.5 else None
+
+    def is_possibly_valid(self, key: str) -> bool:
+        return key in self.possibly_valid
+
+    def validate(self, options: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(key, problem) for every unknown key or bad value in `options`."""
+        problems = []
+        for key, value in options.items():
+            opt = self.options.get(key)
+            if opt is None:
+                hint = self.suggest(key)
+                msg = f"not a {self.name} option"
+                if self.is_possibly_valid(key):
+                    msg += " in the catalog (seen in some ORT source versions; unverified)"
+                if hint:
+                    msg += f" (did you mean {hint!r}?)"
+                problems.append((key, msg))
+                continue
+            reason = opt.validate(value)
+            if reason:
+                problems.append((key, reason))
+        return problems
+
+
+@functools.cache
+def _catalogs() -> dict[str, ProviderCatalog]:
+    data = _load(PROVIDER_OPTIONS_JSON)
+    default_bools = tuple(data["bool_values"])
+    out = {}
+    for name, prov in data["providers"].items():
+        bools = tuple(prov.get("bool_values", default_bools))
+        options = {}
+        for key, o in prov["options"].items():
+            options[key] = ProviderOption(
+                provider=name,
+                key=key,
+                type=o["type"],
+                default=o["default"],
+                description=o["description"],
+                values=tuple(o.get("values", ())),
+                min=o.get("min"),
+                max=o.get("max"),
+                bool_values=bools,
+                python_api=o.get("python_api", True),
+                validated_by=o.get("validated_by", "ort"),
+                note=o.get("note"),
+            )
+        pv = prov.get("possibly_valid") or {}
+        out[name] = ProviderCatalog(
+            name=name,
+            short_names=tuple(prov.get("short_names", ())),
+            ort_version=data["ort_version"],
+            source=prov["source"],
+            unknown_key_behavior=prov["unknown_key_behavior"],
+            unknown_key_note=prov.get("unknown_key_note", ""),
+            options=options,
+            possibly_valid=tuple(pv.get("keys", ())),
+            possibly_valid_note=pv.get("note"),
+            graph_capture_option=prov.get("graph_capture_option"),
+        )
+    return out
+
+
+@functools.cache
+def _alias_map() -> dict[str, str]:
+    """lowercased name -> EP name, for every known provider, short name and genai spelling."""
+    facts = _load(ORT_FACTS_JSON)
+    m: dict[str, str] = {}
+    for ep in facts["known_providers"]:
+        m[ep.lower()] = ep
+        m[ep.lower().removesuffix("executionprovider")] = ep
+    for short, info in facts["genai"]["provider_names"].items():
+        if info.get("ep"):
+            m[short] = info["ep"]
+            m[info["genai_name"].lower()] = info["ep"]
+    for name, cat in _catalogs().items():
+        m[name.lower()] = name
+        for s in cat.short_names:
+            m[s.lower()] = name
+    # onnxruntime-genai builder's "-e trt-rtx"
+    m["trt-rtx"] = "NvTensorRTRTXExecutionProvider"
+    return m
+
+
+@functools.cache
+def canonical_provider_name(name: str) -> str | None:
+    """The ORT execution provider name for an EP name or short name ("cuda", "CUDA", "CUDAExecutionProvider",
+    "tensorrt", "trt", "cann", "cpu", "dml", "webgpu", "qnn", "openvino", "NvTensorRtRtx", ...), case-insensitive.
+    None if the name is not a known provider."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    return _alias_map().get(name.strip().lower())
+
+
+def provider_catalog(name: str) -> ProviderCatalog | None:
+    """The option catalog of a provider (EP name or short name, case-insensitive), or None if the provider is
+    unknown or has no catalog (only CUDA, TensorRT, CANN and CPU have one)."""
+    ep = canonical_provider_name(name)
+    return _catalogs().get(ep) if ep else None
+
+
+def catalog_providers() -> list[str]:
+    return list(_catalogs())
+
+
+# ---- ORT facts --------------------------------------------------------------------------------------------------
+
+
+def ort_facts() -> Mapping[str, Any]:
+    """The raw ort_facts.json (read-only by convention)."""
+    return _load(ORT_FACTS_JSON)
+
+
+def graph_optimization_levels() -> dict[str, int]:
+    """ORT's GraphOptimizationLevel names -> values: ORT_DISABLE_ALL=0 ... ORT_ENABLE_LAYOUT=3, ORT_ENABLE_ALL=99."""
+    return dict(ort_facts()["graph_optimization_levels"])
+
+
+def genai_graph_optimization_levels() -> list[str]:
+    """The level names onnxruntime-genai's genai_config.json accepts (no ORT_ENABLE_LAYOUT)."""
+    return list(ort_facts()["genai"]["graph_optimization_levels"])
+
+
+def session_config_key(key: str) -> Mapping[str, Any] | None:
+    """What ort_facts.json knows about a session config key (description, values, default, source), or None."""
+    return ort_facts()["session_config"]["keys"].get(key)
+
+
+def is_known_session_config_key(key: str) -> bool:
+    """True for a documented/seen session config key, or a provider-scoped 'ep.<provider>.<option>' key.
+    ORT silently accepts and ignores any other key, so an unknown key is most likely a typo."""
+    if key in ort_facts()["session_config"]["keys"]:
+        return True
+    parts = key.split(".")
+    return len(parts) >= 3 and parts[0] == "ep" and canonical_provider_name(parts[1]) is not None
+
+
+def suggest_session_config_key(key: str) -> str | None:
+    hits = difflib.get_close_matches(key, list(ort_facts()["session_config"]["keys"]), n=1, cutoff=0.75)
+    return hits[0] if hits else None
+
+
+def graph_capture_info(provider: str) -> Mapping[str, Any] | None:
+    """How graph capture/replay is switched on for a provider: {"kind": "provider_option" | "session_config",
+    "key": ..., "source": ...}; None if the provider has no such switch (CPU, CANN) or is unknown."""
+    ep = canonical_provider_name(provider)
+    return ort_facts()["graph_capture"].get(ep) if ep else None
+
+
+def graph_capture_option(provider: str) -> str | None:
+    """The provider option that turns graph capture on (CUDA: enable_cuda_graph, TensorRT: trt_cuda_graph_enable,
+    NvTensorRTRTX: enable_cuda_graph, WebGPU: enableGraphCapture); None if it is not a provider option."""
+    info = graph_capture_info(provider)
+    return info["key"] if info and info["kind"] == "provider_option" else None
+
+
+def run_config_key(key: str) -> Mapping[str, Any] | None:
+    return ort_facts()["run_config"]["keys"].get(key)
+
+
+def genai_provider_name(name: str) -> str | None:
+    """How onnxruntime-genai normalizes a provider_options name ('cuda' -> 'cuda', 'dml' -> 'DML',
+    'CUDAExecutionProvider' -> 'cuda'); None if genai does not know it (it then reaches ORT unchanged and fails)."""
+    low = name.strip().lower().removesuffix("executionprovider") if isinstance(name, str) else ""
+    info = ort_facts()["genai"]["provider_names"].get(low)
+    return info["genai_name"] if info else None

@@ -1,0 +1,109 @@
+"""What a rule sees: the evidence (graphs, deployment, expectations, policy) and a way to report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ortgate.lint.deployment import Deployment
+from ortgate.lint.expectations import Expectations
+from ortgate.lint.findings import Finding, Location, Severity
+from ortgate.lint.genai import GenaiConfig
+from ortgate.lint.graph import Graph, Node
+from ortgate.policies.loader import Policy
+
+if TYPE_CHECKING:
+    from ortgate.rules.base import Rule
+
+MAX_RELATED_NODES = 12
+
+
+@dataclass
+class LintInputs:
+    """Everything the user gave, loaded once and shared by every rule (read-only)."""
+
+    model: Graph
+    optimized: Graph | None
+    deployment: Deployment
+    expect: Expectations
+    policy: Policy | None = None
+    genai: GenaiConfig | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)  # run evidence from `ortgate run`
+
+    @property
+    def graphs(self) -> list[Graph]:
+        return [g for g in (self.model, self.optimized) if g is not None]
+
+    @property
+    def executed(self) -> Graph:
+        """The graph ORT will execute as far as we know: the optimized dump when given, else the model."""
+        return self.optimized or self.model
+
+
+class RuleContext:
+    def __init__(self, inputs: LintInputs, rule: "Rule"):
+        self.inputs = inputs
+        self.rule = rule
+
+    # Evidence ------------------------------------------------------------------------------------
+    @property
+    def model(self) -> Graph:
+        return self.inputs.model
+
+    @property
+    def optimized(self) -> Graph | None:
+        return self.inputs.optimized
+
+    @property
+    def executed(self) -> Graph:
+        return self.inputs.executed
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.inputs.deployment
+
+    @property
+    def expect(self) -> Expectations:
+        return self.inputs.expect
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.inputs.policy
+
+    # Reporting -----------------------------------------------------------------------------------
+    def finding(
+        self,
+        message: str,
+        *,
+        node: Node | None = None,
+        graph: Graph | None = None,
+        location: Location | None = None,
+        layer: int | None = None,
+        fix: str | None = None,
+        related: Iterable[Node] = (),
+        properties: dict[str, Any] | None = None,
+        severity: Severity | None = None,
+    ) -> Finding:
+        """A finding about a graph node (give node and graph) or about a config key (give location)."""
+        if location is None:
+            graph = graph or self.model
+            location = Location(graph.path)
+        related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
+        return Finding(
+            code=self.rule.code,
+            rule=self.rule.name,
+            severity=severity or self.rule.severity,
+            message=" ".join(message.split()),
+            location=location,
+            node=node.display_name if node is not None else None,
+            op_type=node.key if node is not None else None,
+            layer=layer if layer is not None else (node.layer if node is not None else None),
+            graph=node.graph if node is not None else None,
+            fix=" ".join(fix.split()) if fix else None,
+            related_nodes=related_names,
+            properties=tuple(sorted((properties or {}).items())),
+        )
+
+    def undecided(self, reason: str, *, graph: Graph | None = None, node: Node | None = None) -> Finding:
+        """The rule cannot decide on this input: said as an info finding, never a crash or a silent pass."""
+        return self.finding(f"could not decide: {reason}", graph=graph, node=node, severity=Severity.INFO)

@@ -1,0 +1,170 @@
+"""How the ONNX Runtime session is configured: the evidence about the session, with where each value was set.
+
+There may be two declarations of one deployment: the policy's `session` / `execution_provider` blocks (what a
+Python `InferenceSession` is built from, and what `ortgate run` builds) and onnxruntime-genai's
+genai_config.json (what the genai runtime builds). Config rules check each; `config-drift` compares them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortgate.errors import InputError
+from ortgate.lint.findings import Location
+from ortgate.lint.genai import GENAI_NAMED_SESSION_OPTIONS, GenaiConfig
+from ortgate.policies.loader import Policy
+from ortgate.policies.source import format_key_path
+
+ORT_DEFAULT_OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    location: Location
+
+
+@dataclass
+class SessionSetup:
+    """One declared session: its provider, provider options and session options, each with its location."""
+
+    origin: str  # "policy" | "genai_config"
+    file: str
+    provider: Setting | None = None  # canonical EP name, e.g. CUDAExecutionProvider
+    provider_options: dict[str, Setting] = field(default_factory=dict)
+    optimization_level: Setting | None = None  # None: not set, ORT's default (ORT_ENABLE_ALL) applies
+    free_dimension_overrides: dict[str, Setting] = field(default_factory=dict)
+    config_entries: dict[str, Setting] = field(default_factory=dict)
+    anchor: Location | None = None  # where to point when a setting is missing
+
+    @property
+    def provider_name(self) -> str | None:
+        return self.provider.value if self.provider else None
+
+    @property
+    def effective_optimization_level(self) -> str:
+        return self.optimization_level.value if self.optimization_level else ORT_DEFAULT_OPTIMIZATION_LEVEL
+
+    def option(self, key: str) -> str | None:
+        setting = self.provider_options.get(key)
+        return None if setting is None else option_text(setting.value)
+
+    def config_entry(self, key: str) -> str | None:
+        setting = self.config_entries.get(key)
+        return None if setting is None else option_text(setting.value)
+
+    def missing(self, key_path: str) -> Location:
+        """Location for a finding about a key that is absent: the enclosing block, named by the key path."""
+        anchor = self.anchor or Location(self.file)
+        return Location(anchor.file, anchor.line, key_path)
+
+    @property
+    def label(self) -> str:
+        return "policy" if self.origin == "policy" else "genai_config.json"
+
+
+def option_text(value: Any) -> str:
+    """Provider option values as ORT's Python API receives them (it passes str(value))."""
+    return str(value)
+
+
+def canonical_provider(name: str, location: Location) -> str:
+    """The ORT execution provider name; an unknown provider is an input error naming the file and key."""
+    from ortgate.knowledge import canonical_provider_name, ort_facts
+
+    canonical = canonical_provider_name(name)
+    if canonical is None:
+        known = ort_facts()["known_providers"]
+        hint = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise InputError(f"{location.key_path}: unknown execution provider {name!r}{suggestion}", location.file,
+                         line=location.line)
+    return canonical
+
+
+@dataclass
+class Deployment:
+    setups: list[SessionSetup] = field(default_factory=list)
+
+    @property
+    def policy_setup(self) -> SessionSetup | None:
+        return next((s for s in self.setups if s.origin == "policy"), None)
+
+    @property
+    def genai_setup(self) -> SessionSetup | None:
+        return next((s for s in self.setups if s.origin == "genai_config"), None)
+
+    @property
+    def primary(self) -> SessionSetup | None:
+        """The setup that names the target provider: the policy's, else genai_config.json's."""
+        for setup in (self.policy_setup, self.genai_setup):
+            if setup is not None and setup.provider is not None:
+                return setup
+        return self.policy_setup or self.genai_setup
+
+    @property
+    def provider(self) -> str | None:
+        primary = self.primary
+        return primary.provider_name if primary else None
+
+    @property
+    def targets_gpu(self) -> bool:
+        return self.provider not in (None, "CPUExecutionProvider")
+
+
+def setup_from_policy(policy: Policy) -> SessionSetup:
+    file = str(policy.path)
+    setup = SessionSetup("policy", file, anchor=policy.where("session") if policy.get("session") else policy.where())
+    ep = policy.get("execution_provider")
+    if ep:
+        where = policy.where("execution_provider", "name")
+        setup.provider = Setting(canonical_provider(ep["name"], where), where)
+        for key, value in (ep.get("options") or {}).items():
+            setup.provider_options[key] = Setting(value, policy.where("execution_provider", "options", key))
+    session = policy.get("session") or {}
+    if "graph_optimization_level" in session:
+        setup.optimization_level = Setting(
+            session["graph_optimization_level"], policy.where("session", "graph_optimization_level"))
+    for name, value in (session.get("free_dimension_overrides") or {}).items():
+        setup.free_dimension_overrides[name] = Setting(value, policy.where("session", "free_dimension_overrides", name))
+    for key, value in (session.get("config_entries") or {}).items():
+        setup.config_entries[key] = Setting(value, policy.where("session", "config_entries", key))
+    return setup
+
+
+def setup_from_genai(config: GenaiConfig) -> SessionSetup:
+    file = str(config.path)
+    prefix = ("model", "decoder", "session_options")
+
+    def loc(*key: str | int) -> Location:
+        return Location(file, config.line_of(*prefix, *key), format_key_path(prefix + key))
+
+    setup = SessionSetup("genai_config", file, anchor=loc())
+    options = config.session_options
+    providers = options.get("provider_options") or []
+    if providers:
+        (name, values), = providers[0].items()
+        setup.provider = Setting(canonical_provider(name, loc("provider_options", 0, name)), loc("provider_options", 0, name))
+        for key, value in values.items():
+            if key != "device_filtering_options":
+                setup.provider_options[key] = Setting(value, loc("provider_options", 0, name, key))
+    else:
+        # genai runs on CPU when no provider is listed.
+        setup.provider = Setting("CPUExecutionProvider", loc("provider_options"))
+    if "graph_optimization_level" in options:
+        setup.optimization_level = Setting(options["graph_optimization_level"], loc("graph_optimization_level"))
+    for key, value in options.items():
+        if key not in GENAI_NAMED_SESSION_OPTIONS and key != "provider_options" and not isinstance(value, (dict, list)):
+            setup.config_entries[key] = Setting(value, loc(key))
+    return setup
+
+
+def build_deployment(policy: Policy | None, genai: GenaiConfig | None) -> Deployment:
+    deployment = Deployment()
+    if policy is not None and (policy.get("execution_provider") or policy.get("session")):
+        deployment.setups.append(setup_from_policy(policy))
+    if genai is not None:
+        deployment.setups.append(setup_from_genai(genai))
+    return deployment

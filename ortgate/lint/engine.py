@@ -1,0 +1,95 @@
+"""Loading the inputs once and running the selected rules over them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ortgate.errors import InputError
+from ortgate.lint.context import LintInputs, RuleContext
+from ortgate.lint.deployment import build_deployment
+from ortgate.lint.expectations import resolve_expectations
+from ortgate.lint.findings import Finding, Location, Severity
+from ortgate.lint.gate import Verdict
+from ortgate.lint.genai import GenaiConfig, load_genai_config
+from ortgate.lint.graph import Graph
+from ortgate.lint.load import load_model, resolve_model_path
+from ortgate.policies.loader import Policy, load_policy
+from ortgate.rules import Rule
+
+# Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
+STRICT_ENV = "ORTGATE_STRICT"
+
+
+@dataclass
+class LintRequest:
+    model: str
+    policy: str | None = None
+    optimized: str | None = None
+    config: str | None = None
+
+
+def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
+    note = progress or (lambda _msg: None)
+    files = resolve_model_path(request.model)
+    config_path = request.config or files.genai_config
+    genai: GenaiConfig | None = load_genai_config(config_path) if config_path else None
+    policy: Policy | None = load_policy(request.policy) if request.policy else None
+    note(f"loading {files.model}")
+    model = Graph(load_model(files.model), str(files.model), role="model")
+    optimized = None
+    if request.optimized:
+        note(f"loading {request.optimized}")
+        optimized = Graph(load_model(request.optimized), str(request.optimized), role="optimized")
+    note("indexing")
+    deployment = build_deployment(policy, genai)
+    expect = resolve_expectations(policy, genai, model)
+    return LintInputs(model, optimized, deployment, expect, policy, genai)
+
+
+def run_rules(inputs: LintInputs, rules: Iterable[Rule]) -> list[Finding]:
+    findings: list[Finding] = []
+    strict = os.environ.get(STRICT_ENV) == "1"
+    for rule in rules:
+        ctx = RuleContext(inputs, rule)
+        try:
+            findings.extend(rule.check(ctx) or ())
+        except InputError:
+            raise
+        except Exception as exc:  # a CI gate must not crash on an odd graph: say the rule could not decide
+            if strict:
+                raise
+            findings.append(
+                ctx.finding(
+                    f"could not decide: internal error {type(exc).__name__}: {exc}",
+                    location=Location(inputs.model.path),
+                    severity=Severity.INFO,
+                )
+            )
+    return findings
+
+
+@dataclass
+class LintResult:
+    """What reporters format: the judged findings, the verdict, and a summary of what was linted."""
+
+    findings: list[Finding]
+    verdict: Verdict
+    summary: dict
+    rules: list[Rule]
+
+
+def summarize(inputs: LintInputs) -> dict:
+    model = inputs.model
+    return {
+        "model": model.path,
+        "optimized": inputs.optimized.path if inputs.optimized else None,
+        "policy": inputs.policy.name if inputs.policy else None,
+        "policy_file": str(inputs.policy.path) if inputs.policy else None,
+        "genai_config": str(inputs.genai.path) if inputs.genai else None,
+        "provider": inputs.deployment.provider,
+        "nodes": len(model.nodes),
+        "layers": inputs.expect.value("layers"),
+        "layer_attribution": model.layer_source,
+    }

@@ -1,0 +1,95 @@
+"""Findings: what a rule reports. Rules create them; the gate decides; reporters format them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+class Severity(enum.IntEnum):
+    """Ordered so that `a >= b` means "a is at least as severe as b"."""
+
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+
+    @classmethod
+    def parse(cls, text: str) -> "Severity":
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r} (expected error, warning or info)") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a finding points: a model file (+ graph node) or a config file (+ key path and line)."""
+
+    file: str
+    line: int | None = None
+    key_path: str | None = None  # "execution_provider.options.enable_cuda_graph"
+
+
+@dataclass(frozen=True)
+class Suppression:
+    kind: str  # "waiver" | "baseline"
+    justification: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    rule: str
+    severity: Severity
+    message: str
+    location: Location
+    node: str | None = None
+    op_type: str | None = None
+    layer: int | None = None
+    graph: str | None = None  # subgraph path, None for the main graph
+    fix: str | None = None
+    related_nodes: tuple[str, ...] = ()
+    properties: tuple[tuple[str, Any], ...] = ()
+    suppressed: Suppression | None = None
+
+    @property
+    def file(self) -> str:
+        return self.location.file
+
+    def with_severity(self, severity: Severity) -> "Finding":
+        return replace(self, severity=severity)
+
+    def suppress(self, kind: str, justification: str) -> "Finding":
+        return replace(self, suppressed=Suppression(kind, justification))
+
+    def sort_key(self) -> tuple:
+        return (
+            self.location.file,
+            -1 if self.layer is None else self.layer,
+            self.location.line or 0,
+            self.code,
+            self.node or "",
+            self.message,
+        )
+
+    def identity(self) -> str:
+        """Stable identity for baselines and fingerprints: rule + file name + graph node (or key path).
+
+        Never a line number, so moving YAML around or re-exporting the model keeps the identity.
+        """
+        from pathlib import PurePath
+
+        anchor = self.node or self.location.key_path or ""
+        return f"{self.rule}|{PurePath(self.location.file).name}|{self.graph or ''}|{anchor}|{_message_anchor(self)}"
+
+
+def _message_anchor(finding: Finding) -> str:
+    # Findings without a node or key (counts, expectations) are distinguished by their properties.
+    if finding.node or finding.location.key_path:
+        return ""
+    return ",".join(f"{k}={v}" for k, v in finding.properties)

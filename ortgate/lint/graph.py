@@ -1,0 +1,463 @@
+"""The read-only graph index every rule reads. Built once per model, in one pass over the protobuf.
+
+It holds nodes by (domain, op_type), producers and consumers of every value, declared shapes and dtypes,
+initializer metadata (never their bytes), subgraph nodes (If/Loop/Scan bodies, flattened with their path)
+and the decoder layer each node belongs to.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Iterable, Iterator
+
+import onnx
+from onnx import TensorProto, helper
+
+DEFAULT_DOMAIN = "ai.onnx"
+MS_DOMAIN = "com.microsoft"
+
+# Values larger than this are never decoded, even when stored inline.
+_SMALL_CONSTANT_ELEMENTS = 64
+
+
+def canonical_domain(domain: str) -> str:
+    return DEFAULT_DOMAIN if domain in ("", DEFAULT_DOMAIN) else domain
+
+
+def parse_op_key(key: str) -> tuple[str, str]:
+    """"com.microsoft.MoE" -> ("com.microsoft", "MoE"); "MatMul" -> ("ai.onnx", "MatMul")."""
+    domain, _, op_type = key.rpartition(".")
+    return canonical_domain(domain), op_type
+
+
+def op_key(domain: str, op_type: str) -> str:
+    domain = canonical_domain(domain)
+    return op_type if domain == DEFAULT_DOMAIN else f"{domain}.{op_type}"
+
+
+def dtype_name(elem_type: int) -> str | None:
+    if not elem_type:
+        return None
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    name: str
+    dtype: str | None
+    shape: tuple[int | str | None, ...] | None  # None: rank unknown; str: symbolic dim; None entry: unknown dim
+
+
+@dataclass(frozen=True)
+class Initializer:
+    """Metadata of a weight. Its bytes are never read."""
+
+    name: str
+    dtype: str | None
+    dims: tuple[int, ...]
+    external: bool
+    location: str | None  # external data file named by the model (never opened)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+
+class Node:
+    """One node of the model (main graph or a subgraph). Attributes decode on first use."""
+
+    __slots__ = ("proto", "index", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs")
+
+    def __init__(self, proto: onnx.NodeProto, index: int, graph: str | None):
+        self.proto = proto
+        self.index = index
+        self.name = proto.name
+        self.op_type = proto.op_type
+        self.domain = canonical_domain(proto.domain)
+        self.inputs: tuple[str, ...] = tuple(proto.input)
+        self.outputs: tuple[str, ...] = tuple(proto.output)
+        self.graph = graph
+        self.layer: int | None = None
+        self._attrs: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        return op_key(self.domain, self.op_type)
+
+    @property
+    def display_name(self) -> str:
+        """The node's name, or a stable synthetic one when the exporter left it empty."""
+        return self.name or f"<{self.op_type}#{self.index}>"
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        if self._attrs is None:
+            self._attrs = {a.name: _attribute_value(a) for a in self.proto.attribute}
+        return self._attrs
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attributes.get(name, default)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self.attributes
+
+    def input(self, i: int) -> str:
+        """The i-th input name, "" when absent or omitted."""
+        return self.inputs[i] if i < len(self.inputs) else ""
+
+    def __repr__(self) -> str:
+        return f"Node({self.key} {self.display_name!r} layer={self.layer})"
+
+
+def _attribute_value(attr: onnx.AttributeProto) -> Any:
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return f"<graph {attr.g.name}>"
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        return [f"<graph {g.name}>" for g in attr.graphs]
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return _tensor_summary(attr.t)
+    try:
+        value = helper.get_attribute_value(attr)
+    except Exception:  # malformed attribute: report its absence rather than crash
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", errors="replace") for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    dtype: str | None
+    dims: tuple[int, ...]
+    values: tuple | None  # decoded only for small inline tensors
+
+
+def _tensor_summary(t: onnx.TensorProto) -> TensorSummary:
+    dims = tuple(int(d) for d in t.dims)
+    values = None
+    numel = 1
+    for d in dims:
+        numel *= max(d, 0)
+    inline = t.data_location != TensorProto.EXTERNAL
+    if inline and numel <= _SMALL_CONSTANT_ELEMENTS:
+        try:
+            from onnx import numpy_helper
+
+            values = tuple(numpy_helper.to_array(t).reshape(-1).tolist())
+        except Exception:
+            values = None
+    return TensorSummary(dtype_name(t.data_type), dims, values)
+
+
+def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return ValueInfo(vi.name, None, None)
+    tt = t.tensor_type
+    shape: tuple[int | str | None, ...] | None = None
+    if tt.HasField("shape"):
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return ValueInfo(vi.name, dtype_name(tt.elem_type), shape)
+
+
+def _initializer(t: onnx.TensorProto) -> Initializer:
+    external = t.data_location == TensorProto.EXTERNAL
+    location = None
+    if external:
+        for entry in t.external_data:
+            if entry.key == "location":
+                location = entry.value
+    return Initializer(t.name, dtype_name(t.data_type), tuple(int(d) for d in t.dims), external, location)
+
+
+# Output dtype rules for propagation where value_info is absent (exported graphs rarely declare it).
+_INT64_OUTPUT_OPS = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin"}
+_BOOL_OUTPUT_OPS = {
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf",
+}
+
+
+class Graph:
+    """Read-only index over one ONNX model."""
+
+    def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model"):
+        self.model = model
+        self.path = path
+        self.role = role  # "model" (as exported) or "optimized" (ORT's optimized dump)
+        self.opsets: dict[str, int] = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
+        self.nodes: list[Node] = []
+        self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
+        self._producer: dict[str, Node] = {}
+        self._consumers: dict[str, list[Node]] = defaultdict(list)
+        self._values: dict[str, ValueInfo] = {}
+        self.initializers: dict[str, Initializer] = {}
+        self.subgraph_paths: list[str] = []
+        self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
+        self._dtype_cache: dict[str, str | None] = {}
+
+        g = model.graph
+        self.input_infos: list[ValueInfo] = []
+        init_names = {t.name for t in g.initializer}
+        for t in g.initializer:
+            self.initializers[t.name] = _initializer(t)
+        for t in g.sparse_initializer:
+            if t.values.name:
+                self.initializers[t.values.name] = _initializer(t.values)
+                init_names.add(t.values.name)
+        for vi in g.input:
+            info = _value_info(vi)
+            self._values[vi.name] = info
+            if vi.name not in init_names:
+                self.input_infos.append(info)
+        self.output_infos: list[ValueInfo] = [_value_info(vi) for vi in g.output]
+        for info in self.output_infos:
+            self._values.setdefault(info.name, info)
+        for vi in g.value_info:
+            self._values.setdefault(vi.name, _value_info(vi))
+        self._index_graph(g, None, set(init_names) | {i.name for i in self.input_infos})
+
+        from ortgate.lint.layers import assign_layers
+
+        self.layer_source = assign_layers(self)
+
+    # ---- construction -------------------------------------------------------------------------------
+
+    def _index_graph(self, g: onnx.GraphProto, path: str | None, visible: set[str]) -> None:
+        # Depth-first over nested graphs without recursion; each graph sees its own names plus its parents'.
+        stack: list[tuple[str | None, list[set[str]], Iterator[onnx.NodeProto]]] = [(path, [visible], iter(g.node))]
+        while stack:
+            gpath, scopes, it = stack[-1]
+            proto = next(it, None)
+            if proto is None:
+                stack.pop()
+                continue
+            node = Node(proto, len(self.nodes), gpath)
+            self.nodes.append(node)
+            self._by_op[(node.domain, node.op_type)].append(node)
+            out_of_order = False
+            for name in node.inputs:
+                if name:
+                    self._consumers[name].append(node)
+                    out_of_order = out_of_order or not any(name in scope for scope in scopes)
+            if out_of_order:
+                self.unordered_nodes.append(node)
+            for name in node.outputs:
+                if name:
+                    self._producer.setdefault(name, node)
+                    scopes[-1].add(name)
+            for attr in proto.attribute:
+                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                for sub in subgraphs:
+                    sub_path = f"{gpath + '/' if gpath else ''}{node.display_name}/{attr.name}"
+                    self.subgraph_paths.append(sub_path)
+                    local: set[str] = set()
+                    for t in sub.initializer:
+                        self.initializers.setdefault(t.name, _initializer(t))
+                        local.add(t.name)
+                    for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
+                        self._values.setdefault(vi.name, _value_info(vi))
+                    local.update(vi.name for vi in sub.input)
+                    stack.append((sub_path, scopes + [local], iter(sub.node)))
+
+    # ---- queries ------------------------------------------------------------------------------------
+
+    def by_op(self, domain: str, op_type: str) -> list[Node]:
+        return self._by_op.get((canonical_domain(domain), op_type), [])
+
+    def by_op_type(self, *op_types: str) -> list[Node]:
+        """Nodes of these op types in the default ONNX domain."""
+        out: list[Node] = []
+        for op in op_types:
+            out.extend(self._by_op.get((DEFAULT_DOMAIN, op), []))
+        out.sort(key=lambda n: n.index)
+        return out
+
+    def count(self, domain: str, op_type: str) -> int:
+        return len(self.by_op(domain, op_type))
+
+    def op_counts(self) -> dict[str, int]:
+        return {op_key(d, o): len(ns) for (d, o), ns in sorted(self._by_op.items()) if ns}
+
+    def producer(self, value: str) -> Node | None:
+        return self._producer.get(value)
+
+    def consumers(self, value: str) -> list[Node]:
+        return self._consumers.get(value, [])
+
+    def value(self, name: str) -> ValueInfo | None:
+        info = self._values.get(name)
+        if info is None and name in self.initializers:
+            init = self.initializers[name]
+            return ValueInfo(name, init.dtype, init.dims)
+        return info
+
+    def is_initializer(self, name: str) -> bool:
+        return name in self.initializers
+
+    def is_constant(self, name: str) -> bool:
+        if name in self.initializers:
+            return True
+        p = self._producer.get(name)
+        return p is not None and p.op_type == "Constant" and p.domain == DEFAULT_DOMAIN
+
+    def constant_value(self, name: str) -> tuple | None:
+        """Flattened values of a small constant (Constant node or small inline initializer); else None."""
+        p = self._producer.get(name)
+        if p is not None and p.op_type == "Constant":
+            attrs = p.attributes
+            if isinstance(attrs.get("value"), TensorSummary):
+                return attrs["value"].values
+            for key in ("value_int", "value_float"):
+                if key in attrs:
+                    return (attrs[key],)
+            for key in ("value_ints", "value_floats"):
+                if key in attrs:
+                    return tuple(attrs[key])
+            return None
+        init = self.initializers.get(name)
+        if init is None or init.external or init.numel > _SMALL_CONSTANT_ELEMENTS:
+            return None
+        for t in self.model.graph.initializer:  # small and inline: decoding is cheap and reads no weights
+            if t.name == name:
+                return _tensor_summary(t).values
+        return None
+
+    def scalar(self, name: str) -> float | int | None:
+        values = self.constant_value(name)
+        if values is not None and len(values) == 1:
+            return values[0]
+        return None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        info = self.value(name)
+        return info.shape if info else None
+
+    def dtype(self, name: str) -> str | None:
+        """Declared dtype, else propagated through the producers (exported graphs rarely declare it)."""
+        if name in self._dtype_cache:
+            return self._dtype_cache[name]
+        # Iterative post-order walk: deep graphs must not hit Python's recursion limit.
+        pending = [name]
+        while pending:
+            current = pending[-1]
+            if current in self._dtype_cache:
+                pending.pop()
+                continue
+            declared = self.value(current)
+            if declared is not None and declared.dtype:
+                self._dtype_cache[current] = declared.dtype
+                pending.pop()
+                continue
+            node = self._producer.get(current)
+            if node is None:
+                self._dtype_cache[current] = None
+                pending.pop()
+                continue
+            needed = [i for i in self._dtype_inputs(node, current) if i and i not in self._dtype_cache]
+            needed = [i for i in needed if i not in pending]  # a cycle: give up on that edge
+            if needed:
+                pending.extend(needed)
+                continue
+            self._dtype_cache[current] = self._infer_output_dtype(node, current)
+            pending.pop()
+        return self._dtype_cache[name]
+
+    def _dtype_inputs(self, node: Node, output: str) -> list[str]:
+        if node.op_type in ("Cast", "Constant", "ConstantOfShape") or node.op_type in _INT64_OUTPUT_OPS:
+            return []
+        if node.op_type == "CastLike":
+            return [node.input(1)]
+        if node.op_type in ("DequantizeLinear",):
+            return [node.input(1)]
+        if node.op_type in ("QuantizeLinear",):
+            return [node.input(2)]
+        if node.op_type == "Where":
+            return [node.input(1), node.input(2)]
+        return [i for i in node.inputs if i]
+
+    def _infer_output_dtype(self, node: Node, output: str) -> str | None:
+        op = node.op_type
+        if op == "Cast":
+            return dtype_name(node.attr("to", 0) or 0)
+        if op in _INT64_OUTPUT_OPS:
+            return "int64"
+        if op in _BOOL_OUTPUT_OPS and node.domain == DEFAULT_DOMAIN:
+            return "bool"
+        if op == "TopK" and len(node.outputs) > 1 and output == node.outputs[1]:
+            return "int64"
+        if op in ("Constant",):
+            value = node.attr("value")
+            if isinstance(value, TensorSummary):
+                return value.dtype
+            if "value_float" in node.attributes or "value_floats" in node.attributes:
+                return "float"
+            if "value_int" in node.attributes or "value_ints" in node.attributes:
+                return "int64"
+            return None
+        if op == "ConstantOfShape":
+            value = node.attr("value")
+            return value.dtype if isinstance(value, TensorSummary) else "float"
+        if op == "QuantizeLinear":
+            return self._dtype_cache.get(node.input(2)) or "uint8"
+        for i in self._dtype_inputs(node, output):
+            if i and self._dtype_cache.get(i):
+                return self._dtype_cache[i]
+        return None
+
+    # ---- inputs, layers, subgraphs -----------------------------------------------------------------
+
+    @property
+    def inputs(self) -> list[ValueInfo]:
+        """Graph inputs that are not initializers."""
+        return self.input_infos
+
+    @property
+    def outputs(self) -> list[ValueInfo]:
+        return self.output_infos
+
+    @cached_property
+    def layers(self) -> dict[int, list[Node]]:
+        out: dict[int, list[Node]] = defaultdict(list)
+        for node in self.nodes:
+            if node.layer is not None:
+                out[node.layer].append(node)
+        return dict(sorted(out.items()))
+
+    @property
+    def layer_count(self) -> int:
+        return (max(self.layers) + 1) if self.layers else 0
+
+    def layer_of_nodes(self, nodes: Iterable[Node]) -> int | None:
+        """The layer most of these nodes belong to (ties: the lowest)."""
+        counts: dict[int, int] = defaultdict(int)
+        for n in nodes:
+            if n.layer is not None:
+                counts[n.layer] += 1
+        if not counts:
+            return None
+        return min(counts, key=lambda layer: (-counts[layer], layer))
+
+    @property
+    def external_data_files(self) -> list[str]:
+        return sorted({i.location for i in self.initializers.values() if i.external and i.location})
+
+    def __len__(self) -> int:
+        return len(self.nodes)

@@ -1,0 +1,155 @@
+"""Attention as ORT sees it: fused nodes (GroupQueryAttention, MultiHeadAttention, Attention, ...) and
+decomposed cores (MatMul(Q, K^T) -> scale -> mask -> Softmax -> MatMul(P, V)).
+
+Linear-attention mixers of hybrid models (Qwen3.5/3.6-MoE's LinearAttention / CausalConvWithState /
+GatedRMSNorm, or GatedDeltaNet) are token mixers too, but not softmax attention: they are recognised so that
+their layers are not counted as missing GroupQueryAttention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.lint.patterns.common import cached, is_weight
+
+# (domain, op_type) of fused softmax-attention nodes.
+FUSED_ATTENTION_OPS = (
+    (MS_DOMAIN, "GroupQueryAttention"),
+    (MS_DOMAIN, "MultiHeadAttention"),
+    (MS_DOMAIN, "Attention"),
+    (MS_DOMAIN, "PagedAttention"),
+    (MS_DOMAIN, "SparseAttention"),
+    (MS_DOMAIN, "PackedMultiHeadAttention"),
+    (DEFAULT_DOMAIN, "Attention"),  # ONNX opset 23
+)
+# Linear-attention / state-space token mixers of hybrid models.
+LINEAR_ATTENTION_OPS = (
+    (MS_DOMAIN, "LinearAttention"),
+    (MS_DOMAIN, "CausalConvWithState"),
+    (MS_DOMAIN, "GatedDeltaNet"),
+    (MS_DOMAIN, "LinearAttentionGate"),
+)
+_SCORE_OPS = frozenset({"Add", "Div", "Mul", "Where", "Cast", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
+_PROB_OPS = frozenset({"Cast", "Dropout", "Identity", "Where", "Slice", "Reshape"})
+_REPEAT_KV_OPS = frozenset({"Expand", "Tile"})
+
+
+@dataclass
+class AttentionCore:
+    """A decomposed softmax attention: QK MatMul, Softmax, PV MatMul."""
+
+    softmax: Node
+    qk: Node
+    pv: Node
+    layer: int | None
+    repeat_kv: bool = False  # K/V are expanded to the query head count first (GQA done by hand)
+    nodes: list[Node] = field(default_factory=list)
+
+
+def fused_attention_nodes(graph: Graph) -> list[Node]:
+    return sorted((n for d, o in FUSED_ATTENTION_OPS for n in graph.by_op(d, o)), key=lambda n: n.index)
+
+
+def gqa_nodes(graph: Graph) -> list[Node]:
+    return graph.by_op(MS_DOMAIN, "GroupQueryAttention")
+
+
+def linear_attention_nodes(graph: Graph) -> list[Node]:
+    return sorted((n for d, o in LINEAR_ATTENTION_OPS for n in graph.by_op(d, o)), key=lambda n: n.index)
+
+
+def linear_attention_layers(graph: Graph) -> set[int]:
+    return {n.layer for n in linear_attention_nodes(graph) if n.layer is not None}
+
+
+def attention_cores(graph: Graph) -> list[AttentionCore]:
+    return cached(graph, "attention_cores", _find_cores)
+
+
+def _find_cores(graph: Graph) -> list[AttentionCore]:
+    cores = []
+    for softmax in graph.by_op_type("Softmax"):
+        qk = _matmul_above(graph, softmax.input(0))
+        pv = _matmul_below(graph, softmax)
+        if qk is None or pv is None:
+            continue
+        # A router's softmax sits on a weight MatMul; attention multiplies two activations.
+        if any(is_weight(graph, i) for i in qk.inputs[:2]) or any(is_weight(graph, i) for i in pv.inputs[:2]):
+            continue
+        core = AttentionCore(softmax, qk, pv, softmax.layer)
+        core.repeat_kv = _expanded(graph, qk.input(1)) or _expanded(graph, pv.input(1))
+        core.nodes = [qk, softmax, pv]
+        cores.append(core)
+    return cores
+
+
+def _matmul_above(graph: Graph, value: str) -> Node | None:
+    for _ in range(8):
+        node = graph.producer(value)
+        if node is None or node.domain != DEFAULT_DOMAIN:
+            return None
+        if node.op_type == "MatMul":
+            return node
+        if node.op_type not in _SCORE_OPS or not node.inputs:
+            return None
+        # Follow the operand that is not a constant (scale, mask bias) — the scores.
+        candidates = [i for i in node.inputs if i and not graph.is_constant(i)]
+        if node.op_type == "Where" and len(node.inputs) == 3:
+            candidates = [i for i in node.inputs[1:] if i and not graph.is_constant(i)]
+        if not candidates:
+            return None
+        value = _deepest(graph, candidates)
+    return None
+
+
+def _deepest(graph: Graph, values: list[str]) -> str:
+    # Between scores and a mask, the scores come from a MatMul; prefer the operand whose producer is one.
+    for v in values:
+        p = graph.producer(v)
+        if p is not None and p.op_type in ("MatMul", "Div", "Mul", "Add", "Cast", "Tanh", "Reshape"):
+            return v
+    return values[0]
+
+
+def _matmul_below(graph: Graph, softmax: Node) -> Node | None:
+    frontier = [softmax.outputs[0]] if softmax.outputs else []
+    for _ in range(4):
+        next_frontier = []
+        for value in frontier:
+            for c in graph.consumers(value):
+                if c.domain != DEFAULT_DOMAIN:
+                    continue
+                if c.op_type == "MatMul" and c.input(0) == value:
+                    return c
+                if c.op_type in _PROB_OPS:
+                    next_frontier.extend(o for o in c.outputs[:1] if o)
+        frontier = next_frontier
+    return None
+
+
+def _expanded(graph: Graph, value: str) -> bool:
+    """Whether K or V reaches the attention MatMul through Expand/Tile (repeat_kv)."""
+    for _ in range(8):
+        node = graph.producer(value)
+        if node is None or not node.inputs:
+            return False
+        if node.op_type in _REPEAT_KV_OPS:
+            return True
+        if node.op_type not in ("Reshape", "Transpose", "Cast", "Unsqueeze", "Identity", "Concat"):
+            return False
+        value = node.inputs[0]
+    return False
+
+
+def token_mixer_layers(graph: Graph) -> dict[str, set[int]]:
+    """Layers per kind of token mixer found: "fused", "decomposed", "linear"."""
+
+    def compute(g: Graph) -> dict[str, set[int]]:
+        return {
+            "fused": {n.layer for n in fused_attention_nodes(g) if n.layer is not None},
+            "decomposed": {c.layer for c in attention_cores(g) if c.layer is not None},
+            "linear": linear_attention_layers(g),
+        }
+
+    return cached(graph, "token_mixer_layers", compute)

@@ -1,0 +1,207 @@
+"""Loading a deployment policy: YAML -> schema check -> `extends` chain -> `Policy`."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from ortgate.errors import InputError
+from ortgate.lint.findings import Location
+from ortgate.policies.source import KeyPath, LocatedDocument, format_key_path, load_yaml
+
+SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+MAX_EXTENDS_DEPTH = 16
+
+
+@cache
+def policy_schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+@dataclass(frozen=True)
+class Waiver:
+    rule: str
+    reason: str
+    node: str | None
+    expires: _dt.date | None
+    location: Location
+
+
+@dataclass
+class Policy:
+    """A merged, schema-checked policy. `data` is the plain merged mapping; `where` locates any key path."""
+
+    name: str
+    path: Path
+    data: dict[str, Any]
+    sources: dict[KeyPath, Location] = field(default_factory=dict)
+    chain: tuple[Path, ...] = ()
+
+    def get(self, *key_path: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for key in key_path:
+            if not isinstance(node, dict) or key not in node:
+                return default
+            node = node[key]
+        return node
+
+    def where(self, *key_path: str | int) -> Location:
+        """The file and line that set this key (after `extends` merging), or its nearest ancestor."""
+        path = tuple(key_path)
+        while path:
+            if path in self.sources:
+                loc = self.sources[path]
+                return Location(loc.file, loc.line, format_key_path(tuple(key_path)))
+            path = path[:-1]
+        return Location(str(self.path), None, format_key_path(tuple(key_path)) if key_path else None)
+
+    @property
+    def waivers(self) -> list[Waiver]:
+        out = []
+        for i, w in enumerate(self.get("waivers", default=[]) or []):
+            expires = _dt.date.fromisoformat(w["expires"]) if w.get("expires") else None
+            out.append(Waiver(w["rule"], w["reason"], w.get("node"), expires, self.where("waivers", i)))
+        return out
+
+
+def load_policy(path: str | Path) -> Policy:
+    path = Path(path)
+    chain: list[LocatedDocument] = []
+    seen: list[Path] = []
+    current: Path | None = path
+    while current is not None:
+        resolved = current.resolve()
+        if resolved in seen:
+            cycle = " -> ".join(p.name for p in seen + [resolved])
+            raise InputError(f"extends cycle: {cycle}", path)
+        if len(seen) >= MAX_EXTENDS_DEPTH:
+            raise InputError(f"extends chain deeper than {MAX_EXTENDS_DEPTH} files", path)
+        seen.append(resolved)
+        doc = load_yaml(current)
+        _validate(doc)
+        chain.append(doc)
+        parent = doc.data.get("extends")
+        current = _resolve_extends(parent, doc) if parent else None
+
+    merged: dict[str, Any] = {}
+    sources: dict[KeyPath, Location] = {}
+    for doc in reversed(chain):  # base first, then each child overrides
+        _merge(merged, doc.data, (), doc, sources)
+    merged.pop("extends", None)
+    policy = Policy(merged["name"], path, merged, sources, tuple(d.path for d in chain))
+    _check_waiver_dates(policy)
+    return policy
+
+
+def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
+    line = doc.line_of(("extends",))
+    if target.startswith("builtin:"):
+        name = target.split(":", 1)[1]
+        candidate = BUILTIN_DIR / f"{name}.yaml"
+        if not candidate.is_file():
+            available = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+            raise InputError(f"extends: no built-in policy {name!r} (available: {available})", doc.path, line=line)
+        return candidate
+    candidate = (doc.path.parent / target)
+    if not candidate.is_file():
+        raise InputError(f"extends: {target!r} does not exist (resolved to {candidate})", doc.path, line=line)
+    return candidate
+
+
+def _merge(into: dict, data: dict, prefix: KeyPath, doc: LocatedDocument, sources: dict[KeyPath, Location]) -> None:
+    for key, value in data.items():
+        path = prefix + (key,)
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            sources[path] = Location(str(doc.path), doc.line_of(path), format_key_path(path))
+            _merge(into[key], value, path, doc, sources)
+            continue
+        into[key] = _copy(value)
+        # Replacing a subtree forgets where the parent's children came from.
+        for stale in [p for p in sources if p[: len(path)] == path]:
+            del sources[stale]
+        for sub_path, line in doc.lines.items():
+            if sub_path[: len(path)] == path:
+                sources[sub_path] = Location(str(doc.path), line, format_key_path(sub_path))
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _validate(doc: LocatedDocument) -> None:
+    if doc.data is None:
+        raise InputError("empty policy (expected a mapping with at least `name`)", doc.path)
+    if not isinstance(doc.data, dict):
+        raise InputError(f"a policy must be a mapping, got {type(doc.data).__name__}", doc.path, line=1)
+    validator = jsonschema.Draft202012Validator(policy_schema(), format_checker=jsonschema.FormatChecker())
+    errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if not errors:
+        return
+    error = _most_useful(errors)
+    key_path = tuple(error.absolute_path)
+    message = _describe(error, key_path)
+    if error.validator == "additionalProperties":
+        unknown = _unknown_keys(error)
+        if unknown:
+            key_path = key_path + (unknown[0],)
+    raise InputError(message, doc.path, line=doc.line_of(key_path))
+
+
+def _most_useful(errors: list[jsonschema.ValidationError]) -> jsonschema.ValidationError:
+    # Deepest first: "options.enable_cuda_graph: must be a string" beats "options: invalid".
+    return max(errors, key=lambda e: (len(e.absolute_path), -errors.index(e)))
+
+
+def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
+    allowed = set(error.schema.get("properties", {}))
+    instance = error.instance if isinstance(error.instance, dict) else {}
+    return sorted(k for k in instance if k not in allowed)
+
+
+def _describe(error: jsonschema.ValidationError, key_path: KeyPath) -> str:
+    where = format_key_path(key_path)
+    if error.validator == "additionalProperties":
+        unknown = _unknown_keys(error)
+        allowed = sorted(error.schema.get("properties", {}))
+        if unknown:
+            key = unknown[0]
+            full = format_key_path(key_path + (key,))
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; allowed keys: {', '.join(allowed)}"
+            return f"{full}: unknown key{suggestion}"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    if error.validator == "enum":
+        allowed = ", ".join(str(v) for v in error.validator_value)
+        return f"{where}: {error.instance!r} is not one of: {allowed}"
+    if error.validator == "type":
+        expected = error.validator_value
+        expected = " or ".join(expected) if isinstance(expected, list) else expected
+        return f"{where}: expected {expected}, got {type(error.instance).__name__} {error.instance!r}"
+    if error.validator == "format" and error.validator_value == "date":
+        return f"{where}: {error.instance!r} is not a date (expected YYYY-MM-DD)"
+    return f"{where}: {error.message}"
+
+
+def _check_waiver_dates(policy: Policy) -> None:
+    for i, w in enumerate(policy.get("waivers", default=[]) or []):
+        if w.get("expires"):
+            try:
+                _dt.date.fromisoformat(str(w["expires"]))
+            except ValueError:
+                loc = policy.where("waivers", i, "expires")
+                raise InputError(
+                    f"waivers[{i}].expires: {w['expires']!r} is not a date (expected YYYY-MM-DD)", loc.file, line=loc.line
+                ) from None

@@ -1,0 +1,52 @@
+"""JSON report: deterministic (sorted keys, findings in a stable order, no timestamps)."""
+
+from __future__ import annotations
+
+import json
+
+from ortgate import __version__
+from ortgate.lint.engine import LintResult
+from ortgate.lint.findings import Finding
+
+SCHEMA_VERSION = 1
+
+
+def finding_dict(f: Finding) -> dict:
+    return {
+        "code": f.code,
+        "rule": f.rule,
+        "severity": f.severity.label,
+        "message": f.message,
+        "file": f.location.file,
+        "line": f.location.line,
+        "key_path": f.location.key_path,
+        "node": f.node,
+        "op_type": f.op_type,
+        "layer": f.layer,
+        "graph": f.graph,
+        "fix": f.fix,
+        "related_nodes": list(f.related_nodes),
+        "properties": {k: v for k, v in f.properties},
+        "suppressed": None if f.suppressed is None else {"kind": f.suppressed.kind, "justification": f.suppressed.justification},
+        "fingerprint": f.identity(),
+    }
+
+
+def report_dict(result: LintResult) -> dict:
+    v = result.verdict
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ortgate", "version": __version__},
+        "inputs": result.summary,
+        "verdict": {
+            "passed": v.passed,
+            "fail_on": v.fail_on.label,
+            "counts": v.counts,
+            "suppressed": v.suppressed,
+        },
+        "findings": [finding_dict(f) for f in result.findings],
+    }
+
+
+def render(result: LintResult) -> str:
+    return json.dumps(report_dict(result), indent=2, sort_keys=True, default=str) + "\n"

@@ -1,0 +1,105 @@
+"""What a rule is: a code, a kebab-case name, a default severity, a docstring that IS its documentation,
+and one function from the lint context to findings.
+
+A rule's docstring starts with a one-line summary, followed by these sections (Markdown):
+
+    ## What it checks
+    ## Why it costs throughput
+    ## Bad
+    ## Good
+    ## Fix
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from ortgate.lint.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from ortgate.lint.context import RuleContext
+
+REQUIRED_SECTIONS = ("What it checks", "Why it costs throughput", "Bad", "Good", "Fix")
+_CODE = re.compile(r"^OG[A-Z]\d{3}$")
+_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+CheckFunction = Callable[["RuleContext"], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    severity: Severity
+    family: str
+    check: CheckFunction
+    doc: str
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0].strip()
+
+    def section(self, title: str) -> str:
+        return doc_sections(self.doc).get(title, "")
+
+
+def doc_sections(doc: str) -> dict[str, str]:
+    sections: dict[str, str] = {}
+    current = None
+    lines: list[str] = []
+    for line in doc.splitlines():
+        if line.startswith("## "):
+            if current:
+                sections[current] = "\n".join(lines).strip()
+            current, lines = line[3:].strip(), []
+        elif current:
+            lines.append(line)
+    if current:
+        sections[current] = "\n".join(lines).strip()
+    return sections
+
+
+# Code prefix -> family. A family may span several modules.
+FAMILIES = {
+    "OGF": "fusion",      # the graph computes with many standard ops what one ORT kernel does
+    "OGM": "model",       # the model's structure disagrees with the policy or the model family
+    "OGS": "session",     # session options: optimization level, free dimensions, config entries
+    "OGP": "provider",    # execution-provider options
+    "OGK": "placement",   # which provider runs each node: kernels, Memcpy, CUDA graph capture
+    "OGC": "drift",       # two declarations of one deployment disagree
+    "OGR": "runtime",     # what `ortgate run` saw the real session do
+    "OGW": "waivers",     # the policy's waivers
+}
+
+_REGISTRY: dict[str, Rule] = {}
+
+
+def rule(code: str, name: str, severity: Severity) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check function as a rule. Its docstring is the rule's documentation."""
+
+    def register(func: CheckFunction) -> CheckFunction:
+        doc = inspect.cleandoc(func.__doc__ or "")
+        if not _CODE.match(code):
+            raise ValueError(f"rule code {code!r} must look like OGF001")
+        if not _NAME.match(name):
+            raise ValueError(f"rule name {name!r} must be kebab-case")
+        missing = [s for s in REQUIRED_SECTIONS if s not in doc_sections(doc)]
+        if missing:
+            raise ValueError(f"rule {name}: docstring lacks sections {missing}")
+        for existing in _REGISTRY.values():
+            if existing.code == code or existing.name == name:
+                raise ValueError(f"rule {code} {name} clashes with {existing.code} {existing.name}")
+        family = FAMILIES.get(code[:3])
+        if family is None:
+            raise ValueError(f"rule code {code!r}: unknown family prefix {code[:3]!r}")
+        _REGISTRY[code] = Rule(code, name, severity, family, func, doc)
+        return func
+
+    return register
+
+
+def registered_rules() -> list[Rule]:
+    return sorted(_REGISTRY.values(), key=lambda r: r.code)

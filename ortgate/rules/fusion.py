@@ -1,0 +1,272 @@
+"""Fusion rules (OGF): the graph computes with many small standard ops what one ORT kernel does."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Severity
+from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
+from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes
+from ortgate.lint.patterns.moe import moe_blocks
+from ortgate.rules.base import rule
+
+MOE_FIX = (
+    "Export each MoE layer as one com.microsoft.MoE node (QMoE for int4/int8 experts): activation_type=swiglu, "
+    "swiglu_fusion=1 (gate and up interleaved in fc1), k=top_k, normalize_routing_weights as the model's "
+    "norm_topk_prob. onnxruntime-genai's builder emits it (python -m onnxruntime_genai.models.builder -i HF_DIR "
+    "-o OUT -p fp16 -e cuda). ORT has no optimizer pass that fuses MoE, so no session setting can repair this graph."
+)
+
+
+@rule("OGF001", "moe-not-fused", Severity.ERROR)
+def moe_not_fused(ctx: RuleContext):
+    """A Mixture-of-Experts layer is computed with standard ops instead of com.microsoft MoE / QMoE.
+
+    ## What it checks
+    Every MoE layer of the exported model: a router projection whose expert logits feed TopK / Softmax
+    routing (Gather, Scatter, Where, NonZero) and per-expert MatMul/Gemm groups, or a dense loop that runs
+    every expert on every token, instead of one `com.microsoft.MoE` (or `QMoE`) node. One finding per layer,
+    naming the router and the routing and expert nodes. With `model.moe_layers` in the policy, it also
+    reports when the graph has fewer MoE/QMoE nodes than expected.
+
+    ## Why it costs throughput
+    ORT has no optimizer pass that fuses MoE: whatever the exporter wrote is what runs. A per-expert loop
+    launches three GEMMs per expert per layer (a 128-expert, 48-layer model: ~18,000 small kernels per
+    token), most on tokens the router did not pick, plus the routing ops. The fused MoE kernel sorts tokens
+    by expert and runs grouped GEMMs: one launch sequence per layer and only the top-k experts' work.
+
+    ## Bad
+    ```
+    router = MatMul(h, W_gate)            # [tokens, experts]
+    w, idx = TopK(Softmax(router), k=8)
+    for e in range(128):                  # 128 x (MatMul, MatMul, MatMul) per layer
+        y += ScatterElements(...)[e] * down_e(silu(gate_e(h)) * up_e(h))
+    ```
+
+    ## Good
+    ```
+    y = com.microsoft.MoE(h, router_logits, fc1_w, None, fc2_w,
+                          k=8, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1)
+    ```
+
+    ## Fix
+    Re-export with a builder that emits com.microsoft.MoE (onnxruntime-genai's model builder does for
+    Qwen3.5/3.6-MoE, GPT-OSS, PhiMoE, ...), or rewrite the block with onnxscript into MoE: stack the experts'
+    gate/up weights into fc1 `[experts, 2*inter, hidden]` (interleaved for swiglu_fusion=1), down weights into
+    fc2 `[experts, hidden, inter]`, and pass the router logits (not probabilities) as `router_probs`.
+    """
+    graph = ctx.model
+    blocks = moe_blocks(graph)
+    for block in blocks:
+        if block.fused is not None or block.router is None:
+            continue
+        ops = Counter(n.op_type for n in block.routing_nodes)
+        routing = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items())) or "TopK"
+        experts = f"{block.experts} experts" if block.experts else "its experts"
+        linears = len(block.expert_linears)
+        per_expert = f"; {linears} expert projections (MatMul/Gemm)" if linears else ""
+        yield ctx.finding(
+            f"MoE layer with {experts} computed with standard ops: router {block.router.display_name} -> "
+            f"routing ({routing}){per_expert}, instead of one com.microsoft.MoE",
+            node=block.router, graph=graph, layer=block.layer,
+            related=[*block.routing_nodes, *block.expert_linears],
+            fix=MOE_FIX,
+            properties={"experts": block.experts, "expert_projections": linears},
+        )
+    expected = ctx.expect.declared("moe_layers")
+    fused = [b for b in blocks if b.fused is not None]
+    if expected is not None and len(fused) < expected.value:
+        yield ctx.finding(
+            f"{len(fused)} com.microsoft.MoE/QMoE nodes in the graph; {expected.describe()} MoE layers",
+            location=expected.location, fix=MOE_FIX,
+            properties={"expected": expected.value, "found": len(fused)},
+        )
+
+
+GQA_FIX = (
+    "Export attention as com.microsoft.GroupQueryAttention (num_heads, kv_num_heads, packed QKV or separate "
+    "q/k/v, past_key/past_value KV cache, seqlens_k, total_sequence_length; do_rotary=1 with cos/sin caches "
+    "to fold the rotary embedding in). onnxruntime-genai's builder emits it; onnxscript's ort_fusions can "
+    "rewrite SDPA into GQA on graphs that carry a KV cache."
+)
+
+
+@rule("OGF002", "gqa-not-fused", Severity.ERROR)
+def gqa_not_fused(ctx: RuleContext):
+    """Attention is not com.microsoft GroupQueryAttention, or GQA nodes disagree with the model's heads.
+
+    ## What it checks
+    - Decomposed attention in the executed graph (the optimized dump when given, else the model):
+      MatMul(Q, K^T) -> scale -> mask -> Softmax -> MatMul(P, V), usually with K/V repeated to the query
+      head count (Expand/Tile). One finding per layer.
+    - MultiHeadAttention or ONNX `Attention` while the model has fewer kv heads than q heads.
+    - Fewer GroupQueryAttention nodes than the expected softmax-attention layers (`model.attention_layers`,
+      genai_config.json's layer types, or `model.layers` minus the linear-attention layers a hybrid model has).
+    - GroupQueryAttention nodes whose `num_heads` / `kv_num_heads` differ from the policy, or that lack the
+      required `kv_num_heads` attribute (`num_kv_heads` is not its name).
+
+    ## Why it costs throughput
+    Decomposed attention materialises the full [heads, q, kv] score tensor, repeats K and V to every query
+    head, and launches a handful of kernels per layer. GroupQueryAttention runs flash/memory-efficient
+    kernels that read each KV head once for its query group and update the KV cache in place; at decode time
+    it is the difference between memory-bound and launch-bound.
+
+    ## Bad
+    ```
+    k = Expand(k, [B, 16, T, D])                      # repeat_kv: 2 kv heads -> 16
+    p = Softmax(Add(Div(MatMul(q, Transpose(k)), sqrt(D)), mask))
+    o = MatMul(p, v)
+    ```
+
+    ## Good
+    ```
+    o, present_k, present_v = com.microsoft.GroupQueryAttention(
+        qkv, None, None, past_k, past_v, seqlens_k, total_seq_len, cos_cache, sin_cache,
+        num_heads=16, kv_num_heads=2, do_rotary=1)
+    ```
+
+    ## Fix
+    Re-export with GroupQueryAttention (onnxruntime-genai's builder, or onnxscript's ort_fusions on a graph
+    with a KV cache), and set `num_heads` / `kv_num_heads` from the model config. ORT's own
+    GroupQueryAttentionFusion only packs Q/K/V and rotary into an existing GQA node; it never creates one.
+    """
+    graph = ctx.executed
+    expect = ctx.expect
+    cores_by_layer: dict[int | None, list] = defaultdict(list)
+    for core in attention_cores(graph):
+        cores_by_layer[core.layer].append(core)
+    for layer, cores in sorted(cores_by_layer.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        repeat = any(c.repeat_kv for c in cores)
+        heads = ""
+        if expect.gqa_expected:
+            heads = f" ({expect.value('num_heads')} q heads share {expect.value('kv_num_heads')} kv heads)"
+        why = "K/V repeated to every query head, " if repeat else ""
+        for core in cores if layer is None else cores[:1]:
+            yield ctx.finding(
+                f"attention decomposed into MatMul -> Softmax -> MatMul ({why}no fused kernel){heads} instead of "
+                "com.microsoft.GroupQueryAttention",
+                node=core.softmax, graph=graph, layer=layer,
+                related=[n for c in cores for n in c.nodes], fix=GQA_FIX,
+            )
+    for node in fused_attention_nodes(graph):
+        if node.op_type == "GroupQueryAttention":
+            continue
+        kv_fewer = expect.gqa_expected
+        if node.domain == DEFAULT_DOMAIN and node.op_type == "Attention":
+            q, kv = node.attr("q_num_heads"), node.attr("kv_num_heads")
+            kv_fewer = kv_fewer or (q is not None and kv is not None and kv < q)
+        if kv_fewer and node.op_type in ("MultiHeadAttention", "Attention"):
+            yield ctx.finding(
+                f"{node.key} used while kv heads < q heads: K/V are expanded to every query head; "
+                "GroupQueryAttention reads each kv head once per group",
+                node=node, graph=graph, fix=GQA_FIX,
+            )
+    yield from _gqa_count(ctx, graph)
+    yield from _gqa_heads(ctx, graph)
+
+
+def _gqa_count(ctx: RuleContext, graph: Graph):
+    expected = ctx.expect.declared("attention_layers")
+    gqa = gqa_nodes(graph)
+    if expected is None or len(gqa) >= expected.value:
+        return
+    have = {n.layer for n in gqa}
+    attention_like = {c.layer for c in attention_cores(graph)} | {n.layer for n in fused_attention_nodes(graph)}
+    missing = sorted(layer for layer in attention_like - have if layer is not None)
+    where = f" (layers without it: {', '.join(map(str, missing[:16]))}{', ...' if len(missing) > 16 else ''})" if missing else ""
+    yield ctx.finding(
+        f"{len(gqa)} GroupQueryAttention nodes; {expected.describe()} softmax-attention layers{where}",
+        location=expected.location, fix=GQA_FIX,
+        properties={"expected": expected.value, "found": len(gqa)},
+    )
+
+
+def _gqa_heads(ctx: RuleContext, graph: Graph):
+    expect = ctx.expect
+    for node in gqa_nodes(graph):
+        if not node.has_attr("kv_num_heads"):
+            wrong = " (it has num_kv_heads, which ORT does not read)" if node.has_attr("num_kv_heads") else ""
+            yield ctx.finding(
+                f"GroupQueryAttention lacks its required kv_num_heads attribute{wrong}: the session will not load",
+                node=node, graph=graph, severity=Severity.ERROR,
+                fix="Set kv_num_heads (and num_heads) on every GroupQueryAttention node.",
+            )
+            continue
+        for attr, key in (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_heads")):
+            want = expect.declared(key)
+            have = node.attr(attr)
+            if want is not None and have is not None and int(have) != int(want.value):
+                yield ctx.finding(
+                    f"GroupQueryAttention {attr}={have}, but {want.describe()}",
+                    node=node, graph=graph,
+                    fix=f"Re-export with {attr}={want.value}, or correct the policy if the model really has {have}.",
+                    properties={"attribute": attr, "expected": want.value, "found": int(have)},
+                )
+
+
+@rule("OGF003", "fusedmatmul-missing", Severity.WARNING)
+def fusedmatmul_missing(ctx: RuleContext):
+    """The optimized dump still has MatMuls that ORT's EXTENDED level folds into com.microsoft FusedMatMul.
+
+    ## What it checks
+    Only the optimized dump (`--optimized`, the file ORT writes for `optimized_model_filepath`): a MatMul
+    fed by a Transpose that swaps its last two axes, or whose only consumer is a Mul/Div by a scalar
+    constant. At ORT_ENABLE_EXTENDED and above, ORT folds both into FusedMatMul (transA/transB, alpha), so
+    finding them means the dump was made below EXTENDED, or with those fusions disabled
+    (`optimization.disable_specified_optimizers`), or for a provider/dtype FusedMatMul has no kernel for.
+
+    ## Why it costs throughput
+    Each leftover Transpose is a full copy of an activation (attention's K^T on every layer and every
+    token), and each scale is one more elementwise kernel. FusedMatMul reads the operand transposed and
+    scales in the GEMM epilogue, for free.
+
+    ## Bad
+    ```
+    s = Div(MatMul(q, Transpose(k, perm=[0, 1, 3, 2])), 8.0)
+    ```
+
+    ## Good
+    ```
+    s = com.microsoft.FusedMatMul(q, k, transB=1, alpha=0.125)
+    ```
+
+    ## Fix
+    Create the session with `graph_optimization_level = ORT_ENABLE_ALL` (or at least EXTENDED), do not
+    disable MatMulScaleFusion / MatmulTransposeFusion, and dump again to confirm.
+    """
+    graph = ctx.optimized
+    if graph is None:
+        return
+    for node in graph.by_op_type("MatMul"):
+        reasons = []
+        for i, side in ((0, "A"), (1, "B")):
+            t = graph.producer(node.input(i))
+            if t is not None and t.op_type == "Transpose" and t.domain == DEFAULT_DOMAIN and _swaps_last_two(t) \
+                    and len(graph.consumers(t.outputs[0])) == 1:
+                reasons.append(f"Transpose {t.display_name} on input {side} (transpose of the last two axes)")
+        consumers = graph.consumers(node.outputs[0]) if node.outputs else []
+        if len(consumers) == 1 and consumers[0].op_type in ("Mul", "Div") and consumers[0].domain == DEFAULT_DOMAIN:
+            scale = consumers[0]
+            other = scale.input(1) if scale.input(0) == node.outputs[0] else scale.input(0)
+            if scale.op_type == "Div" and scale.input(0) != node.outputs[0]:
+                other = ""  # c / MatMul is not a scale
+            if other and graph.scalar(other) is not None:
+                reasons.append(f"scalar {scale.op_type} {scale.display_name} after it")
+        if reasons:
+            yield ctx.finding(
+                f"MatMul with {' and '.join(reasons)} left unfused: ORT_ENABLE_EXTENDED folds this into "
+                "com.microsoft.FusedMatMul, so the dump was made below EXTENDED or with the fusion disabled",
+                node=node, graph=graph,
+                fix="Optimize at ORT_ENABLE_ALL (at least ORT_ENABLE_EXTENDED) and re-dump.",
+            )
+
+
+def _swaps_last_two(node: Node) -> bool:
+    perm = node.attr("perm")
+    if not perm or len(perm) < 2:
+        return False
+    rank = len(perm)
+    return list(perm[:-2]) == list(range(rank - 2)) and list(perm[-2:]) == [rank - 1, rank - 2]
+
+
