@@ -32,7 +32,7 @@ ONNX Runtime 1.31 CPU runs every combination except (seen): MoE/QMoE with swiglu
 ("CPU MoE only supports interleaved SwiGLU format. Please set swiglu_fusion=1.") and float16
 gather_loop (ScatterND reduction="add" has no MLFloat16 CPU kernel). float16 GroupQueryAttention,
 MoE, QMoE, MultiHeadAttention, ai.onnx Attention and the linear-attention ops do run on CPU.
-""""""
+"""
 
 from __future__ import annotations
 
