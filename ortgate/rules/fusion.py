@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from ortgate.lint.context import RuleContext
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
-from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes
+from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes, kv_expanded
 from ortgate.lint.patterns.moe import moe_blocks
 from ortgate.rules.base import rule
 
@@ -152,7 +152,7 @@ def gqa_not_fused(ctx: RuleContext):
     for node in fused_attention_nodes(graph):
         if node.op_type == "GroupQueryAttention":
             continue
-        kv_fewer = expect.gqa_expected
+        kv_fewer = expect.gqa_expected or any(kv_expanded(graph, node.input(i)) for i in (1, 2))
         if node.domain == DEFAULT_DOMAIN and node.op_type == "Attention":
             q, kv = node.attr("q_num_heads"), node.attr("kv_num_heads")
             kv_fewer = kv_fewer or (q is not None and kv is not None and kv < q)
@@ -242,17 +242,15 @@ def fusedmatmul_missing(ctx: RuleContext):
         reasons = []
         for i, side in ((0, "A"), (1, "B")):
             t = graph.producer(node.input(i))
-            if t is not None and t.op_type == "Transpose" and t.domain == DEFAULT_DOMAIN and _swaps_last_two(t) \
-                    and len(graph.consumers(t.outputs[0])) == 1:
+            if t is None or t.domain != DEFAULT_DOMAIN or len(graph.consumers(t.outputs[0])) != 1:
+                continue
+            if t.op_type == "Transpose" and _swaps_last_two(t):
                 reasons.append(f"Transpose {t.display_name} on input {side} (transpose of the last two axes)")
+            elif _is_scalar_scale(graph, t):
+                reasons.append(f"scalar {t.op_type} {t.display_name} on input {side}")
         consumers = graph.consumers(node.outputs[0]) if node.outputs else []
-        if len(consumers) == 1 and consumers[0].op_type in ("Mul", "Div") and consumers[0].domain == DEFAULT_DOMAIN:
-            scale = consumers[0]
-            other = scale.input(1) if scale.input(0) == node.outputs[0] else scale.input(0)
-            if scale.op_type == "Div" and scale.input(0) != node.outputs[0]:
-                other = ""  # c / MatMul is not a scale
-            if other and graph.scalar(other) is not None:
-                reasons.append(f"scalar {scale.op_type} {scale.display_name} after it")
+        if len(consumers) == 1 and _is_scalar_scale(graph, consumers[0], of=node.outputs[0]):
+            reasons.append(f"scalar {consumers[0].op_type} {consumers[0].display_name} after it")
         if reasons:
             yield ctx.finding(
                 f"MatMul with {' and '.join(reasons)} left unfused: ORT_ENABLE_EXTENDED folds this into "
@@ -260,6 +258,16 @@ def fusedmatmul_missing(ctx: RuleContext):
                 node=node, graph=graph,
                 fix="Optimize at ORT_ENABLE_ALL (at least ORT_ENABLE_EXTENDED) and re-dump.",
             )
+
+
+def _is_scalar_scale(graph: Graph, node: Node, of: str | None = None) -> bool:
+    """Mul(x, c) / Mul(c, x) / Div(x, c) with a scalar constant c (of `of`, when given)."""
+    if node.domain != DEFAULT_DOMAIN or node.op_type not in ("Mul", "Div") or len(node.inputs) != 2:
+        return False
+    x, c = node.inputs
+    if node.op_type == "Mul" and graph.scalar(x) is not None:
+        x, c = c, x
+    return (of is None or x == of) and graph.scalar(c) is not None
 
 
 def _swaps_last_two(node: Node) -> bool:

@@ -78,7 +78,7 @@ def _find_cores(graph: Graph) -> list[AttentionCore]:
         if any(is_weight(graph, i) for i in qk.inputs[:2]) or any(is_weight(graph, i) for i in pv.inputs[:2]):
             continue
         core = AttentionCore(softmax, qk, pv, softmax.layer)
-        core.repeat_kv = _expanded(graph, qk.input(1)) or _expanded(graph, pv.input(1))
+        core.repeat_kv = kv_expanded(graph, qk.input(1)) or kv_expanded(graph, pv.input(1))
         core.nodes = [qk, softmax, pv]
         cores.append(core)
     return cores
@@ -128,7 +128,7 @@ def _matmul_below(graph: Graph, softmax: Node) -> Node | None:
     return None
 
 
-def _expanded(graph: Graph, value: str) -> bool:
+def kv_expanded(graph: Graph, value: str) -> bool:
     """Whether K or V reaches the attention MatMul through Expand/Tile (repeat_kv)."""
     for _ in range(8):
         node = graph.producer(value)

@@ -1,0 +1,38 @@
+"""Running the linter in-process the way the CLI does, for tests that look at findings."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from ortgate.cli import main
+from ortgate.lint.engine import LintRequest, load_inputs, run_rules
+from ortgate.lint.findings import Finding
+from ortgate.lint.gate import apply_gate, gate_config_from, selected_rules
+
+
+def lint_findings(model, policy=None, optimized=None, config=None, select: list[str] | None = None) -> list[Finding]:
+    request = LintRequest(str(model), str(policy) if policy else None, str(optimized) if optimized else None,
+                          str(config) if config else None)
+    inputs = load_inputs(request)
+    gate = gate_config_from(inputs.policy, cli_select=select, cli_ignore=None, fail_on=None)
+    return apply_gate(run_rules(inputs, selected_rules(gate)), gate)
+
+
+def by_rule(findings: list[Finding], rule: str) -> list[Finding]:
+    return [f for f in findings if f.rule == rule]
+
+
+def run_cli(*args: str | Path) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_cli_json(*args: str | Path) -> tuple[int, dict]:
+    code, out, err = run_cli(*args, "--format", "json")
+    assert not err, err
+    return code, json.loads(out)

@@ -1,0 +1,127 @@
+"""moe-not-fused, gqa-not-fused, fusedmatmul-missing: this graph, this policy, these findings."""
+
+from __future__ import annotations
+
+from tests.conftest import EXPORTED
+from tests.helpers import by_rule, lint_findings
+
+UNFUSED_MOE = dict(moe="dense_loop")
+TINY_POLICY = """\
+name: tiny
+model: {layers: 2, moe_layers: 2, attention_layers: 2, num_heads: 4, kv_num_heads: 2}
+"""
+
+
+# moe-not-fused ----------------------------------------------------------------------------------------
+
+def test_dense_expert_loop_is_reported_once_per_layer(make_model):
+    model = make_model(layers=3, experts=4, **UNFUSED_MOE)
+    found = by_rule(lint_findings(model, select=["moe-not-fused"]), "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1, 2]
+    first = found[0]
+    assert first.node == "/model/layers.0/moe/router/MatMul" or "layers.0" in first.node
+    assert "4 experts" in first.message and "com.microsoft.MoE" in first.message
+    assert any("TopK" in n or "topk" in n.lower() for n in first.related_nodes)
+    assert dict(first.properties)["expert_projections"] >= 4 * 2
+
+
+def test_gather_loop_routing_is_reported(make_model):
+    found = by_rule(lint_findings(make_model(moe="gather_loop"), select=["moe-not-fused"]), "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1]
+
+
+def test_fused_moe_passes(make_model):
+    assert by_rule(lint_findings(make_model(moe="fused"), select=["moe-not-fused"]), "moe-not-fused") == []
+
+
+def test_qmoe_counts_as_fused(make_model):
+    assert by_rule(lint_findings(make_model(moe="qmoe"), select=["moe-not-fused"]), "moe-not-fused") == []
+
+
+def test_dense_mlp_model_has_no_moe_finding(make_model):
+    assert lint_findings(make_model(moe="dense"), select=["moe-not-fused"]) == []
+
+
+def test_fewer_moe_nodes_than_the_policy_expects(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  moe_layers: 3\n")
+    found = by_rule(lint_findings(make_model(layers=2), policy, select=["moe-not-fused"]), "moe-not-fused")
+    assert len(found) == 1
+    assert found[0].location.line == 3 and found[0].location.file == str(policy)
+    assert dict(found[0].properties) == {"expected": 3, "found": 2}
+
+
+def test_moe_layers_inferred_from_the_graph_never_judge_the_graph(make_model):
+    # Without a policy the expected count comes from the graph itself: no count finding.
+    assert lint_findings(make_model(layers=2), select=["moe-not-fused"]) == []
+
+
+def test_dynamo_export_reports_every_moe_layer():
+    found = by_rule(lint_findings(EXPORTED / "dynamo-qwen3_moe" / "model.onnx", select=["moe-not-fused"]),
+                    "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1]
+
+
+# gqa-not-fused ----------------------------------------------------------------------------------------
+
+def test_decomposed_attention_is_reported_per_layer(make_model):
+    found = by_rule(lint_findings(make_model(attention="decomposed", layers=3), select=["gqa-not-fused"]),
+                    "gqa-not-fused")
+    assert [f.layer for f in found] == [0, 1, 2]
+    assert all(f.op_type == "Softmax" for f in found)
+    assert "K/V repeated" in found[0].message
+
+
+def test_gqa_passes(make_model, write_policy):
+    model = make_model(attention="gqa")
+    assert by_rule(lint_findings(model, write_policy(TINY_POLICY), select=["gqa-not-fused"]), "gqa-not-fused") == []
+
+
+def test_mha_with_fewer_kv_heads_is_reported(make_model):
+    found = by_rule(lint_findings(make_model(attention="mha"), select=["gqa-not-fused"]), "gqa-not-fused")
+    assert found and all(f.op_type == "com.microsoft.MultiHeadAttention" for f in found)
+
+
+def test_fewer_gqa_nodes_than_attention_layers(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  attention_layers: 4\n")
+    found = by_rule(lint_findings(make_model(layers=2), policy, select=["gqa-not-fused"]), "gqa-not-fused")
+    assert [dict(f.properties) for f in found] == [{"expected": 4, "found": 2}]
+
+
+def test_gqa_heads_disagree_with_policy(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  num_heads: 8\n  kv_num_heads: 2\n")
+    found = by_rule(lint_findings(make_model(num_heads=4, kv_num_heads=2), policy, select=["gqa-not-fused"]),
+                    "gqa-not-fused")
+    assert {dict(f.properties)["attribute"] for f in found} == {"num_heads"}
+    assert len(found) == 2  # one per GroupQueryAttention node
+
+
+def test_hybrid_linear_attention_layers_are_not_missing_gqa(make_model):
+    model = make_model(layers=4, layer_types=("linear_attention",) * 3 + ("full_attention",))
+    assert by_rule(lint_findings(model, select=["gqa-not-fused"]), "gqa-not-fused") == []
+
+
+def test_hybrid_with_declared_layers_expects_only_softmax_layers(make_model, write_policy):
+    model = make_model(layers=4, layer_types=("linear_attention",) * 3 + ("full_attention",))
+    policy = write_policy("name: p\nmodel:\n  layers: 4\n")
+    assert by_rule(lint_findings(model, policy, select=["gqa-not-fused"]), "gqa-not-fused") == []
+
+
+# fusedmatmul-missing ------------------------------------------------------------------------------------
+
+def test_dump_below_extended_keeps_transposes_and_scales():
+    model = EXPORTED / "dynamo-qwen3_moe" / "model.onnx"
+    found = by_rule(lint_findings(model, optimized=EXPORTED / "dynamo-qwen3_moe" / "model.optimized-basic.onnx",
+                                  select=["fusedmatmul-missing"]), "fusedmatmul-missing")
+    assert found, "the BASIC dump still has MatMul + scale"
+    assert all(f.file.endswith("model.optimized-basic.onnx") for f in found)
+
+
+def test_dump_at_all_passes():
+    model = EXPORTED / "dynamo-qwen3_moe" / "model.onnx"
+    found = lint_findings(model, optimized=EXPORTED / "dynamo-qwen3_moe" / "model.optimized.onnx",
+                          select=["fusedmatmul-missing"])
+    assert found == []
+
+
+def test_without_a_dump_fusedmatmul_is_not_judged(make_model):
+    assert lint_findings(make_model(attention="decomposed"), select=["fusedmatmul-missing"]) == []
