@@ -216,8 +216,11 @@ class Graph:
         g = model.graph
         self.input_infos: list[ValueInfo] = []
         init_names = {t.name for t in g.initializer}
+        self._small_initializers: dict[str, onnx.TensorProto] = {}  # decodable without touching weights
         for t in g.initializer:
-            self.initializers[t.name] = _initializer(t)
+            init = self.initializers[t.name] = _initializer(t)
+            if not init.external and init.numel <= _SMALL_CONSTANT_ELEMENTS:
+                self._small_initializers[t.name] = t
         for t in g.sparse_initializer:
             if t.values.name:
                 self.initializers[t.values.name] = _initializer(t.values)
@@ -335,10 +338,8 @@ class Graph:
         init = self.initializers.get(name)
         if init is None or init.external or init.numel > _SMALL_CONSTANT_ELEMENTS:
             return None
-        for t in self.model.graph.initializer:  # small and inline: decoding is cheap and reads no weights
-            if t.name == name:
-                return _tensor_summary(t).values
-        return None
+        tensor = self._small_initializers.get(name)
+        return _tensor_summary(tensor).values if tensor is not None else None
 
     def scalar(self, name: str) -> float | int | None:
         values = self.constant_value(name)

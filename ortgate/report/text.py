@@ -27,18 +27,21 @@ def write(console: Console, result: LintResult) -> None:
     for f in result.findings:
         if f.suppressed is None:
             by_file[f.location.file][f.layer].append(f)
+    shown_fixes: set[str] = set()  # a fix repeated on every layer is printed once, under its first finding
     for file, layers in by_file.items():
         console.print(Text(file, style="bold underline"))
         for layer in sorted(layers, key=lambda x: (x is not None, x if x is not None else -1)):
             heading = f"  layer {layer}" if layer is not None else "  model / config"
             console.print(Text(heading, style="bold"))
             for f in layers[layer]:
-                _write_finding(console, f)
+                _write_finding(console, f, show_fix=bool(f.fix) and f.fix not in shown_fixes)
+                if f.fix:
+                    shown_fixes.add(f.fix)
         console.print()
     _write_summary(console, result)
 
 
-def _write_finding(console: Console, f: Finding) -> None:
+def _write_finding(console: Console, f: Finding, *, show_fix: bool) -> None:
     where = f":{f.location.line}" if f.location.line else ""
     target = f.node or f.location.key_path or ""
     line = Text("    ")
@@ -49,7 +52,7 @@ def _write_finding(console: Console, f: Finding) -> None:
         line.append(f"  {target}{where}", style="dim")
     console.print(line)
     console.print(Text(f"      {f.message}"))
-    if f.fix:
+    if show_fix:
         console.print(Text(f"      fix: {f.fix}", style="green"))
 
 

@@ -141,10 +141,10 @@ def gqa_not_fused(ctx: RuleContext):
         heads = ""
         if expect.gqa_expected:
             heads = f" ({expect.value('num_heads')} q heads share {expect.value('kv_num_heads')} kv heads)"
-        why = "K/V repeated to every query head, " if repeat else ""
+        repeated = " with K/V repeated to every query head" if repeat else ""
         for core in cores if layer is None else cores[:1]:
             yield ctx.finding(
-                f"attention decomposed into MatMul -> Softmax -> MatMul ({why}no fused kernel){heads} instead of "
+                f"attention decomposed into MatMul -> Softmax -> MatMul{repeated}{heads}, instead of "
                 "com.microsoft.GroupQueryAttention",
                 node=core.softmax, graph=graph, layer=layer,
                 related=[n for c in cores for n in c.nodes], fix=GQA_FIX,

@@ -1,0 +1,44 @@
+"""The README's examples are executed, so the documentation cannot drift from the tool."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from ortgate.policies.loader import load_policy
+from tests.conftest import REPO
+from tests.helpers import run_cli
+
+README = (REPO / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def test_policy_example_is_a_valid_policy(tmp_path):
+    (example,) = [b for b in _blocks("yaml") if b.startswith("name: qwen3.6-35b-a3b-h100")]
+    path = tmp_path / "policy.yaml"
+    path.write_text(example)
+    policy = load_policy(path)
+    assert policy.get("model", "attention_layers") == 10
+    assert policy.get("execution_provider", "options", "enable_cuda_graph") == "1"
+
+
+def test_setup_command_lints_a_shipped_example(monkeypatch):
+    setup = _blocks("sh")[0]
+    lint = setup[setup.index("ortgate lint"):].strip()
+    args = shlex.split(lint)[1:]
+    monkeypatch.chdir(REPO)
+    code, out, err = run_cli(*args)
+    assert code == 1, err  # the unfused example fails its gate, by design
+    assert "moe-not-fused" in out
+
+
+def test_example_output_in_readme_is_what_ortgate_prints(monkeypatch):
+    match = re.search(r"<!-- EXAMPLE-OUTPUT: (.*?) -->\n```text\n(.*?)```", README, flags=re.S)
+    assert match, "README shows real output of ortgate lint"
+    command, shown = match.group(1), match.group(2)
+    monkeypatch.chdir(REPO)
+    code, out, _ = run_cli(*shlex.split(command)[1:])
+    assert out == shown
