@@ -125,3 +125,20 @@ def test_dump_at_all_passes():
 
 def test_without_a_dump_fusedmatmul_is_not_judged(make_model):
     assert lint_findings(make_model(attention="decomposed"), select=["fusedmatmul-missing"]) == []
+
+
+# required-ops ------------------------------------------------------------------------------------------
+
+def test_required_ops_counts_against_the_policy(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  required_ops:\n    com.microsoft.MoE: 3\n"
+                          "    com.microsoft.GroupQueryAttention: 2\n")
+    found = by_rule(lint_findings(make_model(layers=2), policy, select=["required-ops"]), "required-ops")
+    assert [dict(f.properties) for f in found] == [{"op": "com.microsoft.MoE", "expected": 3, "found": 2}]
+    assert found[0].location.line == 4
+
+
+def test_forbidden_ops_are_reported_per_node(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  forbidden_ops: [TopK]\n")
+    found = by_rule(lint_findings(make_model(moe="dense_loop"), policy, select=["required-ops"]), "required-ops")
+    assert [f.layer for f in found] == [0, 1] and all(f.op_type == "TopK" for f in found)
+    assert by_rule(lint_findings(make_model(moe="fused"), policy, select=["required-ops"]), "required-ops") == []
