@@ -15,6 +15,7 @@ from ortgate.errors import InputError
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 FORMATS = ("text", "json")
+LINT_FORMATS = ("text", "json", "sarif", "github", "markdown")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,13 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
-    lint.add_argument("--format", choices=FORMATS, default="text")
+    lint.add_argument("--format", choices=LINT_FORMATS, default="text",
+                      help="report format on stdout (or --output): text, json, sarif, github (workflow "
+                           "annotations), markdown (job summary)")
     lint.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    lint.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
+    lint.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
+    lint.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
+    lint.add_argument("--baseline", metavar="FILE",
+                      help="an ortgate baseline: findings listed in it are reported as suppressed")
+    lint.add_argument("--write-baseline", metavar="FILE",
+                      help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
+                           "then judge against it")
     lint.add_argument("--fail-on", choices=("error", "warning", "info"),
                       help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+
+    from ortgate.runner.cli import add_run_parser
+
+    add_run_parser(sub)
 
     rules = sub.add_parser("rules", help="list every rule")
     rules.add_argument("--format", choices=FORMATS, default="text")
@@ -86,7 +101,15 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         print(version_text())
         return EXIT_PASS
     if args.command == "lint":
-        return cmd_lint(args)
+        from ortgate.lint.graph import gc_paused
+
+        # One short-lived pass that allocates a large, acyclic index: the cyclic collector would only rescan it.
+        with gc_paused():
+            return cmd_lint(args)
+    if args.command == "run":
+        from ortgate.runner.cli import cmd_run
+
+        return cmd_run(args)
     if args.command == "rules":
         return cmd_rules(args)
     if args.command == "explain":
@@ -159,24 +182,63 @@ def _progress(enabled: bool) -> Iterator:
 
 def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.lint.engine import LintRequest, LintResult, load_inputs, run_rules, summarize
-    from ortgate.lint.gate import apply_gate, decide, gate_config_from, selected_rules
+    from ortgate.lint.gate import apply_gate, baseline_text, decide, gate_config_from, load_baseline, selected_rules
     from ortgate.report import render
 
-    _check_output_path(args.output, [args.model, args.policy, args.optimized, args.config])
+    given = [args.model, args.policy, args.optimized, args.config, args.baseline]
+    reports = [(args.format, args.output)] + [(fmt, path) for fmt, path in (
+        ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
+    _check_distinct_outputs([path for _fmt, path in reports] + [args.write_baseline])
+    for _fmt, path in reports:
+        _check_output_path(path, given)
+    _check_output_path(args.write_baseline, [])  # inputs are checked once loaded (_check_baseline_target)
+    baseline = load_baseline(args.baseline) if args.baseline else None
     request = LintRequest(args.model, args.policy, args.optimized, args.config)
     with _progress(sys.stderr.isatty()) as note:
         inputs = load_inputs(request, note)
         config = gate_config_from(inputs.policy, cli_select=_split(args.select), cli_ignore=_split(args.ignore),
-                                  fail_on=args.fail_on)
+                                  fail_on=args.fail_on, baseline=baseline, baseline_path=args.baseline)
         rules = selected_rules(config)
         note(f"running {len(rules)} rules")
-        findings = apply_gate(run_rules(inputs, rules), config)
+        raw = run_rules(inputs, rules)
+        findings = apply_gate(raw, config)
+    if args.write_baseline:
+        _check_baseline_target(args.write_baseline, inputs, args.baseline)
+        text = baseline_text(findings)
+        _write(text, args.write_baseline)
+        config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
+        findings = apply_gate(raw, config)
     verdict = decide(findings, config.fail_on)
     result = LintResult(findings, verdict, summarize(inputs), rules)
-    _write(render(args.format, result), args.output)
+    for fmt, path in reports:
+        _write(render(fmt, result), path)
     if args.exit_zero:
         return EXIT_PASS
     return verdict.exit_code
+
+
+def _check_distinct_outputs(paths: list[str | None]) -> None:
+    seen: dict[Path, str] = {}
+    for p in paths:
+        if p is None:
+            continue
+        key = Path(p).resolve()
+        if key in seen:
+            raise InputError("two outputs would be written to the same file", p)
+        seen[key] = p
+
+
+def _check_baseline_target(path: str, inputs, baseline_in: str | None) -> None:
+    """--write-baseline may rewrite the --baseline it read, never another input or a file that is not a baseline."""
+    from ortgate.lint.gate import is_baseline_file
+
+    target = Path(path).resolve()
+    inputs_read = [inputs.model.path, inputs.optimized.path if inputs.optimized else None,
+                   inputs.genai.path if inputs.genai else None, *(inputs.policy.chain if inputs.policy else ())]
+    if any(p is not None and Path(p).resolve() == target for p in inputs_read):
+        raise InputError("refusing to write the baseline over an input file", path)
+    if target.exists() and not (baseline_in and Path(baseline_in).resolve() == target) and not is_baseline_file(target):
+        raise InputError("refusing to overwrite: the file exists and is not an ortgate baseline", path)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -215,7 +277,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_policy_validate(args: argparse.Namespace) -> int:
     from ortgate.policies.loader import load_policy
 
+    from ortgate.lint.gate import gate_config_from
+
     policy = load_policy(args.file)
+    gate_config_from(policy, cli_select=None, cli_ignore=None, fail_on=None)  # rule names in rules: and waivers:
     chain = " <- ".join(str(p) for p in policy.chain[1:])
     print(f"{args.file}: valid policy {policy.name!r}" + (f" (extends {chain})" if chain else ""))
     return EXIT_PASS

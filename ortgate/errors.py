@@ -4,6 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# A message names what is wrong; it never echoes a whole hostile value into a CI log.
+MAX_PROBLEM_CHARS = 1000
+
+
+def printable(text: str) -> str:
+    """`text` on one line with control characters (newlines, terminal escapes) shown escaped, never raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _shorten(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 7 // 10, limit * 2 // 10
+    return f"{text[:head]} ...[{len(text) - head - tail} characters]... {text[-tail:]}"
+
 
 class InputError(Exception):
     """Input ortgate cannot use: a missing or unreadable file, invalid YAML, a schema violation, ..."""
@@ -11,8 +28,8 @@ class InputError(Exception):
     exit_code = 2
 
     def __init__(self, problem: str, path: str | Path | None = None, *, line: int | None = None):
-        self.problem = " ".join(str(problem).split())  # always one line
-        self.path = str(path) if path is not None else None
+        self.problem = _shorten(printable(" ".join(str(problem).split())))  # always one line
+        self.path = printable(str(path)) if path is not None else None
         self.line = line
         super().__init__(self.one_line())
 

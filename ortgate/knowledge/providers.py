@@ -321,3 +321,36 @@ def genai_provider_name(name: str) -> str | None:
     low = name.strip().lower().removesuffix("executionprovider") if isinstance(name, str) else ""
     info = ort_facts()["genai"]["provider_names"].get(low)
     return info["genai_name"] if info else None
+
+
+# ---- placement: which provider runs a node, and what CUDA graph capture demands ------------------------------
+
+
+def kernel_free_op(domain: str, op_type: str) -> str | None:
+    """Why ORT runs (domain, op_type) without a kernel (Constant becomes an initializer), or None."""
+    if domain not in ("", "ai.onnx"):
+        return None
+    return ort_facts()["kernel_free_ops"]["ops"].get(op_type)
+
+
+def cpu_fallback_facts() -> Mapping[str, Any]:
+    """session.disable_cpu_ep_fallback: its key, the value ORT honours, and what it really does."""
+    return ort_facts()["cpu_fallback"]
+
+
+def cuda_graph_capture_facts() -> Mapping[str, Any]:
+    """What CUDA graph capture demands of a session (control flow, placement, fixed shapes), with sources."""
+    return ort_facts()["cuda_graph_capture"]
+
+
+def data_dependent_shape_inputs(domain: str, op_type: str) -> tuple[int, ...] | None:
+    """Input positions whose VALUES decide the output shape of an ai.onnx op (NonZero: (0,), TopK: (1,)), or None."""
+    if domain not in ("", "ai.onnx"):
+        return None
+    inputs = cuda_graph_capture_facts()["data_dependent_shape_ops"]["ops"].get(op_type)
+    return tuple(inputs) if inputs is not None else None
+
+
+def tensorrt_untaken_domain(domain: str) -> str | None:
+    """Why TensorRT leaves nodes of this domain to another provider (com.microsoft), or None."""
+    return ort_facts()["tensorrt"]["not_taken_domains"].get(domain)

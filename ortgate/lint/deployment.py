@@ -38,6 +38,10 @@ class SessionSetup:
     free_dimension_overrides: dict[str, Setting] = field(default_factory=dict)
     config_entries: dict[str, Setting] = field(default_factory=dict)
     anchor: Location | None = None  # where to point when a setting is missing
+    free_dimension_overrides_by_denotation: dict[str, Setting] = field(default_factory=dict)
+    # SessionOptions attributes: intra_op_num_threads, inter_op_num_threads, execution_mode, enable_mem_pattern, ...
+    session_attributes: dict[str, Setting] = field(default_factory=dict)
+    custom_op_libraries: list[Setting] = field(default_factory=list)
 
     @property
     def provider_name(self) -> str | None:
@@ -64,9 +68,45 @@ class SessionSetup:
     def label(self) -> str:
         return "policy" if self.origin == "policy" else "genai_config.json"
 
+    def ort_session_options(self, *, provider: str | None = None) -> tuple[Any, list[tuple[str, dict[str, str]]]]:
+        """`onnxruntime.SessionOptions` and the `providers` list exactly as this setup declares them.
+
+        `provider` runs the same session options on another provider (without this setup's provider options,
+        which belong to the declared one). Custom-op libraries are not registered here: loading a library runs
+        its code, which the caller decides.
+        """
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        if self.optimization_level is not None:
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(self.optimization_level.value))
+        for name, setting in self.free_dimension_overrides.items():
+            so.add_free_dimension_override_by_name(name, int(setting.value))
+        for denotation, setting in self.free_dimension_overrides_by_denotation.items():
+            so.add_free_dimension_override_by_denotation(denotation, int(setting.value))
+        for key, setting in self.config_entries.items():
+            so.add_session_config_entry(key, config_text(setting.value))
+        for name, setting in self.session_attributes.items():
+            value = setting.value
+            if name == "execution_mode":
+                value = getattr(ort.ExecutionMode, str(value))
+            setattr(so, name, value)
+        declared = self.provider_name or "CPUExecutionProvider"
+        if provider is None or provider == declared:
+            options = {key: option_text(s.value) for key, s in self.provider_options.items()}
+            return so, [(declared, options)]
+        return so, [(provider, {})]
+
 
 def option_text(value: Any) -> str:
     """Provider option values as ORT's Python API receives them (it passes str(value))."""
+    return str(value)
+
+
+def config_text(value: Any) -> str:
+    """Session config entry values: YAML booleans become "1" / "0", ORT's spelling for config flags."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
     return str(value)
 
 
@@ -131,7 +171,20 @@ def setup_from_policy(policy: Policy) -> SessionSetup:
         setup.free_dimension_overrides[name] = Setting(value, policy.where("session", "free_dimension_overrides", name))
     for key, value in (session.get("config_entries") or {}).items():
         setup.config_entries[key] = Setting(value, policy.where("session", "config_entries", key))
+    for name, value in (session.get("free_dimension_overrides_by_denotation") or {}).items():
+        setup.free_dimension_overrides_by_denotation[name] = Setting(
+            value, policy.where("session", "free_dimension_overrides_by_denotation", name))
+    for name in POLICY_SESSION_ATTRIBUTES:
+        if name in session:
+            setup.session_attributes[name] = Setting(session[name], policy.where("session", name))
+    for i, library in enumerate(session.get("custom_op_libraries") or []):
+        setup.custom_op_libraries.append(Setting(library, policy.where("session", "custom_op_libraries", i)))
     return setup
+
+
+# Policy `session:` keys that are attributes of onnxruntime.SessionOptions of the same name.
+POLICY_SESSION_ATTRIBUTES = ("intra_op_num_threads", "inter_op_num_threads", "execution_mode", "enable_mem_pattern",
+                             "enable_cpu_mem_arena")
 
 
 def setup_from_genai(config: GenaiConfig) -> SessionSetup:
@@ -158,6 +211,8 @@ def setup_from_genai(config: GenaiConfig) -> SessionSetup:
     for key, value in options.items():
         if key not in GENAI_NAMED_SESSION_OPTIONS and key != "provider_options" and not isinstance(value, (dict, list)):
             setup.config_entries[key] = Setting(value, loc(key))
+        elif key in POLICY_SESSION_ATTRIBUTES:
+            setup.session_attributes[key] = Setting(value, loc(key))
     return setup
 
 

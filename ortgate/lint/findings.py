@@ -39,6 +39,7 @@ class Location:
 class Suppression:
     kind: str  # "waiver" | "baseline"
     justification: str
+    location: Location | None = None  # the waiver (policy file and line) or the baseline file
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ class Finding:
     def with_severity(self, severity: Severity) -> "Finding":
         return replace(self, severity=severity)
 
-    def suppress(self, kind: str, justification: str) -> "Finding":
-        return replace(self, suppressed=Suppression(kind, justification))
+    def suppress(self, kind: str, justification: str, location: Location | None = None) -> "Finding":
+        return replace(self, suppressed=Suppression(kind, justification, location))
 
     def sort_key(self) -> tuple:
         return (

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
+import json
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path, PurePath
 
 from ortgate.errors import InputError
 from ortgate.lint.findings import Finding, Location, Severity
 from ortgate.policies.loader import Policy, Waiver
+from ortgate.policies.source import MAX_DOCUMENT_BYTES, format_key_path, load_json
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, suggest_rule
 
 OFF = "off"
+GATE_FAMILY = "OGW"  # findings the gate itself raises about the policy's waivers
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class GateConfig:
     fail_on: Severity = Severity.ERROR
     waivers: list[Waiver] = field(default_factory=list)
     baseline: set[str] | None = None  # finding identities already accepted
+    baseline_path: str | None = None
     today: _dt.date = field(default_factory=_dt.date.today)
 
 
@@ -40,6 +45,7 @@ class Verdict:
     fail_on: Severity
     counts: dict[str, int]  # active findings per severity label
     suppressed: int
+    suppressed_by: dict[str, int] = field(default_factory=dict)  # "waiver" / "baseline" -> findings
 
     @property
     def exit_code(self) -> int:
@@ -47,9 +53,9 @@ class Verdict:
 
 
 def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
-                     fail_on: str | None, baseline: set[str] | None = None,
+                     fail_on: str | None, baseline: set[str] | None = None, baseline_path: str | None = None,
                      today: _dt.date | None = None) -> GateConfig:
-    config = GateConfig(baseline=baseline, today=today or _dt.date.today())
+    config = GateConfig(baseline=baseline, baseline_path=baseline_path, today=today or _dt.date.today())
     rules_block = (policy.get("rules") if policy else None) or {}
 
     def policy_source(*key: str | int) -> str:
@@ -68,6 +74,13 @@ def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli
     config.fail_on = Severity.parse(level)
     if policy is not None:
         config.waivers = policy.waivers
+        for i, waiver in enumerate(config.waivers):
+            if find_rule(waiver.rule) is None:
+                hint = suggest_rule(waiver.rule)
+                loc = policy.where("waivers", i, "rule")
+                raise InputError(f"waivers[{i}].rule: unknown rule {waiver.rule!r}"
+                                 + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"),
+                                 loc.file, line=loc.line)
     # Every reference must name a rule: a typo in an ignore list would otherwise silently do nothing.
     for selector in config.select + config.ignore:
         _resolve(selector)
@@ -100,65 +113,170 @@ def selected_rules(config: GateConfig) -> list[Rule]:
 
 
 def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
-    """Severity overrides, then waivers and baseline as suppressions, plus waiver-expired / waiver-unused."""
+    """Waivers (plus waiver-expired / waiver-unused), severity overrides, then the baseline, as suppressions.
+
+    Suppressed findings stay in the result: reporters show them as suppressed, and only the verdict ignores them.
+    """
+    selected = {r.code for r in selected_rules(config)}
+    out = _apply_waivers(findings, config, selected)
     overrides: dict[str, Severity] = {}
     for ref, (level, source) in config.severity.items():
         if level != OFF:
             for r in _resolve(RuleSelector(ref, source)):
                 overrides[r.code] = Severity.parse(level)
-    out = [f.with_severity(overrides[f.code]) if f.code in overrides else f for f in findings]
-    out = _apply_waivers(out, config)
+    out = [f.with_severity(overrides[f.code]) if f.code in overrides else f for f in out]
     if config.baseline is not None:
-        out = [f.suppress("baseline", "present in the baseline") if f.suppressed is None and f.identity() in config.baseline
-               else f for f in out]
+        where = Location(config.baseline_path) if config.baseline_path else None
+        justification = f"in the baseline {config.baseline_path}" if config.baseline_path else "in the baseline"
+        out = [f.suppress("baseline", justification, where)
+               if f.suppressed is None and baselineable(f) and f.identity() in config.baseline else f
+               for f in out]
     return sorted(out, key=Finding.sort_key)
 
 
-def _apply_waivers(findings: list[Finding], config: GateConfig) -> list[Finding]:
+def _apply_waivers(findings: list[Finding], config: GateConfig, selected: set[str]) -> list[Finding]:
     if not config.waivers:
-        return findings
-    expired_rule = find_rule("waiver-expired")
-    unused_rule = find_rule("waiver-unused")
-    out: list[Finding] = []
+        return list(findings)
+    codes = [_waiver_code(w) for w in config.waivers]
+    active = [i for i, w in enumerate(config.waivers) if not _expired(w, config.today)]
     used = [False] * len(config.waivers)
-    active = [(i, w) for i, w in enumerate(config.waivers) if w.expires is None or w.expires >= config.today]
+    out: list[Finding] = []
     for f in findings:
-        for i, w in active:
-            if _waiver_matches(w, f):
+        for i in active:
+            if _waiver_matches(config.waivers[i], codes[i], f):
                 used[i] = True
-                f = f.suppress("waiver", w.reason)
+                w = config.waivers[i]
+                f = f.suppress("waiver", w.reason, w.location)
                 break
         out.append(f)
+    expired_rule = find_rule("waiver-expired")
+    unused_rule = find_rule("waiver-unused")
     for i, w in enumerate(config.waivers):
-        if w.expires is not None and w.expires < config.today and expired_rule is not None:
-            out.append(_gate_finding(expired_rule, w.location,
-                                     f"waiver for {w.rule}{' on ' + w.node if w.node else ''} expired on "
-                                     f"{w.expires.isoformat()}: the findings it covered count again",
-                                     "Fix the findings, or renew the waiver with a new `expires` date and a reason."))
-        elif not used[i] and unused_rule is not None:
-            out.append(_gate_finding(unused_rule, w.location,
-                                     f"waiver for {w.rule}{' on ' + w.node if w.node else ''} matched no finding",
-                                     "Delete the waiver: what it excused is gone (or its rule/node pattern is wrong)."))
+        what = f"waiver for {w.rule}{' on ' + w.node if w.node else ''}"
+        if _expired(w, config.today):
+            if expired_rule is not None and expired_rule.code in selected:
+                out.append(_gate_finding(
+                    expired_rule, w.location,
+                    f"{what} expired on {w.expires.isoformat()}: the findings it covered count again",  # type: ignore[union-attr]
+                    "Fix the findings, or renew the waiver with a new `expires` date and a reason.", w))
+        elif not used[i] and codes[i] in selected and unused_rule is not None and unused_rule.code in selected:
+            # Only a rule that ran can show that its waiver matched nothing.
+            out.append(_gate_finding(
+                unused_rule, w.location, f"{what} matched no finding",
+                "Delete the waiver: what it excused is gone (or its rule/node pattern is wrong).", w))
     return out
 
 
-def _waiver_matches(waiver: Waiver, finding: Finding) -> bool:
-    if waiver.rule not in (finding.rule, finding.code):
+def _expired(waiver: Waiver, today: _dt.date) -> bool:
+    """A waiver applies through its `expires` date and stops the day after."""
+    return waiver.expires is not None and waiver.expires < today
+
+
+def _waiver_code(waiver: Waiver) -> str | None:
+    found = find_rule(waiver.rule)
+    return found.code if found else None
+
+
+def _waiver_matches(waiver: Waiver, code: str | None, finding: Finding) -> bool:
+    if code != finding.code or finding.code.startswith(GATE_FAMILY):
         return False
     if waiver.node is None:
         return True
-    target = finding.node or finding.location.key_path or ""
-    return fnmatch.fnmatchcase(target, waiver.node)
+    targets = [t for t in (finding.node, finding.location.key_path) if t]
+    return any(fnmatch.fnmatchcase(t, waiver.node) for t in targets)
 
 
-def _gate_finding(rule: Rule, location: Location, message: str, fix: str) -> Finding:
+def _gate_finding(rule: Rule, location: Location, message: str, fix: str, waiver: Waiver) -> Finding:
+    props = (("waiver_node", waiver.node), ("waiver_rule", waiver.rule))
     return Finding(code=rule.code, rule=rule.name, severity=rule.severity, message=message,
-                   location=location, fix=fix)
+                   location=location, fix=fix, properties=props)
+
+
+def suppressed_breakdown(suppressed_by: dict[str, int]) -> str:
+    """{"baseline": 2, "waiver": 1} -> "2 in the baseline, 1 waived"."""
+    words = {"waiver": "waived", "baseline": "in the baseline"}
+    return ", ".join(f"{n} {words.get(kind, kind)}" for kind, n in sorted(suppressed_by.items()))
 
 
 def decide(findings: list[Finding], fail_on: Severity) -> Verdict:
+    """Pass unless an unsuppressed finding is at least as severe as `fail_on` (the threshold is inclusive)."""
     active = [f for f in findings if f.suppressed is None]
     counts = Counter(f.severity.label for f in active)
     passed = not any(f.severity >= fail_on for f in active)
+    suppressed = Counter(f.suppressed.kind for f in findings if f.suppressed is not None)
     return Verdict(passed, fail_on, {s.label: counts.get(s.label, 0) for s in sorted(Severity, reverse=True)},
-                   sum(1 for f in findings if f.suppressed is not None))
+                   sum(suppressed.values()), dict(sorted(suppressed.items())))
+
+
+# Baselines ---------------------------------------------------------------------------------------------------
+# A baseline lists the identities of findings a team has accepted (rule + model-relative node or config key,
+# never a line), so that adopting ortgate on an existing model fails only on what is new.
+
+BASELINE_FORMAT = "ortgate-baseline"
+BASELINE_VERSION = 1
+
+
+def baselineable(finding: Finding) -> bool:
+    """Waiver findings stay out of baselines: a baseline must not silence an expired waiver."""
+    return not finding.code.startswith(GATE_FAMILY)
+
+
+def baseline_text(findings: list[Finding]) -> str:
+    """The baseline accepting every finding not covered by a waiver (deterministic: sorted, no timestamps)."""
+    entries: dict[str, dict] = {}
+    for f in findings:
+        if not baselineable(f) or (f.suppressed is not None and f.suppressed.kind != "baseline"):
+            continue
+        entries[f.identity()] = {
+            "identity": f.identity(),
+            "code": f.code,
+            "rule": f.rule,
+            "file": PurePath(f.location.file).name,
+            "target": f.node or f.location.key_path,
+        }
+    doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
+           "findings": [entries[k] for k in sorted(entries)]}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def is_baseline_file(path: str | Path) -> bool:
+    try:
+        if not Path(path).is_file() or Path(path).stat().st_size > MAX_DOCUMENT_BYTES:
+            return False  # a model or a device is never read
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == BASELINE_FORMAT
+
+
+def load_baseline(path: str | Path) -> set[str]:
+    """The identities in an ortgate baseline file; anything else is an InputError naming the file and key."""
+    hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"
+    try:
+        doc = load_json(Path(path))
+    except InputError as exc:
+        if exc.problem.startswith("not valid JSON"):
+            raise InputError(f"{exc.problem}; {hint}", path, line=exc.line) from None
+        raise
+    data = doc.data
+
+    def fail(problem: str, *key: str | int) -> InputError:
+        return InputError(f"{format_key_path(key) + ': ' if key else ''}{problem}", path, line=doc.line_of(key))
+
+    if not isinstance(data, dict):
+        raise fail(f"expected an object, got {type(data).__name__}; {hint}")
+    if data.get("format") != BASELINE_FORMAT:
+        raise fail(f"expected {BASELINE_FORMAT!r}, got {data.get('format')!r}; {hint}", "format")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= BASELINE_VERSION:
+        raise fail(f"{version!r} is not a baseline version this ortgate reads (1..{BASELINE_VERSION})", "version")
+    entries = data.get("findings")
+    if not isinstance(entries, list):
+        raise fail(f"expected a list, got {type(entries).__name__}", "findings")
+    identities: set[str] = set()
+    for i, entry in enumerate(entries):
+        identity = entry.get("identity") if isinstance(entry, dict) else None
+        if not isinstance(identity, str) or not identity:
+            raise fail("expected a non-empty string", "findings", i, "identity")
+        identities.add(identity)
+    return identities

@@ -68,6 +68,13 @@ class GenaiConfig:
         return value if isinstance(value, bool) else None
 
     @property
+    def max_length(self) -> int | None:
+        """search.max_length: with past_present_share_buffer, the length of the static KV buffer."""
+        search = self.data.get("search")
+        value = search.get("max_length") if isinstance(search, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
     def decoder_filename(self) -> str | None:
         value = self.decoder.get("filename")
         return value if isinstance(value, str) and value else None

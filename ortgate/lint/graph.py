@@ -7,7 +7,9 @@ and the decoder layer each node belongs to.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Iterator
@@ -15,11 +17,17 @@ from typing import Any, Iterable, Iterator
 import onnx
 from onnx import TensorProto, helper
 
+from ortgate.errors import printable
+
 DEFAULT_DOMAIN = "ai.onnx"
 MS_DOMAIN = "com.microsoft"
 
 # Values larger than this are never decoded, even when stored inline.
 _SMALL_CONSTANT_ELEMENTS = 64
+# ... nor tensors whose protobuf is larger than this (a malformed dims field must not make us copy a huge blob).
+_SMALL_CONSTANT_BYTES = 64 * 1024
+# The only ONNX ops with graph attributes; nodes of other domains are checked attribute by attribute.
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def canonical_domain(domain: str) -> str:
@@ -37,13 +45,18 @@ def op_key(domain: str, op_type: str) -> str:
     return op_type if domain == DEFAULT_DOMAIN else f"{domain}.{op_type}"
 
 
+_DTYPE_NAMES: dict[int, str | None] = {}
+
+
 def dtype_name(elem_type: int) -> str | None:
-    if not elem_type:
-        return None
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return None
+    name = _DTYPE_NAMES.get(elem_type, "")
+    if name == "":
+        try:
+            name = TensorProto.DataType.Name(elem_type).lower() if elem_type else None
+        except ValueError:
+            name = None
+        _DTYPE_NAMES[elem_type] = name
+    return name
 
 
 @dataclass(frozen=True)
@@ -53,15 +66,61 @@ class ValueInfo:
     shape: tuple[int | str | None, ...] | None  # None: rank unknown; str: symbolic dim; None entry: unknown dim
 
 
-@dataclass(frozen=True)
 class Initializer:
-    """Metadata of a weight. Its bytes are never read."""
+    """Metadata of a weight: dtype, dims, external or inline, the external data file (never opened).
 
-    name: str
-    dtype: str | None
-    dims: tuple[int, ...]
-    external: bool
-    location: str | None  # external data file named by the model (never opened)
+    Decoded from the TensorProto on first use (a 35B MoE export has tens of thousands of initializers and a
+    rule looks at few of them). Its bytes are never read.
+    """
+
+    __slots__ = ("name", "_proto", "_dense", "_dims", "_storage")
+
+    def __init__(self, name: str, proto: onnx.TensorProto, *, dense: bool = True):
+        self.name = name
+        self._proto = proto
+        self._dense = dense  # False: the values of a sparse initializer (never decoded as a constant)
+        self._dims: tuple[int, ...] | None = None
+        self._storage: tuple[bool, str | None] | None = None  # (external, location)
+
+    @property
+    def dtype(self) -> str | None:
+        return dtype_name(self._proto.data_type)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        dims = self._dims
+        if dims is None:
+            dims = self._dims = tuple(self._proto.dims)
+        return dims
+
+    def _decode_storage(self) -> tuple[bool, str | None]:
+        t = self._proto
+        location = None
+        external = t.data_location == TensorProto.EXTERNAL
+        if external:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    location = entry.value
+        self._storage = (external, location)
+        return self._storage
+
+    @property
+    def external(self) -> bool:
+        return (self._storage or self._decode_storage())[0]
+
+    @property
+    def location(self) -> str | None:
+        """The external data file the model names (never opened)."""
+        return (self._storage or self._decode_storage())[1]
+
+    def small_values(self) -> tuple | None:
+        """Flattened values of a small inline initializer; None when external, large or sparse."""
+        if not self._dense or self.external or self.numel > _SMALL_CONSTANT_ELEMENTS:
+            return None
+        return _tensor_summary(self._proto).values
+
+    def __repr__(self) -> str:
+        return f"Initializer({self.name!r}, {self.dtype}, {list(self.dims)}{', external' if self.external else ''})"
 
     @property
     def numel(self) -> int:
@@ -76,14 +135,15 @@ class Node:
 
     __slots__ = ("proto", "index", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs")
 
-    def __init__(self, proto: onnx.NodeProto, index: int, graph: str | None):
+    def __init__(self, proto: onnx.NodeProto, index: int, graph: str | None, name: str, op_type: str, domain: str,
+                 inputs: tuple[str, ...], outputs: tuple[str, ...]):
         self.proto = proto
         self.index = index
-        self.name = proto.name
-        self.op_type = proto.op_type
-        self.domain = canonical_domain(proto.domain)
-        self.inputs: tuple[str, ...] = tuple(proto.input)
-        self.outputs: tuple[str, ...] = tuple(proto.output)
+        self.name = name
+        self.op_type = op_type
+        self.domain = domain  # canonical (see canonical_domain)
+        self.inputs = inputs
+        self.outputs = outputs
         self.graph = graph
         self.layer: int | None = None
         self._attrs: dict[str, Any] | None = None
@@ -94,8 +154,10 @@ class Node:
 
     @property
     def display_name(self) -> str:
-        """The node's name, or a stable synthetic one when the exporter left it empty."""
-        return self.name or f"<{self.op_type}#{self.index}>"
+        """The node's name, or a stable synthetic one when the exporter left it empty. Control characters
+        (newlines, terminal escapes) are shown escaped: a name must not forge lines in a CI log."""
+        name = self.name or f"<{self.op_type}#{self.index}>"
+        return name if name.isprintable() else printable(name)
 
     @property
     def attributes(self) -> dict[str, Any]:
@@ -149,7 +211,7 @@ def _tensor_summary(t: onnx.TensorProto) -> TensorSummary:
     for d in dims:
         numel *= max(d, 0)
     inline = t.data_location != TensorProto.EXTERNAL
-    if inline and numel <= _SMALL_CONSTANT_ELEMENTS:
+    if inline and numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
         try:
             from onnx import numpy_helper
 
@@ -178,18 +240,40 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     return ValueInfo(vi.name, dtype_name(tt.elem_type), shape)
 
 
-def _initializer(t: onnx.TensorProto) -> Initializer:
-    external = t.data_location == TensorProto.EXTERNAL
-    location = None
-    if external:
-        for entry in t.external_data:
-            if entry.key == "location":
-                location = entry.value
-    return Initializer(t.name, dtype_name(t.data_type), tuple(int(d) for d in t.dims), external, location)
+@contextmanager
+def gc_paused():
+    """The cyclic garbage collector off for a while (restored after).
+
+    Building the index allocates hundreds of thousands of objects and frees none: the collector would rescan
+    the growing index again and again, for nothing (the index holds no reference cycles)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # Output dtype rules for propagation where value_info is absent (exported graphs rarely declare it).
-_INT64_OUTPUT_OPS = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin"}
+_INT64_OUTPUT_OPS = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "NonMaxSuppression"}
+_FIXED_OUTPUT_DTYPES = {(DEFAULT_DOMAIN, "MatMulInteger"): "int32", (DEFAULT_DOMAIN, "ConvInteger"): "int32"}
+# Ops whose output dtype is that of one input other than the first (quantized data in, scales' dtype out).
+_DTYPE_FROM_INPUT = {(MS_DOMAIN, "GatherBlockQuantized"): 2, (DEFAULT_DOMAIN, "OneHot"): 2}
+# Control flow: output i of the node is output i + offset of its body (Loop's body starts with its condition).
+_SUBGRAPH_OUTPUT_OFFSET = {"If": ("then_branch", 0), "Loop": ("body", 1), "Scan": ("body", 0)}
+
+
+def _subgraph_output(node: "Node", output: str) -> str | None:
+    """The body output that becomes `output` of an If/Loop/Scan node (its dtype is the node output's dtype)."""
+    attr_name, offset = _SUBGRAPH_OUTPUT_OFFSET[node.op_type]
+    position = node.outputs.index(output) + offset
+    for attr in node.proto.attribute:
+        if attr.name == attr_name and attr.type == onnx.AttributeProto.GRAPH and position < len(attr.g.output):
+            return attr.g.output[position].name
+    return None
+
+
 _BOOL_OUTPUT_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf",
 }
@@ -207,78 +291,111 @@ class Graph:
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._producer: dict[str, Node] = {}
         self._consumers: dict[str, list[Node]] = defaultdict(list)
-        self._values: dict[str, ValueInfo] = {}
+        # ValueInfo, or the ValueInfoProto not decoded yet (dumps declare a value_info for most values).
+        self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
         self.initializers: dict[str, Initializer] = {}
         self.subgraph_paths: list[str] = []
+        self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
         self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
         self._dtype_cache: dict[str, str | None] = {}
 
         g = model.graph
         self.input_infos: list[ValueInfo] = []
-        init_names = {t.name for t in g.initializer}
-        self._small_initializers: dict[str, onnx.TensorProto] = {}  # decodable without touching weights
-        for t in g.initializer:
-            init = self.initializers[t.name] = _initializer(t)
-            if not init.external and init.numel <= _SMALL_CONSTANT_ELEMENTS:
-                self._small_initializers[t.name] = t
-        for t in g.sparse_initializer:
-            if t.values.name:
-                self.initializers[t.values.name] = _initializer(t.values)
-                init_names.add(t.values.name)
-        for vi in g.input:
-            info = _value_info(vi)
-            self._values[vi.name] = info
-            if vi.name not in init_names:
-                self.input_infos.append(info)
-        self.output_infos: list[ValueInfo] = [_value_info(vi) for vi in g.output]
-        for info in self.output_infos:
-            self._values.setdefault(info.name, info)
-        for vi in g.value_info:
-            self._values.setdefault(vi.name, _value_info(vi))
-        self._index_graph(g, None, set(init_names) | {i.name for i in self.input_infos})
+        with gc_paused():
+            initializers = self.initializers
+            for t in g.initializer:
+                name = t.name
+                initializers[name] = Initializer(name, t)
+            for t in g.sparse_initializer:
+                name = t.values.name
+                if name:
+                    initializers[name] = Initializer(name, t.values, dense=False)
+            values = self._values
+            for vi in g.input:
+                name = vi.name
+                if name in initializers:  # IR < 4 lists every initializer as an input too
+                    values[name] = vi
+                else:
+                    info = _value_info(vi)
+                    values[name] = info
+                    self.input_infos.append(info)
+            self.output_infos: list[ValueInfo] = [_value_info(vi) for vi in g.output]
+            for info in self.output_infos:
+                values.setdefault(info.name, info)
+            for vi in g.value_info:
+                values.setdefault(vi.name, vi)
+            self._index_graph(g, None, set(initializers) | {i.name for i in self.input_infos})
 
-        from ortgate.lint.layers import assign_layers
+            from ortgate.lint.layers import assign_layers
 
-        self.layer_source = assign_layers(self)
+            self.layer_source = assign_layers(self)
 
     # ---- construction -------------------------------------------------------------------------------
 
     def _index_graph(self, g: onnx.GraphProto, path: str | None, visible: set[str]) -> None:
         # Depth-first over nested graphs without recursion; each graph sees its own names plus its parents'.
+        # This loop runs once per node of the model: every protobuf field read and allocation counts.
+        nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
+        unordered = self.unordered_nodes
+        op_types = {}.setdefault  # one str per op type (a 50k-node graph has a few dozen)
         stack: list[tuple[str | None, list[set[str]], Iterator[onnx.NodeProto]]] = [(path, [visible], iter(g.node))]
         while stack:
             gpath, scopes, it = stack[-1]
-            proto = next(it, None)
-            if proto is None:
+            scope, outer = scopes[-1], scopes[:-1]
+            for proto in it:
+                domain = proto.domain
+                if not domain:
+                    domain = DEFAULT_DOMAIN
+                elif domain != DEFAULT_DOMAIN:
+                    domain = canonical_domain(domain)
+                op_type = proto.op_type
+                op_type = op_types(op_type, op_type)
+                inputs = tuple(proto.input)
+                outputs = tuple(proto.output)
+                node = Node(proto, len(nodes), gpath, proto.name, op_type, domain, inputs, outputs)
+                nodes.append(node)
+                by_op[(domain, op_type)].append(node)
+                out_of_order = False
+                for name in inputs:
+                    if name:
+                        consumers[name].append(node)
+                        if not out_of_order and name not in scope:
+                            out_of_order = not any(name in s for s in outer)
+                if out_of_order:
+                    unordered.append(node)
+                for name in outputs:
+                    if name:
+                        if name not in producers:
+                            producers[name] = node
+                        scope.add(name)
+                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and self._push_subgraphs(node, scopes, stack):
+                    break  # index the subgraphs first; this graph's iterator resumes after them
+            else:
                 stack.pop()
+
+    def _push_subgraphs(self, node: Node, scopes: list[set[str]], stack: list) -> bool:
+        pushed = False
+        for attr in node.proto.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                subgraphs = [attr.g]
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                subgraphs = list(attr.graphs)
+            else:
                 continue
-            node = Node(proto, len(self.nodes), gpath)
-            self.nodes.append(node)
-            self._by_op[(node.domain, node.op_type)].append(node)
-            out_of_order = False
-            for name in node.inputs:
-                if name:
-                    self._consumers[name].append(node)
-                    out_of_order = out_of_order or not any(name in scope for scope in scopes)
-            if out_of_order:
-                self.unordered_nodes.append(node)
-            for name in node.outputs:
-                if name:
-                    self._producer.setdefault(name, node)
-                    scopes[-1].add(name)
-            for attr in proto.attribute:
-                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-                for sub in subgraphs:
-                    sub_path = f"{gpath + '/' if gpath else ''}{node.display_name}/{attr.name}"
-                    self.subgraph_paths.append(sub_path)
-                    local: set[str] = set()
-                    for t in sub.initializer:
-                        self.initializers.setdefault(t.name, _initializer(t))
-                        local.add(t.name)
-                    for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
-                        self._values.setdefault(vi.name, _value_info(vi))
-                    local.update(vi.name for vi in sub.input)
-                    stack.append((sub_path, scopes + [local], iter(sub.node)))
+            for sub in subgraphs:
+                sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr.name}"
+                self.subgraph_paths.append(sub_path)
+                self.subgraph_owners.setdefault(sub_path, node)
+                local: set[str] = set()
+                for t in sub.initializer:
+                    self.initializers.setdefault(t.name, Initializer(t.name, t))
+                    local.add(t.name)
+                for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
+                    self._values.setdefault(vi.name, vi)
+                local.update(vi.name for vi in sub.input)
+                stack.append((sub_path, scopes + [local], iter(sub.node)))
+                pushed = True
+        return pushed
 
     # ---- queries ------------------------------------------------------------------------------------
 
@@ -287,6 +404,8 @@ class Graph:
 
     def by_op_type(self, *op_types: str) -> list[Node]:
         """Nodes of these op types in the default ONNX domain."""
+        if len(op_types) == 1:  # each index list is already in node order
+            return list(self._by_op.get((DEFAULT_DOMAIN, op_types[0]), ()))
         out: list[Node] = []
         for op in op_types:
             out.extend(self._by_op.get((DEFAULT_DOMAIN, op), []))
@@ -307,10 +426,14 @@ class Graph:
 
     def value(self, name: str) -> ValueInfo | None:
         info = self._values.get(name)
-        if info is None and name in self.initializers:
-            init = self.initializers[name]
+        if info is not None:
+            if info.__class__ is not ValueInfo:  # decoded on first use
+                info = self._values[name] = _value_info(info)
+            return info
+        init = self.initializers.get(name)
+        if init is not None:
             return ValueInfo(name, init.dtype, init.dims)
-        return info
+        return None
 
     def is_initializer(self, name: str) -> bool:
         return name in self.initializers
@@ -336,10 +459,7 @@ class Graph:
                     return tuple(attrs[key])
             return None
         init = self.initializers.get(name)
-        if init is None or init.external or init.numel > _SMALL_CONSTANT_ELEMENTS:
-            return None
-        tensor = self._small_initializers.get(name)
-        return _tensor_summary(tensor).values if tensor is not None else None
+        return init.small_values() if init is not None else None  # small and inline: reads no weights
 
     def scalar(self, name: str) -> float | int | None:
         values = self.constant_value(name)
@@ -384,6 +504,13 @@ class Graph:
     def _dtype_inputs(self, node: Node, output: str) -> list[str]:
         if node.op_type in ("Cast", "Constant", "ConstantOfShape") or node.op_type in _INT64_OUTPUT_OPS:
             return []
+        if (node.domain, node.op_type) in _FIXED_OUTPUT_DTYPES:
+            return []
+        if (node.domain, node.op_type) in _DTYPE_FROM_INPUT:
+            return [node.input(_DTYPE_FROM_INPUT[(node.domain, node.op_type)])]
+        if node.domain == DEFAULT_DOMAIN and node.op_type in _SUBGRAPH_OUTPUT_OFFSET:
+            source = _subgraph_output(node, output)
+            return [source] if source else []
         if node.op_type == "CastLike":
             return [node.input(1)]
         if node.op_type in ("DequantizeLinear",):
@@ -399,6 +526,10 @@ class Graph:
         if op == "Cast":
             return dtype_name(node.attr("to", 0) or 0)
         if op in _INT64_OUTPUT_OPS:
+            return "int64"
+        if (node.domain, op) in _FIXED_OUTPUT_DTYPES:
+            return _FIXED_OUTPUT_DTYPES[(node.domain, op)]
+        if op == "Unique" and output != node.outputs[0]:  # indices, inverse indices, counts
             return "int64"
         if op in _BOOL_OUTPUT_OPS and node.domain == DEFAULT_DOMAIN:
             return "bool"

@@ -43,8 +43,13 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
         if config.is_file():
             from ortgate.lint.genai import load_genai_config
 
-            filename = load_genai_config(config).decoder_filename
+            genai = load_genai_config(config)
+            filename = genai.decoder_filename
             if filename:
+                if _escapes(filename):
+                    raise InputError(f"model.decoder.filename: {filename!r} is not a file name inside the model "
+                                     "folder; ortgate does not follow it", config,
+                                     line=genai.line_of("model", "decoder", "filename"))
                 candidates.insert(0, p / filename)
         for candidate in candidates:
             if candidate.is_file():
@@ -59,7 +64,12 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
-    """Parse an ONNX file without its external data. Every failure is an InputError naming the file."""
+    """Parse an ONNX file without its external data. Every failure is an InputError naming the file.
+
+    Refused: files over 2 GiB (before reading a byte), files that are not regular files, protobuf nested
+    deeper than the parser allows (subgraphs within subgraphs), and models whose external data would be
+    read from outside their folder (ORT refuses those too). External data files are never opened.
+    """
     p = Path(path)
     if not p.exists():
         raise InputError("no such file", p)
@@ -74,49 +84,80 @@ def load_model(path: str | Path) -> onnx.ModelProto:
                 f"file is {size / 2**30:.1f} GiB; an ONNX protobuf cannot exceed 2 GiB, so its weights must be "
                 "saved as external data (onnx.save(..., save_as_external_data=True))", p)
         with open(p, "rb") as f:
-            data = f.read()
+            data = f.read(PROTOBUF_LIMIT + 1)  # the file may grow between stat and read
+        if len(data) > PROTOBUF_LIMIT:
+            raise InputError("file is over 2 GiB; an ONNX protobuf cannot exceed 2 GiB", p)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", p) from None
+    except MemoryError:
+        raise InputError(f"out of memory reading {size} bytes", p) from None
     for signature, what in _NOT_ONNX_SIGNATURES:
         if data.startswith(signature):
             raise InputError(f"not an ONNX model: this is {what}", p)
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
+    except RecursionError:
+        raise InputError(f"not an ONNX model ({_TOO_DEEP})", p) from None
     except (DecodeError, RuntimeError, ValueError) as exc:
-        reason = "truncated or corrupt protobuf" if isinstance(exc, DecodeError) else str(exc)
+        text = str(exc).lower()
+        if "depth" in text or "deep" in text or "recursion" in text:
+            reason = _TOO_DEEP
+        else:
+            reason = "truncated or corrupt protobuf" if isinstance(exc, DecodeError) else " ".join(str(exc).split())
         raise InputError(f"not an ONNX model ({reason})", p) from None
+    except MemoryError:
+        raise InputError(f"out of memory parsing {size} bytes of protobuf", p) from None
     del data
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise InputError("not an ONNX model (no IR version or graph in the protobuf)", p)
     if not model.graph.node:
         raise InputError("the ONNX graph has no nodes", p)
+    escaping = check_external_data_locations(model, p)
+    if escaping:
+        raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
+                         "'..'); ONNX Runtime refuses such a model and ortgate never opens it", p)
     return model
 
 
-def check_external_data_locations(model: onnx.ModelProto, model_path: Path) -> list[str]:
+_TOO_DEEP = "protobuf nested too deeply: subgraphs inside subgraphs beyond what the protobuf parser accepts"
+
+
+def _escapes(location: str) -> bool:
+    """Whether a file name from inside a model or config leaves its folder. Decided on the text alone, as
+    ONNX Runtime does: nothing is resolved, followed or opened."""
+    if not location or "\0" in location or os.path.isabs(location):
+        return True
+    normal = os.path.normpath(location)
+    return normal == ".." or normal.startswith("../") or normal.startswith("/")
+
+
+def check_external_data_locations(model: onnx.ModelProto, model_path: Path | None = None) -> list[str]:
     """External data locations that would escape the model's folder (absolute or '..'). Never opened."""
-    bad = []
-    base = os.path.realpath(model_path.parent)
-    for tensor in _all_initializers(model):
+    bad = set()
+    for tensor in _all_tensors(model):
         for entry in tensor.external_data:
-            if entry.key != "location":
-                continue
-            location = entry.value
-            target = os.path.realpath(os.path.join(base, location))
-            if os.path.isabs(location) or os.path.commonpath([base, target]) != base:
-                bad.append(location)
-    return sorted(set(bad))
+            if entry.key == "location" and _escapes(entry.value):
+                bad.add(entry.value)
+    return sorted(bad)
 
 
-def _all_initializers(model: onnx.ModelProto):
+def _all_tensors(model: onnx.ModelProto):
+    """Initializers, sparse initializers and tensor attributes of the graph and every subgraph."""
     stack = [model.graph]
     while stack:
         g = stack.pop()
         yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
         for node in g.node:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     stack.append(attr.g)
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(attr.graphs)
+                elif attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -19,6 +21,7 @@ from ortgate.policies.source import KeyPath, LocatedDocument, format_key_path, l
 SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 MAX_EXTENDS_DEPTH = 16
+_BUILTIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a file name in builtin/, never a path
 
 
 @cache
@@ -106,11 +109,14 @@ def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
     if target.startswith("builtin:"):
         name = target.split(":", 1)[1]
         candidate = BUILTIN_DIR / f"{name}.yaml"
-        if not candidate.is_file():
+        if not _BUILTIN_NAME.fullmatch(name) or not candidate.is_file():
             available = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
             raise InputError(f"extends: no built-in policy {name!r} (available: {available})", doc.path, line=line)
         return candidate
-    candidate = (doc.path.parent / target)
+    candidate = Path(os.path.normpath(doc.path.parent / target))  # "a/../b.yaml" shown as "b.yaml"
+    if candidate.is_dir() or (candidate.exists() and not candidate.is_file()):
+        what = "a directory" if candidate.is_dir() else "not a regular file"
+        raise InputError(f"extends: {target!r} is {what}, expected a policy file", doc.path, line=line)
     if not candidate.is_file():
         raise InputError(f"extends: {target!r} does not exist (resolved to {candidate})", doc.path, line=line)
     return candidate
@@ -123,13 +129,21 @@ def _merge(into: dict, data: dict, prefix: KeyPath, doc: LocatedDocument, source
             sources[path] = Location(str(doc.path), doc.line_of(path), format_key_path(path))
             _merge(into[key], value, path, doc, sources)
             continue
+        old = into.get(key)
         into[key] = _copy(value)
-        # Replacing a subtree forgets where the parent's children came from.
-        for stale in [p for p in sources if p[: len(path)] == path]:
-            del sources[stale]
-        for sub_path, line in doc.lines.items():
-            if sub_path[: len(path)] == path:
-                sources[sub_path] = Location(str(doc.path), line, format_key_path(sub_path))
+        # Replacing a subtree forgets where the parent's children came from. Scalars (almost every key) take
+        # the fast path: scanning every known key path per key would be quadratic in the policy's size.
+        if isinstance(old, (dict, list)):
+            for stale in [p for p in sources if p[: len(path)] == path]:
+                del sources[stale]
+        if isinstance(value, (dict, list)):
+            for sub_path, line in doc.lines.items():
+                if sub_path[: len(path)] == path:
+                    sources[sub_path] = Location(str(doc.path), line, format_key_path(sub_path))
+        elif path in doc.lines:
+            sources[path] = Location(str(doc.path), doc.lines[path], format_key_path(path))
+        else:
+            sources.pop(path, None)
 
 
 def _copy(value: Any) -> Any:
@@ -197,6 +211,10 @@ def _describe(error: jsonschema.ValidationError, key_path: KeyPath) -> str:
 
 def _check_waiver_dates(policy: Policy) -> None:
     for i, w in enumerate(policy.get("waivers", default=[]) or []):
+        if not str(w.get("reason", "")).strip():
+            loc = policy.where("waivers", i, "reason")
+            raise InputError(f"waivers[{i}].reason: a waiver needs a reason (why the finding is acceptable, and until when)",
+                             loc.file, line=loc.line)
         if w.get("expires"):
             try:
                 _dt.date.fromisoformat(str(w["expires"]))

@@ -1,7 +1,11 @@
 """Reading YAML (and JSON) documents safely while remembering the line of every key.
 
-Only `yaml.SafeLoader` is used; aliases are refused outright (a policy has no use for them, and they are
-how "billion laughs" documents explode); duplicate keys are an error instead of silently taking the last.
+Only `yaml.SafeLoader` (libyaml's CSafeLoader when installed) is used, and it never constructs anything but
+plain scalars: ortgate builds the mappings and lists itself. Aliases are refused outright (a policy has no
+use for them, and they are how "billion laughs" documents explode), so are tags other than YAML's plain
+scalar/mapping/sequence ones (`!!python/object`, `!!binary`, ...), merge keys and nesting deeper than
+MAX_NESTING; duplicate keys are an error instead of silently taking the last. Files are read only when they
+are regular files of at most MAX_DOCUMENT_BYTES, so a FIFO or a device can not hang a CI job.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from ortgate.errors import InputError
 
 KeyPath = tuple  # of str | int
 
-MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+MAX_DOCUMENT_BYTES = 1024 * 1024  # policies and genai_config.json files are a few kilobytes
+MAX_NESTING = 64  # policies nest 4 levels deep; pure-Python YAML scanning is quadratic in flow nesting
+
+# libyaml when present: linear time and memory on hostile documents (the Python scanner is not).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq"))
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 
 
 def format_key_path(path: KeyPath) -> str:
@@ -50,15 +61,22 @@ class LocatedDocument:
 
 
 def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise InputError("no such file", path)
-    if path.is_dir():
-        raise InputError("is a directory, expected a file", path)
     try:
+        if not path.exists():
+            raise InputError("no such file", path)
+        if path.is_dir():
+            raise InputError("is a directory, expected a file", path)
+        if not path.is_file():
+            raise InputError("not a regular file (a device, FIFO or socket is never read)", path)
         size = path.stat().st_size
+        too_big = f"configuration files over {MAX_DOCUMENT_BYTES} bytes are refused"
         if size > MAX_DOCUMENT_BYTES:
-            raise InputError(f"file is {size} bytes; configuration files over {MAX_DOCUMENT_BYTES} bytes are refused", path)
-        return path.read_bytes().decode("utf-8")
+            raise InputError(f"file is {size} bytes; {too_big}", path)
+        with open(path, "rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)  # the file may grow between stat and read
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise InputError(too_big, path)
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("not a UTF-8 text file", path) from None
     except OSError as exc:
@@ -68,11 +86,8 @@ def _read_text(path: Path) -> str:
 def load_yaml(path: Path) -> LocatedDocument:
     text = _read_text(path)
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.AliasEvent):
-                line = event.start_mark.line + 1 if event.start_mark else None
-                raise InputError("YAML aliases (*name) are not allowed in ortgate files", path, line=line)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_events(text, path)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -91,18 +106,43 @@ def load_yaml(path: Path) -> LocatedDocument:
     return doc
 
 
+def _check_events(text: str, path: Path) -> None:
+    """Refuse aliases, tags and deep nesting while streaming the parse events, before anything is built."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        line = event.start_mark.line + 1 if event.start_mark else None
+        if isinstance(event, yaml.AliasEvent):
+            raise InputError("YAML aliases (*name) are not allowed in ortgate files", path, line=line)
+        tag = getattr(event, "tag", None)
+        if tag is not None and tag != "!" and tag not in _PLAIN_TAGS:
+            shown = tag.replace("tag:yaml.org,2002:", "!!")
+            raise InputError(f"YAML tag {shown} is not allowed in ortgate files", path, line=line)
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise InputError(f"YAML nesting is too deep (more than {MAX_NESTING} levels)", path, line=line)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def load_json(path: Path) -> LocatedDocument:
     """JSON with key lines (JSON is valid YAML flow syntax, so the YAML composer finds the lines)."""
     text = _read_text(path)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", path) from None
+        raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", path, line=exc.lineno) from None
     except RecursionError:
         raise InputError("JSON nesting is too deep", path) from None
+    except ValueError as exc:  # NaN/Infinity, integers of more than 4300 digits
+        raise InputError(f"not valid JSON: {exc}", path) from None
     doc = LocatedDocument(path, data)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_LOADER)
         if root is not None:
             _collect_lines(root, (), doc.lines)
     except (yaml.YAMLError, RecursionError):  # line numbers are a nicety for JSON; the data came from json.loads
@@ -120,7 +160,10 @@ def _construct(node: yaml.Node, path: KeyPath, doc: LocatedDocument) -> Any:
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InputError("mapping keys must be plain scalars", doc.path, line=key_node.start_mark.line + 1)
-            key = _scalar(key_node, doc)
+            if key_node.tag == _MERGE_TAG:
+                raise InputError("YAML merge keys (<<) are not allowed in ortgate files", doc.path,
+                                 line=key_node.start_mark.line + 1)
+            key = _scalar(key_node, doc, path)
             key = key if isinstance(key, str) else str(key)
             if key in out:
                 raise InputError(
@@ -131,14 +174,22 @@ def _construct(node: yaml.Node, path: KeyPath, doc: LocatedDocument) -> Any:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), doc) for i, item in enumerate(node.value)]
-    return _scalar(node, doc)
+    return _scalar(node, doc, path)
 
 
-def _scalar(node: yaml.Node, doc: LocatedDocument) -> Any:
+def _scalar(node: yaml.Node, doc: LocatedDocument, path: KeyPath = ()) -> Any:
     try:
         value = _SCALAR_CONSTRUCTOR.construct_object(node, deep=True)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
-        raise InputError(f"invalid value {node.value!r}: {exc}", doc.path, line=node.start_mark.line + 1) from None
+        where = f"{format_key_path(path)}: " if path else ""
+        shown = node.value if len(node.value) <= 80 else f"{node.value[:60]}... ({len(node.value)} characters)"
+        if node.tag == _TIMESTAMP_TAG:
+            problem = f"{shown!r} is not a date (expected YYYY-MM-DD)"
+        else:
+            problem = f"invalid value {shown!r}: {' '.join(str(exc).split())}"
+        raise InputError(f"{where}{problem}", doc.path, line=node.start_mark.line + 1) from None
+    finally:
+        _SCALAR_CONSTRUCTOR.constructed_objects.clear()  # it caches every node it built: keep nothing
     if isinstance(value, (_dt.date, _dt.datetime)):
         return value.isoformat()  # the schema checks dates as strings; keep the text the user wrote
     if isinstance(value, bytes):

@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Callable
 
 from ortgate.lint.engine import LintResult
+from ortgate.lint.findings import Finding
 
 Reporter = Callable[[LintResult], str]
 
 
 def reporters() -> dict[str, Reporter]:
-    from ortgate.report import json_report, text
+    from ortgate.report import github, json_report, markdown, sarif, text
 
-    return {"text": text.render, "json": json_report.render}
+    return {"text": text.render, "json": json_report.render, "sarif": sarif.render, "github": github.render,
+            "markdown": markdown.render}
 
 
 def render(fmt: str, result: LintResult) -> str:
     return reporters()[fmt](result)
+
+
+def source_root() -> Path:
+    """The folder report paths are relative to: the checkout on GitHub Actions, else the working directory."""
+    return Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
+
+
+def display_path(file: str) -> str:
+    """`file` relative to the source root (forward slashes) when it lies inside it, else as given."""
+    path = Path(file)
+    absolute = path if path.is_absolute() else Path.cwd() / path
+    try:
+        return absolute.resolve().relative_to(source_root().resolve()).as_posix()
+    except (ValueError, OSError):
+        return path.as_posix()
+
+
+def target(finding: Finding) -> str:
+    """What a finding is about inside its file: the graph node (with its subgraph) or the config key."""
+    if finding.node:
+        return f"{finding.graph}/{finding.node}" if finding.graph else finding.node
+    return finding.location.key_path or ""
+
+
+def layer_label(layer: int | None) -> str:
+    return f"layer {layer}" if layer is not None else "model / config"

@@ -27,7 +27,12 @@ def finding_dict(f: Finding) -> dict:
         "fix": f.fix,
         "related_nodes": list(f.related_nodes),
         "properties": {k: v for k, v in f.properties},
-        "suppressed": None if f.suppressed is None else {"kind": f.suppressed.kind, "justification": f.suppressed.justification},
+        "suppressed": None if f.suppressed is None else {
+            "kind": f.suppressed.kind,
+            "justification": f.suppressed.justification,
+            "file": f.suppressed.location.file if f.suppressed.location else None,
+            "line": f.suppressed.location.line if f.suppressed.location else None,
+        },
         "fingerprint": f.identity(),
     }
 
@@ -43,6 +48,7 @@ def report_dict(result: LintResult) -> dict:
             "fail_on": v.fail_on.label,
             "counts": v.counts,
             "suppressed": v.suppressed,
+            "suppressed_by": v.suppressed_by,
         },
         "findings": [finding_dict(f) for f in result.findings],
     }

@@ -59,7 +59,12 @@ def _write_finding(console: Console, f: Finding, *, show_fix: bool) -> None:
 def _write_summary(console: Console, result: LintResult) -> None:
     v = result.verdict
     counts = ", ".join(f"{n} {label}{'s' if n != 1 else ''}" for label, n in v.counts.items())
-    suppressed = f", {v.suppressed} suppressed" if v.suppressed else ""
+    suppressed = ""
+    if v.suppressed:
+        from ortgate.lint.gate import suppressed_breakdown
+
+        by = suppressed_breakdown(v.suppressed_by)
+        suppressed = f", {v.suppressed} suppressed" + (f" ({by})" if by else "")
     s = result.summary
     scope = f"{s['nodes']} nodes"
     if s.get("layers"):

@@ -7,7 +7,7 @@ import difflib
 from ortgate.rules.base import Rule, registered_rules
 
 # Families, in code order. Importing registers.
-from ortgate.rules import fusion, inventory, session, provider, waivers  # noqa: E402,F401
+from ortgate.rules import fusion, inventory, session, provider, placement, drift, runtime, waivers  # noqa: E402,F401
 
 
 def all_rules() -> list[Rule]:

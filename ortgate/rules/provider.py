@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ortgate.knowledge import graph_capture_option, provider_catalog
 from ortgate.lint.context import RuleContext
 from ortgate.lint.deployment import SessionSetup
 from ortgate.lint.findings import Severity
+from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph
 from ortgate.rules.base import rule
 
 
@@ -131,7 +134,28 @@ def unknown_provider_option(ctx: RuleContext):
             yield ctx.undecided(f"no option catalog for {setup.provider_name}; its options were not checked")
             continue
         for key, setting in sorted(setup.provider_options.items()):
-            if catalog.option(key) is not None:
+            option = catalog.option(key)
+            if option is not None and not option.python_api and setup.origin == "policy":
+                yield ctx.finding(
+                    f"{setup.label}: {setup.provider_name} option {key!r} exists only in the C/C++ API: Python's "
+                    "InferenceSession rejects it and silently falls back to CPUExecutionProvider",
+                    location=setting.location,
+                    fix="Remove it from the policy (set it from C/C++ if the deployment needs it).",
+                    properties={"provider": setup.provider_name, "option": key, "suggestion": None},
+                )
+                continue
+            if option is not None:
+                continue
+            if catalog.is_possibly_valid(key):
+                yield ctx.finding(
+                    f"{setup.label}: {key!r} is not a verified {setup.provider_name} option: "
+                    f"{catalog.possibly_valid_note or 'seen in some ORT source versions only'}",
+                    location=setting.location,
+                    severity=Severity.WARNING,
+                    fix=f"Check that the {setup.provider_name} build you deploy accepts {key!r}; if it does not, "
+                        "session creation fails or falls back to CPU.",
+                    properties={"provider": setup.provider_name, "option": key, "verified": False},
+                )
                 continue
             hint = catalog.suggest(key)
             consequence = ("ORT's Python API rejects it and silently falls back to CPUExecutionProvider"
@@ -144,3 +168,244 @@ def unknown_provider_option(ctx: RuleContext):
                     f"{setup.provider_name} catalog (ORT {catalog.ort_version}).",
                 properties={"provider": setup.provider_name, "option": key, "suggestion": hint},
             )
+
+
+@rule("OGP003", "provider-option-invalid-value", Severity.ERROR)
+def provider_option_invalid_value(ctx: RuleContext):
+    """A provider option has a value the execution provider cannot parse.
+
+    ## What it checks
+    Every known key under the policy's `execution_provider.options` and genai_config.json's provider options,
+    against its type and allowed values in the provider's option catalog: booleans (`0`/`1`/`true`/`false`/
+    `True`/`False`), integers and sizes with their ranges, enums such as `arena_extend_strategy`. Values are
+    checked as ORT receives them: Python's InferenceSession passes `str(value)`, so YAML `true` arrives as
+    `"True"` (a valid boolean) and `1.0` as `"1.0"` (not an integer).
+
+    TensorRT through the Python API: Python parses TensorRT's options itself and takes only
+    `True`/`False`/`true`/`false` for booleans; `"1"` and `"0"`, which the C/C++ API accepts, are rejected.
+
+    ## Why it costs throughput
+    ORT rejects the value while creating the provider. Python's InferenceSession catches that error, prints
+    "EP Error ... Falling back to ['CPUExecutionProvider']" and runs the whole model on CPU; onnxruntime-genai
+    fails to start. `enable_cuda_graph: "yes"` does not turn capture on: it turns the GPU off.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {enable_cuda_graph: "yes", arena_extend_strategy: SameAsRequested}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {enable_cuda_graph: "1", arena_extend_strategy: kSameAsRequested}
+    ```
+
+    ## Fix
+    Use a value of the option's type (the finding names it). Quote provider option values in YAML
+    (`"1"`); for TensorRT from Python write `"True"` / `"False"`.
+    """
+    for setup in ctx.deployment.setups:
+        catalog = provider_catalog(setup.provider_name) if setup.provider_name else None
+        if catalog is None:
+            continue
+        for key, setting in sorted(setup.provider_options.items()):
+            option = catalog.option(key)
+            if option is None:
+                continue  # unknown-provider-option
+            problem = option.validate(setting.value)
+            if problem is None:
+                continue
+            consequence = ("ORT rejects it and Python's InferenceSession silently falls back to CPUExecutionProvider"
+                           if setup.origin == "policy" else "onnxruntime-genai fails to create the session")
+            yield ctx.finding(
+                f"{setup.label}: {setup.provider_name} option {key!r} {problem}: {consequence}",
+                location=setting.location,
+                fix=f"Set {key} to a valid value (default {option.default_string!r}: {option.description})",
+                properties={"provider": setup.provider_name, "option": key, "value": str(setting.value),
+                            "type": option.type, "catalog_ort_version": catalog.ort_version},
+            )
+
+
+# Ops whose float32 math cuBLAS/cuDNN run on tensor cores when TF32 is allowed.
+_TF32_OPS = ((DEFAULT_DOMAIN, "MatMul"), (DEFAULT_DOMAIN, "Gemm"), (MS_DOMAIN, "FusedMatMul"), (DEFAULT_DOMAIN, "Conv"))
+
+
+def float32_gemms(graph: Graph) -> list:
+    """MatMul / Gemm / FusedMatMul / Conv nodes whose first input is float32."""
+    return [n for domain, op in _TF32_OPS for n in graph.by_op(domain, op) if graph.dtype(n.input(0)) == "float"]
+
+
+@rule("OGP004", "tf32-disabled", Severity.WARNING)
+def tf32_disabled(ctx: RuleContext):
+    """TF32 is turned off for a float32 model on the CUDA provider.
+
+    ## What it checks
+    CUDAExecutionProvider's `use_tf32` (default on) in the policy and genai_config.json, when the model has
+    float32 MatMul / Gemm / FusedMatMul / Conv nodes.
+
+    ## Why it costs throughput
+    With TF32 allowed, cuBLAS and cuDNN run float32 GEMMs on tensor cores (Ampere and newer) at several times
+    the FP32 rate, with a 10-bit mantissa for the products. `use_tf32: "0"` forces full FP32 GEMMs: a float32
+    model loses most of the GPU's matmul throughput.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {use_tf32: "0"}      # model exported in float32
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {enable_cuda_graph: "1"}   # use_tf32 defaults to on
+    ```
+
+    ## Fix
+    Delete `use_tf32` or set it to `"1"`. If the model needs exact FP32 products, say so with a waiver; better
+    still, export the model in float16/bfloat16 (`-p fp16` for the onnxruntime-genai builder), which also
+    gives the GroupQueryAttention and QMoE kernels CUDA accepts.
+    """
+    gemms: list | None = None
+    for setup in ctx.deployment.setups:
+        if setup.provider_name != "CUDAExecutionProvider":
+            continue
+        setting = setup.provider_options.get("use_tf32")
+        option = provider_catalog("CUDAExecutionProvider").option("use_tf32")
+        if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
+            continue
+        if gemms is None:
+            gemms = float32_gemms(ctx.executed)
+        if not gemms:
+            continue
+        kinds = Counter(n.key for n in gemms)
+        yield ctx.finding(
+            f"{setup.label}: use_tf32 is {str(setting.value)!r} but the model runs {len(gemms)} float32 GEMMs "
+            f"({', '.join(f'{k} x{v}' for k, v in sorted(kinds.items()))}) on CUDA: they run at full FP32 rate, "
+            "without tensor cores",
+            location=setting.location,
+            fix="Remove use_tf32 (default on) or set it to \"1\"; or export the model in float16/bfloat16.",
+            related=gemms,
+            properties={"provider": setup.provider_name, "float32_gemms": len(gemms)},
+        )
+
+
+def _config_on(setup: SessionSetup, key: str) -> bool:
+    return (setup.config_entry(key) or "").strip() == "1"
+
+
+@rule("OGP005", "compile-cache-disabled", Severity.WARNING)
+def compile_cache_disabled(ctx: RuleContext):
+    """A compiling provider rebuilds its engines at every session start: no engine cache, no EP context model.
+
+    ## What it checks
+    For TensorrtExecutionProvider: `trt_engine_cache_enable`, or an EP context model (`trt_dump_ep_context_model`
+    or the session config entry `ep.context_enable: "1"`, or a model that already holds com.microsoft EPContext
+    nodes); and `trt_timing_cache_enable` (info). This is the "compiled-graph cache" of a static-graph recipe
+    (such as the CANN one) in ORT's terms.
+
+    ## Why it costs throughput
+    TensorRT compiles each subgraph into an engine when the session is created: minutes for a large MoE model,
+    again on every restart, scale-out and profile change. Without a cache, replicas serve nothing while they
+    build; the timing cache makes rebuilds (new shapes, new model versions) faster still.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options: {trt_fp16_enable: "True"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options:
+        trt_fp16_enable: "True"
+        trt_engine_cache_enable: "True"
+        trt_engine_cache_path: /cache/trt
+        trt_timing_cache_enable: "True"
+    ```
+
+    ## Fix
+    Set `trt_engine_cache_enable: "True"` with a persistent `trt_engine_cache_path` (and
+    `trt_timing_cache_enable: "True"`), or ship an EP context model: create the session once with
+    `trt_dump_ep_context_model: "True"` and deploy the `*_ctx.onnx` it writes.
+    """
+    ep_context_nodes = ctx.model.by_op(MS_DOMAIN, "EPContext")
+    for setup in ctx.deployment.setups:
+        if setup.provider_name != "TensorrtExecutionProvider" or ep_context_nodes:
+            continue
+        engine_cache = (is_true(setup.option("trt_engine_cache_enable")) or is_true(setup.option("trt_dump_ep_context_model"))
+                        or _config_on(setup, "ep.context_enable"))
+        if not engine_cache:
+            setting = setup.provider_options.get("trt_engine_cache_enable")
+            state = f"is {str(setting.value)!r}" if setting is not None else "is not set (default off)"
+            yield ctx.finding(
+                f"{setup.label}: TensorRT engine cache {state} and no EP context model is written or given: "
+                "every session start rebuilds the TensorRT engines",
+                location=setting.location if setting is not None else setup.missing(
+                    _options_path(setup, "trt_engine_cache_enable")),
+                fix='Set trt_engine_cache_enable: "True" and trt_engine_cache_path, or deploy an EP context model '
+                    '(trt_dump_ep_context_model: "True").',
+                properties={"provider": setup.provider_name, "option": "trt_engine_cache_enable"},
+            )
+        if not is_true(setup.option("trt_timing_cache_enable")):
+            setting = setup.provider_options.get("trt_timing_cache_enable")
+            yield ctx.finding(
+                f"{setup.label}: TensorRT timing cache is off: engine builds re-time every tactic",
+                location=setting.location if setting is not None else setup.missing(
+                    _options_path(setup, "trt_timing_cache_enable")),
+                severity=Severity.INFO,
+                fix='Set trt_timing_cache_enable: "True" (and trt_timing_cache_path).',
+                properties={"provider": setup.provider_name, "option": "trt_timing_cache_enable"},
+            )
+
+
+@rule("OGP006", "cann-graph-disabled", Severity.ERROR)
+def cann_graph_disabled(ctx: RuleContext):
+    """CANN's graph mode is turned off: the Ascend NPU runs the model operator by operator.
+
+    ## What it checks
+    CANNExecutionProvider's `enable_cann_graph` (default on) in the policy and genai_config.json.
+
+    ## Why it costs throughput
+    With graph mode, CANN compiles the supported subgraphs into one offline model and runs each as a whole: the
+    static-graph mode a low-latency MoE decode recipe depends on. With `enable_cann_graph: "0"` every node is a
+    separate single-operator launch, with host round trips between them.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: CANNExecutionProvider
+      options: {enable_cann_graph: "0"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: CANNExecutionProvider
+      options: {enable_cann_graph: "1", precision_mode: must_keep_origin_dtype}
+    ```
+
+    ## Fix
+    Delete `enable_cann_graph` (on by default) or set it to `"1"`; pin the model's dynamic dims
+    (session.free_dimension_overrides) so that the graph compiles once.
+    """
+    for setup in ctx.deployment.setups:
+        if setup.provider_name != "CANNExecutionProvider":
+            continue
+        setting = setup.provider_options.get("enable_cann_graph")
+        option = provider_catalog("CANNExecutionProvider").option("enable_cann_graph")
+        if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
+            continue
+        yield ctx.finding(
+            f"{setup.label}: enable_cann_graph is {str(setting.value)!r}: CANN runs every node as a single operator",
+            location=setting.location,
+            fix='Remove enable_cann_graph (default on) or set it to "1".',
+            properties={"provider": setup.provider_name, "option": "enable_cann_graph"},
+        )

@@ -1,11 +1,14 @@
-"""Session rules (OGS): how the InferenceSession is configured (optimization level, free dimensions)."""
+"""Session rules (OGS): how the InferenceSession is configured (optimization level, free dimensions, config entries)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import defaultdict
 
+from ortgate.knowledge import cpu_fallback_facts, is_known_session_config_key, ort_facts, suggest_session_config_key
 from ortgate.lint.context import RuleContext
+from ortgate.lint.deployment import config_text
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import Graph
 from ortgate.rules.base import rule
@@ -72,8 +75,14 @@ _QUERY_DIM = re.compile(r"^(s|seq|seqlen|seq_len|sequence|sequence_length|query_
                         r"num_tokens|tokens|sequence_len)$|seq", re.IGNORECASE)
 
 
+# Sizes that are not lengths although their names mention the cache: kv_cache_dim (head size), kv_heads.
+_NOT_A_LENGTH = re.compile(r"(^|_)(dim|head_dim|head_size|hidden|hidden_size|heads?|num_heads)$", re.IGNORECASE)
+
+
 def classify_dim(name: str) -> str:
     """"batch", "query" (tokens in this step), "kv" (past/total length: grows during decode) or "other"."""
+    if _NOT_A_LENGTH.search(name) and not re.search(r"seq|len", name, re.IGNORECASE):
+        return "other"
     if _KV_DIM.search(name):
         return "kv"
     if _BATCH_DIM.search(name):
@@ -81,6 +90,16 @@ def classify_dim(name: str) -> str:
     if _QUERY_DIM.search(name):
         return "query"
     return "other"
+
+
+def is_static_buffer_dim(name: str) -> bool:
+    """A past-length dim that a static KV buffer (past_present_share_buffer) fixes at search.max_length.
+
+    Total length (the attention mask) is not one of them, nor the sliding-window caches, whose length follows
+    the window rather than max_length.
+    """
+    low = name.lower()
+    return low.startswith("past") and "slid" not in low and "window" not in low
 
 
 def symbolic_input_dims(graph: Graph) -> dict[str, list[str]]:
@@ -101,8 +120,10 @@ def free_dim_override_missing(ctx: RuleContext):
     The policy's `session.free_dimension_overrides` against the symbolic dims of the model's inputs. For a
     decode deployment the dims of the current step — batch (`batch_size`) and query length
     (`sequence_length`) — should be pinned; KV-cache dims (`past_sequence_length`, `total_sequence_length`)
-    grow every step and are only reported when genai_config.json declares a static KV buffer
-    (`past_present_share_buffer: true`), the one case where they can be pinned (to the maximum length).
+    grow every step; only `past_sequence_length` is reported (info), and only when genai_config.json declares a
+    static KV buffer (`past_present_share_buffer: true`), the one case where it can be pinned (to
+    `search.max_length`). `total_sequence_length` (the attention mask) and sliding-window cache lengths are not
+    fixed by that buffer. Sizes such as `kv_cache_dim` (the head size) are not lengths and are not reported.
     Error when CUDA graph is enabled (capture needs fixed shapes), warning otherwise.
 
     ## Why it costs throughput
@@ -124,7 +145,7 @@ def free_dim_override_missing(ctx: RuleContext):
     ## Fix
     `so.add_free_dimension_override_by_name("batch_size", 1)` and `("sequence_length", 1)` — one int per dim
     (ORT takes no ranges), under `session.free_dimension_overrides` in the policy. Pin
-    `past_sequence_length` / `total_sequence_length` only with a static KV buffer of that length.
+    `past_sequence_length` only with a static KV buffer, to its length (see free-dim-override-conflict).
     """
     setup = ctx.deployment.policy_setup
     if setup is None:
@@ -147,12 +168,342 @@ def free_dim_override_missing(ctx: RuleContext):
                     f"(so.add_free_dimension_override_by_name({name!r}, value)); 1 for single-sequence decode.",
                 properties={"dim": name, "kind": kind},
             )
-        elif kind == "kv" and static_kv:
+        elif kind == "kv" and static_kv and is_static_buffer_dim(name):
             yield ctx.finding(
                 f"KV-cache dim {name!r} is not pinned although genai_config.json declares a static KV buffer "
                 "(past_present_share_buffer): pin it to the buffer length",
                 location=setup.missing(f"session.free_dimension_overrides.{name}"),
                 severity=Severity.INFO,
-                fix=f"Add `{name}: <max_length>` under session.free_dimension_overrides.",
+                fix=f"Add `{name}: {ctx.inputs.genai.max_length or '<search.max_length>'}` under "
+                    "session.free_dimension_overrides.",
                 properties={"dim": name, "kind": kind},
+            )
+
+
+def _input_dim_kinds(graph: Graph) -> dict[str, str]:
+    return {name: classify_dim(name) for name in symbolic_input_dims(graph)}
+
+
+def nearest_dim(name: str, dims: list[str]) -> str | None:
+    """The input dim an override most likely meant: a close name of the same kind (batch/query/kv) first."""
+    kind = classify_dim(name)
+    same_kind = [d for d in dims if classify_dim(d) == kind]
+    for pool, cutoff in ((same_kind, 0.4), (dims, 0.6)):
+        hit = difflib.get_close_matches(name, pool, n=1, cutoff=cutoff)
+        if hit:
+            return hit[0]
+    return same_kind[0] if len(same_kind) == 1 else None
+
+
+def _output_only_dims(graph: Graph) -> set[str]:
+    return {d for info in graph.outputs for d in (info.shape or ()) if isinstance(d, str) and d}
+
+
+@rule("OGS003", "free-dim-override-unknown", Severity.ERROR)
+def free_dim_override_unknown(ctx: RuleContext):
+    """A free-dimension override names a dim that no graph input has: ORT ignores it without a word.
+
+    ## What it checks
+    Every name under the policy's `session.free_dimension_overrides` against the symbolic dims of the model's
+    graph inputs (not outputs, not intermediate values: ORT applies overrides to inputs only), with the nearest
+    real dim as a suggestion (a dim of the same kind — batch, query length, KV cache — first).
+
+    ## Why it costs throughput
+    `add_free_dimension_override_by_name` accepts any name; a name no input uses does nothing. The dim the
+    override was meant for stays dynamic: no static shapes, no folded shape subgraphs, no CUDA graph with
+    fixed shapes, and nothing reports it. The seed's `seq_len` is such a name: exporters call the dim
+    `sequence_length`.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, seq_len: 1}     # inputs: [batch_size, sequence_length]
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ## Fix
+    Use the dim names of the model's inputs (`ortgate` lists them in the finding; Netron or
+    `[i.shape for i in sess.get_inputs()]` shows them too).
+    """
+    setup = ctx.deployment.policy_setup
+    if setup is None or not setup.free_dimension_overrides:
+        return
+    dims = sorted(symbolic_input_dims(ctx.model))
+    output_dims = _output_only_dims(ctx.model)
+    for name, setting in sorted(setup.free_dimension_overrides.items()):
+        if name in dims:
+            continue
+        hint = nearest_dim(name, dims)
+        where = " (it appears on graph outputs only: overrides apply to inputs)" if name in output_dims else ""
+        known = ", ".join(dims) if dims else "none: every input dim is static"
+        yield ctx.finding(
+            f"free-dimension override {name!r} names no dim of a graph input{where}: ORT ignores it silently"
+            f"{f'; did you mean {hint!r}?' if hint else ''} (input dims: {known})",
+            location=setting.location,
+            fix=(f"Rename the override to {hint!r}." if hint else "Remove the override or use an input dim name."),
+            properties={"dim": name, "suggestion": hint, "input_dims": dims},
+        )
+
+
+def _is_range(value) -> bool:
+    return isinstance(value, list)
+
+
+def _pinned(setting) -> int | None:
+    value = setting.value
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@rule("OGS004", "free-dim-override-conflict", Severity.ERROR)
+def free_dim_override_conflict(ctx: RuleContext):
+    """Free-dimension overrides that cannot all hold while the model decodes.
+
+    ## What it checks
+    What a conflict means in ORT terms: ORT checks every fed input against the pinned dims at each Run
+    ("Got invalid dimensions for input ..."), so a pin must hold at every step of the deployment.
+    - A KV-cache dim (`past_sequence_length`, `total_sequence_length`, `past_sliding_length`, ...) is pinned
+      while nothing declares a static KV buffer: the past grows by one token every step, so only one step
+      could ever run. Error when genai_config.json is given without `past_present_share_buffer: true`,
+      warning when there is no genai_config.json to say.
+    - With a static KV buffer (`past_present_share_buffer: true`), a pinned `past_*` dim differs from
+      `search.max_length`, the length onnxruntime-genai allocates the buffer with.
+    - Two dims of one kind that every run feeds with the same size (two batch dims, or two query-length dims,
+      both on inputs) are pinned to different values.
+
+    Which dims to pin for decode: the dims of the current step — batch (`batch_size`) and query length
+    (`sequence_length` = 1). Past/total sequence length only with a static KV buffer, to its length.
+
+    ## Why it costs throughput
+    A conflicting pin makes the session reject real inputs at run time (or never match them), so the
+    deployment either fails or is rolled back to an unpinned config without static shapes and CUDA graph.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 1024}
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ## Fix
+    Pin only the step dims; pin KV dims only with `past_present_share_buffer: true` in genai_config.json and
+    to `search.max_length`; give dims of one kind the same value.
+    """
+    setup = ctx.deployment.policy_setup
+    if setup is None or not setup.free_dimension_overrides:
+        return
+    kinds = _input_dim_kinds(ctx.model)
+    genai = ctx.inputs.genai
+    share_buffer = genai.past_present_share_buffer if genai is not None else None
+    max_length = genai.max_length if genai is not None else None
+    by_kind: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for name, setting in sorted(setup.free_dimension_overrides.items()):
+        value = _pinned(setting)
+        if name not in kinds or value is None:
+            continue  # free-dim-override-unknown / free-dim-override-range
+        kind = kinds[name]
+        by_kind[kind].append((name, value))
+        if kind != "kv":
+            continue
+        if share_buffer is not True:
+            said = ("genai_config.json does not set past_present_share_buffer: true" if genai is not None
+                    else "nothing declares a static KV buffer (no genai_config.json)")
+            yield ctx.finding(
+                f"KV-cache dim {name!r} is pinned to {value} but {said}: the past grows by one token every decode "
+                f"step and ORT rejects inputs whose {name} is not {value}",
+                location=setting.location,
+                severity=Severity.ERROR if genai is not None else Severity.WARNING,
+                fix=f"Remove the {name} override (pin batch_size and sequence_length only), or use a static KV "
+                    "buffer (past_present_share_buffer: true) and pin it to the buffer length.",
+                properties={"dim": name, "kind": kind, "value": value, "static_kv_buffer": share_buffer},
+            )
+        elif is_static_buffer_dim(name) and max_length is not None and value != max_length:
+            yield ctx.finding(
+                f"KV-cache dim {name!r} is pinned to {value} but the static KV buffer holds search.max_length = "
+                f"{max_length} tokens (past_present_share_buffer): every fed past tensor has {max_length}",
+                location=setting.location,
+                fix=f"Pin {name} to {max_length}, or change search.max_length in genai_config.json.",
+                properties={"dim": name, "kind": kind, "value": value, "max_length": max_length},
+            )
+    for kind in ("batch", "query"):
+        pins = by_kind.get(kind, [])
+        if len({v for _, v in pins}) > 1:
+            first, *others = pins
+            for name, value in others:
+                if value == first[1]:
+                    continue
+                yield ctx.finding(
+                    f"{kind} dims {first[0]!r} = {first[1]} and {name!r} = {value} are pinned to different values, "
+                    f"but every run feeds one {kind} size to all inputs: no input set satisfies both",
+                    location=setup.free_dimension_overrides[name].location,
+                    fix=f"Pin {name} and {first[0]} to the same value.",
+                    properties={"dim": name, "kind": kind, "value": value, "conflicts_with": first[0]},
+                )
+
+
+@rule("OGS005", "free-dim-override-range", Severity.ERROR)
+def free_dim_override_range(ctx: RuleContext):
+    """A free-dimension override is a range: ORT pins a dim to one integer and has no ranges.
+
+    ## What it checks
+    Values under the policy's `session.free_dimension_overrides` that are lists, such as the seed's
+    `add_free_dimension_override_by_name("batch_size", 1, 128)` written as `batch_size: [1, 128]`.
+
+    ## Why it costs throughput
+    `SessionOptions.add_free_dimension_override_by_name(name, value)` takes ONE int: a call with a range raises
+    TypeError, so the code path that was meant to "specialise kernels for 1..128" never configures anything.
+    A pinned dim is a promise that every run has exactly that size; there is no "bounded dynamic" dim in ORT's
+    CUDA provider.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: [1, 128], sequence_length: [1, 32768]}
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}    # decode at batch 1
+    ```
+
+    ## Fix
+    Pin each dim to the size the deployment runs (decode: `sequence_length: 1`; the batch the server forms).
+    Serving several batch sizes means one session (or one CUDA graph, `gpu_graph_id`) per size, or leaving the
+    dim free. TensorRT is the one provider that takes shape ranges: `trt_profile_min_shapes` /
+    `trt_profile_opt_shapes` / `trt_profile_max_shapes`.
+    """
+    setup = ctx.deployment.policy_setup
+    if setup is None:
+        return
+    for name, setting in sorted(setup.free_dimension_overrides.items()):
+        if not _is_range(setting.value):
+            continue
+        values = list(setting.value)
+        args = ", ".join(str(v) for v in values)
+        kind = classify_dim(name)
+        pin = 1 if kind == "query" else min(values)
+        yield ctx.finding(
+            f"free-dimension override {name!r} is a range {values}: ORT pins a dim to ONE int "
+            f"(so.add_free_dimension_override_by_name({name!r}, {args}) raises TypeError), so nothing is pinned",
+            location=setting.location,
+            fix=f"Pin {name} to the one size every run has (e.g. `{name}: {pin}`), or leave it free; for TensorRT "
+                "give shape ranges with trt_profile_min_shapes / trt_profile_opt_shapes / trt_profile_max_shapes.",
+            properties={"dim": name, "values": values, "kind": kind},
+        )
+
+
+@rule("OGS006", "cpu-fallback-allowed", Severity.WARNING)
+def cpu_fallback_allowed(ctx: RuleContext):
+    """A GPU session lets nodes fall back to CPU silently: session.disable_cpu_ep_fallback is not "1".
+
+    ## What it checks
+    The session config entry `session.disable_cpu_ep_fallback` in the policy (`session.config_entries`) and in
+    genai_config.json's session_options, for every provider other than CPUExecutionProvider. ORT honours the
+    string "1" only. Info instead of warning when the CUDA provider captures a CUDA graph: ORT then already
+    refuses to create a session with compute nodes on CPU.
+
+    ## Why it costs throughput
+    A node no registered provider has a kernel for runs on the CPU provider, which ORT adds implicitly, with
+    Memcpy nodes around it; the only trace is a log warning. A model that ran at GPU speed yesterday can run
+    10x slower after an export change and every check stays green.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    session: {}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    session:
+      config_entries: {session.disable_cpu_ep_fallback: "1"}
+    ```
+
+    ## Fix
+    Add `session.disable_cpu_ep_fallback: "1"` under `session.config_entries` (genai_config.json: in
+    `session_options`). It is strict: ORT then also fails on shape-computation nodes that the CUDA provider
+    keeps on CPU on purpose (Shape -> Gather -> Concat chains); pinning the step dims usually folds them away.
+    Do not also list CPUExecutionProvider in the providers: ORT rejects that combination.
+    """
+    facts = cpu_fallback_facts()
+    key, wanted = facts["config_key"], facts["enabled_value"]
+    for setup in ctx.deployment.setups:
+        if setup.provider_name in (None, "CPUExecutionProvider"):
+            continue
+        setting = setup.config_entries.get(key)
+        value = config_text(setting.value) if setting is not None else None
+        if value == wanted:
+            continue
+        guarded = setup.provider_name == "CUDAExecutionProvider" and cuda_graph_enabled(setup)
+        state = (f"is {value!r} (ORT honours only \"1\")" if setting is not None else "is not set")
+        yield ctx.finding(
+            f"{setup.label}: {key} {state}: a node without a {setup.provider_name} kernel runs on CPU with copies "
+            "around it, with only a log warning"
+            + ("; CUDA graph capture already fails session creation for compute nodes on CPU" if guarded else ""),
+            location=setting.location if setting is not None else setup.missing(_config_path(setup, key)),
+            severity=Severity.INFO if guarded else None,
+            fix=f'Set {key}: "1" in the session config entries.',
+            properties={"provider": setup.provider_name, "key": key, "value": value},
+        )
+
+
+def _config_path(setup, key: str) -> str:
+    if setup.origin == "policy":
+        return f"session.config_entries.{key}"
+    return f"model.decoder.session_options.{key}"
+
+
+@rule("OGS007", "unknown-session-config-key", Severity.WARNING)
+def unknown_session_config_key(ctx: RuleContext):
+    """A session config entry key ORT does not know: it is stored and never read.
+
+    ## What it checks
+    Keys under the policy's `session.config_entries` and the config entries of genai_config.json's
+    session_options (every key genai does not map to a SessionOptions field), against the keys ORT defines
+    (onnxruntime_session_options_config_keys.h and the strings of the 1.31.1 binary) and the provider-scoped
+    `ep.<provider>.<option>` form, with the nearest known key as a suggestion.
+
+    ## Why it costs throughput
+    `add_session_config_entry` accepts any key and ORT never reports unused ones: a misspelt
+    `session.disable_cpu_ep_falback` leaves CPU fallback on, a misspelt optimizer switch leaves the optimizer
+    as it was, and the config looks right in review.
+
+    ## Bad
+    ```yaml
+    session:
+      config_entries: {session.disable_cpu_fallback: "1"}
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      config_entries: {session.disable_cpu_ep_fallback: "1"}
+    ```
+
+    ## Fix
+    Use the key as ORT spells it (the finding suggests the nearest one). Keys ortgate does not know but your
+    ORT build does: waive the finding with the build's version in the reason.
+    """
+    for setup in ctx.deployment.setups:
+        for key, setting in sorted(setup.config_entries.items()):
+            if is_known_session_config_key(key):
+                continue
+            hint = suggest_session_config_key(key)
+            yield ctx.finding(
+                f"{setup.label}: session config key {key!r} is unknown to ORT {ort_facts()['ort_version']}"
+                f"{f' (did you mean {hint!r}?)' if hint else ''}: ORT stores it and never reads it",
+                location=setting.location,
+                fix=f"Rename it to {hint!r}." if hint else "Remove it, or waive the finding if your ORT build reads it.",
+                properties={"key": key, "suggestion": hint},
             )

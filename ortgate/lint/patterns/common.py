@@ -116,6 +116,10 @@ LINEAR_OPS = (("ai.onnx", "MatMul"), ("ai.onnx", "Gemm"), ("com.microsoft", "Mat
 
 def linear_nodes(graph: Graph) -> list[Node]:
     """MatMul / Gemm / MatMulNBits nodes with a constant weight: the model's linear projections."""
-    out = [n for d, o in LINEAR_OPS for n in graph.by_op(d, o) if matmul_weight(graph, n) is not None]
-    out.sort(key=lambda n: n.index)
-    return out
+
+    def compute(g: Graph) -> list[Node]:
+        out = [n for d, o in LINEAR_OPS for n in g.by_op(d, o) if matmul_weight(g, n) is not None]
+        out.sort(key=lambda n: n.index)
+        return out
+
+    return list(cached(graph, "linear_nodes", compute))  # a copy: callers may sort or extend theirs

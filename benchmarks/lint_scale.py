@@ -1,0 +1,263 @@
+"""How long `ortgate lint` takes on 30-35B-class MoE models, and how much memory, next to a bare onnx.load.
+
+For each model (benchmarks/scale_models.py: Qwen3-30B-A3B unfused and fused, Qwen3.6-35B-A3B fused, and the
+unfused graph scaled to about 1k, 10k, 50k and 200k nodes), one fresh process times
+`onnx.load(path, load_external_data=False)` and the full `ortgate lint` (the CLI path, all rules, JSON output)
+REPEAT times each and reports medians; further fresh processes measure peak RSS (the lint alone, onnx.load
+alone, an empty interpreter, and an interpreter that has imported ortgate but linted nothing), so that
+peaks do not mix. The lint processes record every file they open: the external data file must never be one.
+
+Targets (printed as PASS/FAIL):
+- lint <= 2x the bare onnx.load time on the ~50k-node model (Qwen3-30B-A3B unfused);
+- peak RSS of the lint <= 2x the .onnx file size + the interpreter (ortgate imported, nothing linted);
+- lint time per 1k nodes flat (max/min within 1.5x) from 10k to 200k nodes.
+
+    python benchmarks/lint_scale.py [--repeat 5] [--million] [--workdir DIR]
+
+Models are written to a temporary folder (or --workdir) and removed afterwards unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LINT_TARGET_RATIO = 2.0  # lint / onnx.load on the ~50k-node model
+RSS_FILE_FACTOR = 2.0  # peak RSS <= factor x file size + interpreter
+FLATNESS = 1.5  # max / min lint ms per 1k nodes over the 10k..200k series
+SERIES = (1_000, 10_000, 50_000, 200_000)
+MILLION = 1_000_000
+HEADLINE_50K = "qwen3-30b-a3b-unfused"
+
+
+# ---- child processes: each measures one thing in a fresh interpreter ------------------------------------
+
+
+def _peak_rss_bytes() -> int:
+    # VmHWM starts afresh at exec; getrusage's ru_maxrss would carry the (large) parent's peak over on Linux.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _lint_argv(path: str, report: str) -> list[str]:
+    return ["lint", path, "--format", "json", "--output", report]
+
+
+def _child_time(path: str, repeat: int, report: str) -> dict:
+    import onnx
+
+    from ortgate.cli import main
+
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def walk() -> None:  # the least any Python index must do: touch every node's fields once
+        model = onnx.load(path, load_external_data=False)
+        for node in model.graph.node:
+            node.name, node.op_type, node.domain, tuple(node.input), tuple(node.output)
+
+    codes = set()
+    load, lint, floor = [], [], []
+    codes.add(main(_lint_argv(path, report)))  # warm-up: imports, rule registry, page cache
+    for _ in range(repeat):
+        load.append(timed(lambda: onnx.load(path, load_external_data=False)))
+        lint.append(timed(lambda: codes.add(main(_lint_argv(path, report)))))
+        floor.append(timed(walk))
+    return {"load": load, "lint": lint, "walk": floor, "exit_codes": sorted(codes)}
+
+
+def _child_rss(mode: str, path: str, report: str) -> dict:
+    opened: list[str] = []
+    if mode == "lint":
+        sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" and args else None)
+        from ortgate.cli import main
+
+        code = main(_lint_argv(path, report))
+        data_opened = sorted({p for p in opened if p.endswith(".data")})
+        findings = len(json.loads(Path(report).read_text()).get("findings", [])) if code in (0, 1) else None
+        return {"rss": _peak_rss_bytes(), "exit_code": code, "data_opened": data_opened, "findings": findings}
+    if mode == "load":
+        import onnx
+
+        onnx.load(path, load_external_data=False)
+    elif mode == "imported":  # the interpreter ortgate runs in: everything a lint imports, nothing linted
+        import onnx  # noqa: F401
+
+        import ortgate.cli  # noqa: F401
+        import ortgate.lint.engine  # noqa: F401
+        import ortgate.lint.gate  # noqa: F401
+        import ortgate.report  # noqa: F401
+    elif mode != "empty":
+        raise SystemExit(f"unknown mode {mode}")
+    return {"rss": _peak_rss_bytes()}
+
+
+def _run_child(*args: str, timeout: float = 3600) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.pop("ORTGATE_STRICT", None)
+    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import google.protobuf
+    import onnx
+    from google.protobuf.internal import api_implementation
+
+    return (f"{os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}, onnx {onnx.__version__}, "
+            f"protobuf {google.protobuf.__version__} ({api_implementation.Type()} backend), {platform.system()}")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchmarks.scale_models import headline_specs, scaled_unfused, write_model
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="ortgate-scale-"))
+    report = str(workdir / "report.json")
+    try:
+        specs = [(name, spec, data) for name, (spec, data) in headline_specs().items()]
+        sizes = [*SERIES, *([MILLION] if args.million else [])]
+        specs += [(f"unfused-{n // 1000}k", scaled_unfused(n), "absent") for n in sizes]
+        models = []
+        for name, spec, data in specs:
+            _log(f"building {name}")
+            models.append(write_model(name, spec, workdir, data_file=data))
+
+        baseline_empty = _run_child("rss", "empty", "-", "-")["rss"]
+        baseline = _run_child("rss", "imported", "-", "-")["rss"]
+        rows = []
+        for m in models:
+            repeat = 1 if m.nodes >= MILLION else args.repeat
+            _log(f"measuring {m.name} ({m.nodes} nodes, {repeat}x)")
+            t = _run_child("time", str(m.path), str(repeat), report)
+            rss_lint = _run_child("rss", "lint", str(m.path), report)
+            rss_load = _run_child("rss", "load", str(m.path), report)["rss"]
+            load, lint, walk = (statistics.median(t[k]) for k in ("load", "lint", "walk"))
+            rows.append({
+                "model": m, "load": load, "lint": lint, "walk": walk, "exit_codes": t["exit_codes"],
+                "rss_lint": rss_lint["rss"], "rss_load": rss_load, "data_opened": rss_lint["data_opened"],
+                "findings": rss_lint["findings"], "budget": RSS_FILE_FACTOR * m.file_bytes + baseline,
+            })
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    out = []
+    out.append(f"Command: `python benchmarks/lint_scale.py --repeat {args.repeat}{' --million' if args.million else ''}`  ")
+    out.append(f"Machine: {_machine()}  ")
+    out.append(f"Medians of {args.repeat} runs in one process; peak RSS each from a fresh process. Interpreter "
+               f"baseline: {_mib(baseline)} MiB with ortgate imported ({_mib(baseline_empty)} MiB empty).")
+    out.append("")
+    out.append("| model | nodes | .onnx | declared weights | .data file | onnx.load ms | node walk ms | ortgate lint ms "
+               "| lint / load | lint ms per 1k nodes | peak RSS lint MiB | RSS budget MiB | onnx.load RSS MiB |")
+    out.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m = r["model"]
+        out.append(
+            f"| {m.name} | {m.nodes:,} | {_size(m.file_bytes)} | {_size(m.declared_weight_bytes)} | {m.data_file} "
+            f"| {r['load'] * 1e3:.1f} | {r['walk'] * 1e3:.1f} | {r['lint'] * 1e3:.1f} | {r['lint'] / r['load']:.1f}x "
+            f"| {r['lint'] * 1e6 / m.nodes:.2f} | {_mib(r['rss_lint'])} | {_mib(r['budget'])} | {_mib(r['rss_load'])} |"
+        )
+    out.append("")
+    out.append("node walk: onnx.load plus reading every node's name, op_type, domain, inputs and outputs once in "
+               "Python, the least any index of the graph costs.")
+    out.append("")
+
+    verdicts = []
+    by_name = {r["model"].name: r for r in rows}
+    head = by_name[HEADLINE_50K]
+    ratio = head["lint"] / head["load"]
+    verdicts.append((ratio <= LINT_TARGET_RATIO,
+                     f"lint <= {LINT_TARGET_RATIO:g}x onnx.load on {HEADLINE_50K} ({head['model'].nodes:,} nodes): "
+                     f"{head['lint'] * 1e3:.0f} ms vs {head['load'] * 1e3:.0f} ms = {ratio:.1f}x "
+                     f"(lint / node walk = {head['lint'] / head['walk']:.1f}x)"))
+    over = [r for r in rows if r["rss_lint"] > r["budget"]]
+    worst = max(rows, key=lambda r: r["rss_lint"] / r["budget"])
+    verdicts.append((not over,
+                     f"peak RSS <= {RSS_FILE_FACTOR:g}x .onnx size + interpreter on every model: worst "
+                     f"{worst['model'].name} {_mib(worst['rss_lint'])} MiB vs {_mib(worst['budget'])} MiB"
+                     + (f" (over: {', '.join(r['model'].name for r in over)})" if over else "")))
+    series = [by_name[f"unfused-{n // 1000}k"] for n in SERIES if n >= 10_000]
+    per_node = [r["lint"] / r["model"].nodes for r in series]
+    spread = max(per_node) / min(per_node) if per_node else float("nan")
+    verdicts.append((spread <= FLATNESS,
+                     f"lint time per node flat within {FLATNESS:g}x from 10k to 200k nodes: "
+                     + ", ".join(f"{r['model'].nodes // 1000}k {r['lint'] * 1e6 / r['model'].nodes:.2f} ms/1k"
+                                 for r in series) + f" (max/min {spread:.2f}x)"))
+    opened = sorted({p for r in rows for p in r["data_opened"]})
+    verdicts.append((not opened, "no external data file opened" + (f": opened {opened}" if opened else "")))
+    bad_exit = [r["model"].name for r in rows if set(r["exit_codes"]) - {0, 1}]
+    verdicts.append((not bad_exit, "every lint ended with a verdict (exit 0 or 1)"
+                     + (f": not {bad_exit}" if bad_exit else "")))
+    for ok, text in verdicts:
+        out.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
+    print("\n".join(out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per model (medians are reported)")
+    parser.add_argument("--million", action="store_true", help="also lint a ~1M-node graph (once; slow)")
+    parser.add_argument("--workdir", help="write the models here instead of a temporary folder")
+    parser.add_argument("--keep", action="store_true", help="keep the models (with --workdir)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        if kind == "time":
+            result = _child_time(rest[0], int(rest[1]), rest[2])
+        else:
+            result = _child_rss(rest[0], rest[1], rest[2])
+        print(json.dumps(result))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""Linear projections around attention and the gated MLP: are Q/K/V one packed GEMM, are gate and up one GEMM,
+and how is SiLU(gate) * up computed.
+
+Q/K/V: from each softmax attention (fused GroupQueryAttention / MultiHeadAttention / Attention, or a decomposed
+core) the query, key and value inputs are walked upstream through what sits between a projection and the
+attention (reshapes, transposes, casts, Splits of a packed projection, q_norm/k_norm, rotary, the KV-cache
+Concat, repeat_kv) to the linear projection (MatMul / Gemm / MatMulNBits with a constant weight) they come from.
+
+Gated MLP: anchored at SiLU, i.e. Mul(g, Sigmoid(g)) or com.microsoft QuickGelu(g, alpha=1) (ORT's fused form),
+followed by Mul(silu, up). Gate and up are walked upstream to their projections: one projection split in two
+is a merged gate_up projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes
+from ortgate.lint.patterns.common import cached, is_op, matmul_weight, skip_back
+from ortgate.lint.patterns.norms import norm_by_output
+from ortgate.lint.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
+
+# Ops passed through (all computed inputs) between a projection and the attention it feeds.
+_PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where"})
+_PASS_FIRST = frozenset({"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand",
+                         "Tile", "Split", "Slice", "Gather"})
+_NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"})
+_UPSTREAM_BUDGET = 48
+
+
+@dataclass
+class Upstream:
+    """What a value is computed from: the projections reached and whether a Split/Slice divided one."""
+
+    linears: list[Node]
+    split: bool
+
+
+def trace_to_projections(graph: Graph, value: str, budget: int = _UPSTREAM_BUDGET) -> Upstream:
+    """Walk upstream from `value` to the linear projections it is computed from (stopping at each)."""
+    inputs = {i.name for i in graph.inputs}
+    norms = norm_by_output(graph)
+    rotaries = rotary_by_output(graph)
+    found: dict[int, Node] = {}
+    split = False
+    frontier, seen = [value], {value}
+    while frontier and budget > 0:
+        v = frontier.pop()
+        budget -= 1
+        if not v or v in inputs or graph.is_constant(v):
+            continue
+        if v in norms:
+            nxt = [norms[v].input]
+        elif v in rotaries:
+            nxt = [rotaries[v].input]
+        else:
+            node = graph.producer(v)
+            if node is None:
+                continue
+            if matmul_weight(graph, node) is not None:
+                found[node.index] = node
+                continue
+            key = (node.domain, node.op_type)
+            if key in FUSED_ROTARY_OPS or (node.domain == DEFAULT_DOMAIN and node.op_type in _NORM_OPS):
+                nxt = node.inputs[:1]
+            elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_FIRST:
+                split = split or node.op_type in ("Split", "Slice", "Gather")
+                nxt = node.inputs[:1]
+            elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_ALL:
+                nxt = [i for i in node.inputs if i and not graph.is_constant(i) and i not in inputs]
+                if node.op_type == "Where":
+                    nxt = nxt[1:]
+            else:
+                continue
+        for n in nxt:
+            if n and n not in seen:
+                seen.add(n)
+                frontier.append(n)
+    return Upstream(sorted(found.values(), key=lambda n: n.index), split)
+
+
+def _source(graph: Graph, node: Node) -> str:
+    return skip_back(graph, node.input(0), ("Cast", "Identity", "Reshape"))
+
+
+@dataclass
+class QkvProjections:
+    """The projections one softmax attention reads its query, key and value from."""
+
+    attention: Node  # the fused attention node, or the decomposed core's Softmax
+    layer: int | None
+    q: Node | None
+    k: Node | None
+    v: Node | None
+    packed: bool  # one projection feeds all three (split after it, or GQA's packed input)
+    shared_input: bool  # the separate projections read the same hidden state
+    fused: bool  # a fused attention op (else a decomposed core)
+    related: list[Node] = field(default_factory=list)
+
+    @property
+    def separate(self) -> list[Node]:
+        out: dict[int, Node] = {}
+        for n in (self.q, self.k, self.v):
+            if n is not None:
+                out[n.index] = n
+        return sorted(out.values(), key=lambda n: n.index)
+
+
+def qkv_projections(graph: Graph) -> list[QkvProjections]:
+    return cached(graph, "qkv_projections", _find_qkv)
+
+
+def _one(graph: Graph, value: str) -> Node | None:
+    if not value:
+        return None
+    found = trace_to_projections(graph, value).linears
+    return found[0] if len(found) == 1 else None
+
+
+def _find_qkv(graph: Graph) -> list[QkvProjections]:
+    out: list[QkvProjections] = []
+    for node in fused_attention_nodes(graph):
+        q_in, k_in, v_in = node.input(0), node.input(1), node.input(2)
+        if not k_in and not v_in:  # packed QKV input (GroupQueryAttention, Attention)
+            q = _one(graph, q_in)
+            out.append(QkvProjections(node, node.layer, q, q, q, True, False, True))
+            continue
+        out.append(_judge(graph, node, node.layer, q_in, k_in, v_in, fused=True))
+    for core in attention_cores(graph):
+        out.append(_judge(graph, core.softmax, core.layer, core.qk.input(0), core.qk.input(1), core.pv.input(1),
+                          fused=False))
+    return out
+
+
+def _judge(graph: Graph, attention: Node, layer: int | None, q_in: str, k_in: str, v_in: str, *, fused: bool
+           ) -> QkvProjections:
+    q, k, v = _one(graph, q_in), _one(graph, k_in), _one(graph, v_in)
+    distinct = {n.index: n for n in (q, k, v) if n is not None}
+    packed = len(distinct) == 1 and None not in (q, k, v)
+    shared = len(distinct) > 1 and None not in (q, k, v) and len({_source(graph, n) for n in distinct.values()}) == 1
+    return QkvProjections(attention, layer, q, k, v, packed, shared, fused, list(distinct.values()))
+
+
+@dataclass
+class GatedMlp:
+    """SiLU(gate) * up as found in the graph."""
+
+    product: Node  # Mul(silu, up)
+    activation: list[Node]  # [Sigmoid, Mul] or [QuickGelu]
+    fused_activation: bool  # the SiLU is one node (QuickGelu alpha=1)
+    gate: Node | None  # projection of the gate
+    up: Node | None  # projection of up
+    layer: int | None
+
+    @property
+    def merged(self) -> bool:
+        return self.gate is not None and self.gate is self.up
+
+    @property
+    def separate(self) -> bool:
+        return self.gate is not None and self.up is not None and self.gate is not self.up
+
+
+def gated_mlps(graph: Graph) -> list[GatedMlp]:
+    return cached(graph, "gated_mlps", _find_gated)
+
+
+def _silu_gates(graph: Graph) -> list[tuple[str, Node, list[Node], bool]]:
+    """(gate value, SiLU output node, activation nodes, fused) for every SiLU in the graph."""
+    out = []
+    for sig in graph.by_op_type("Sigmoid"):
+        g = sig.input(0)
+        for mul in graph.consumers(sig.outputs[0]) if sig.outputs else []:
+            if is_op(mul, "Mul") and g in mul.inputs and sig.outputs[0] in mul.inputs:
+                out.append((g, mul, [sig, mul], False))
+    for quick in graph.by_op(MS_DOMAIN, "QuickGelu"):
+        alpha = quick.attr("alpha", 1.702)
+        if alpha is not None and abs(float(alpha) - 1.0) < 1e-6 and quick.outputs:
+            out.append((quick.input(0), quick, [quick], True))
+    return out
+
+
+def _find_gated(graph: Graph) -> list[GatedMlp]:
+    out = []
+    for gate_value, silu, act_nodes, fused in _silu_gates(graph):
+        for product in graph.consumers(silu.outputs[0]):
+            if not is_op(product, "Mul"):
+                continue
+            up_value = product.input(1) if product.input(0) == silu.outputs[0] else product.input(0)
+            if not up_value or up_value == gate_value or graph.is_constant(up_value):
+                continue
+            gate = _one(graph, gate_value)
+            up = _one(graph, up_value)
+            layer = graph.layer_of_nodes([product, *act_nodes])
+            out.append(GatedMlp(product, act_nodes, fused, gate, up, layer))
+    out.sort(key=lambda m: m.product.index)
+    return out

@@ -1,0 +1,178 @@
+"""Markdown job summary (for $GITHUB_STEP_SUMMARY or a pull-request comment).
+
+Verdict and counts, what to fix first (errors before warnings, then the rule whose fix clears the most
+findings), a table of findings by decoder layer, every finding, and the suppressed ones with their
+justification. Deterministic, and bounded well below GitHub's 1 MiB summary limit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ortgate.lint.engine import LintResult
+from ortgate.lint.findings import Finding, Severity
+from ortgate.report import display_path, layer_label, target
+
+MAX_FIX_FIRST = 10
+MAX_ROWS = 300
+
+
+def render(result: LintResult) -> str:
+    v = result.verdict
+    active = [f for f in result.findings if f.suppressed is None]
+    suppressed = [f for f in result.findings if f.suppressed is not None]
+    out: list[str] = []
+    out.append(f"## {'✅' if v.passed else '❌'} ortgate: {'PASS' if v.passed else 'FAIL'}")
+    out.append("")
+    counts = ", ".join(_bold_if(n, _plural(n, label)) for label, n in v.counts.items())
+    extra = f" · {v.suppressed} suppressed" if v.suppressed else ""
+    out.append(f"{counts}{extra} · fails on `{v.fail_on.label}` and above")
+    out.append("")
+    out += _inputs_table(result.summary)
+    if active:
+        out += _fix_first(active)
+        out += _by_layer(active)
+        out += _findings_table(active)
+    else:
+        out += ["No findings." if not suppressed else "No active findings.", ""]
+    if suppressed:
+        out += _suppressed_table(suppressed)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _inputs_table(summary: dict) -> list[str]:
+    header = ["Model"]
+    row = [_code(display_path(summary["model"]))]
+    if summary.get("optimized"):
+        header.append("Optimized dump")
+        row.append(_code(display_path(summary["optimized"])))
+    header.append("Policy")
+    row.append(_code(summary["policy"]) if summary.get("policy") else "none")
+    header += ["Provider", "Nodes", "Layers"]
+    row += [summary.get("provider") or "—", str(summary.get("nodes", "—")),
+            str(summary["layers"]) if summary.get("layers") is not None else "—"]
+    return [_row(header), _row(["---"] * (len(header) - 2) + ["---:", "---:"]), _row(row), ""]
+
+
+def _fix_first(active: list[Finding]) -> list[str]:
+    by_rule: dict[str, list[Finding]] = defaultdict(list)
+    for f in active:
+        by_rule[f.code].append(f)
+    ranked = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), -len(fs), fs[0].code))
+    out = ["### What to fix first", "",
+           "Most severe first, then the rule whose fix clears the most findings.", "",
+           _row(["#", "Rule", "Severity", "Findings", "Where", "Fix"]),
+           _row(["---:", "---", "---", "---:", "---", "---"])]
+    for i, fs in enumerate(ranked[:MAX_FIX_FIRST], start=1):
+        first = fs[0]
+        fix = next((f.fix for f in fs if f.fix), None) or "—"
+        out.append(_row([str(i), f"{_code(first.code)} {first.rule}", max(f.severity for f in fs).label,
+                         str(len(fs)), _where_summary(fs), _cell(fix)]))
+    if len(ranked) > MAX_FIX_FIRST:
+        out.append("")
+        out.append(f"…and {len(ranked) - MAX_FIX_FIRST} more rules below.")
+    out.append("")
+    return out
+
+
+def _by_layer(active: list[Finding]) -> list[str]:
+    groups: dict[int | None, list[Finding]] = defaultdict(list)
+    for f in active:
+        groups[f.layer].append(f)
+    order = sorted(groups, key=lambda layer: (layer is None, layer if layer is not None else 0))
+    out = ["### Findings by layer", "",
+           _row(["Layer", "Errors", "Warnings", "Infos", "Rules"]),
+           _row(["---", "---:", "---:", "---:", "---"])]
+    for layer in order:
+        fs = groups[layer]
+        sev = Counter(f.severity for f in fs)
+        rules = Counter((f.code, f.rule) for f in fs)
+        names = ", ".join(f"{_code(code)} {name}" + (f" ×{n}" if n > 1 else "")
+                          for (code, name), n in sorted(rules.items()))
+        out.append(_row([layer_label(layer), str(sev[Severity.ERROR]), str(sev[Severity.WARNING]),
+                         str(sev[Severity.INFO]), names]))
+    out.append("")
+    return out
+
+
+def _findings_table(active: list[Finding]) -> list[str]:
+    ordered = sorted(active, key=lambda f: (-f.severity, f.sort_key()))
+    out = [f"<details><summary>All {_plural(len(active), 'finding')}</summary>", "",
+           _row(["Severity", "Rule", "Layer", "File", "Where", "Message"]),
+           _row(["---", "---", "---", "---", "---", "---"])]
+    for f in ordered[:MAX_ROWS]:
+        out.append(_row([f.severity.label, f"{_code(f.code)} {f.rule}", layer_label(f.layer), _file(f),
+                         _code(target(f)) if target(f) else "—", _cell(f.message)]))
+    if len(ordered) > MAX_ROWS:
+        out += ["", f"…and {len(ordered) - MAX_ROWS} more (the SARIF and JSON reports list every finding)."]
+    out += ["", "</details>", ""]
+    return out
+
+
+def _suppressed_table(suppressed: list[Finding]) -> list[str]:
+    out = [f"<details><summary>{_plural(len(suppressed), 'suppressed finding')}</summary>", "",
+           _row(["Rule", "Layer", "Where", "By", "Justification"]),
+           _row(["---", "---", "---", "---", "---"])]
+    for f in suppressed[:MAX_ROWS]:
+        s = f.suppressed
+        assert s is not None
+        by = s.kind
+        if s.location is not None:
+            by += f" ({_file_line(s.location.file, s.location.line)})"
+        out.append(_row([f"{_code(f.code)} {f.rule}", layer_label(f.layer),
+                         _code(target(f)) if target(f) else _file(f), _cell(by), _cell(s.justification)]))
+    if len(suppressed) > MAX_ROWS:
+        out += ["", f"…and {len(suppressed) - MAX_ROWS} more."]
+    out += ["", "</details>", ""]
+    return out
+
+
+def _where_summary(findings: list[Finding]) -> str:
+    layers = sorted({f.layer for f in findings if f.layer is not None})
+    parts = []
+    if layers:
+        parts.append(("layer " if len(layers) == 1 else "layers ") + _ranges(layers))
+    if any(f.layer is None for f in findings):
+        parts.append("model / config")
+    return "; ".join(parts)
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0–2, 5, 7–8'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
+
+
+def _file(f: Finding) -> str:
+    return _code(_file_line(f.location.file, f.location.line))
+
+
+def _file_line(file: str, line: int | None) -> str:
+    return f"{display_path(file)}:{line}" if line else display_path(file)
+
+
+def _code(text: str) -> str:
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{_cell(text)}{pad}{fence}"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _bold_if(n: int, text: str) -> str:
+    return f"**{text}**" if n else text
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

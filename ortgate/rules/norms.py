@@ -1,0 +1,250 @@
+"""RMSNorm rules: decomposed RMSNorms (OGF), residual adds not fused into the norm (OGF), norm epsilons (OGM)."""
+
+from __future__ import annotations
+
+from ortgate.knowledge.families import ModelFamily, model_family
+from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Severity
+from ortgate.lint.graph import Node
+from ortgate.lint.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
+from ortgate.rules.base import rule
+from ortgate.rules.targets import by_layer, judged_graph, layer_text, ort_pass_note, target
+
+RMSNORM_FIX = (
+    "Export every RMSNorm as one SimplifiedLayerNormalization (ONNX domain; axis=-1, epsilon=rms_norm_eps, "
+    "stash_type=1) and each residual Add + RMSNorm as com.microsoft SkipSimplifiedLayerNormalization "
+    "(its 4th output carries the residual on). onnxruntime-genai's builder writes both; for torch.onnx exports run "
+    "onnxscript's onnxscript.rewriter.ort_fusions.optimize_for_ort(model), which fuses RMSNorm and SkipRMSNorm. "
+    "ORT's own SimplifiedLayerNormFusion only matches the Pow -> ReduceMean -> Add -> Sqrt -> Div(x, .) -> Mul form."
+)
+_FORM_TEXT = {
+    "pow_div": "x / Sqrt(ReduceMean(Pow(x, 2)) + eps) * gamma",
+    "pow_div_cast": "x / Sqrt(...) cast back before * gamma (fp16 upcast around the norm)",
+    "pow_reciprocal": "x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2)) + eps)) * gamma (torch.rsqrt)",
+    "pow_reciprocal_cast": "x * Reciprocal(Sqrt(...)) with Casts around it (fp16 upcast around the norm)",
+    "square_mul": "ReduceMean(x * x) (Mul instead of Pow)",
+    "pow_rsqrt_pow": "x * Pow(ReduceMean(Pow(x, 2)) + eps, -0.5)",
+}
+
+
+@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING)
+def rmsnorm_not_fused(ctx: RuleContext):
+    """An RMSNorm is computed with Pow/ReduceMean/Add/Sqrt/Div or Reciprocal/Mul instead of SimplifiedLayerNormalization.
+
+    ## What it checks
+    Every RMSNorm chain in the executed graph: `Pow(x, 2)` or `x * x` -> `ReduceMean` -> `Add(eps)` -> `Sqrt` ->
+    `Div(x, .)` or `Reciprocal` + `Mul` (or `Pow(., -0.5)`) -> `Mul(gamma)`, with or without the Casts fp16
+    models put around it, hidden-state norms and per-head q_norm/k_norm alike (a per-head norm is fine once it
+    is a SimplifiedLayerNormalization). One finding per decoder layer, one for the final norm.
+
+    With an optimized dump (`--optimized`) the dump is judged: what is still decomposed there runs so. Without
+    one, the exported model is judged and the finding says whether ORT's SimplifiedLayerNormFusion
+    (ORT_ENABLE_EXTENDED, CPU/CUDA/ROCm) rewrites that form for the deployment's provider and level
+    (ortgate/knowledge/ort_fusions.json): it matches only `Div(x, Sqrt(...))`, never the `Reciprocal` form
+    torch.onnx writes for `torch.rsqrt`, never `x * x`, and a Cast between Div and the scale only on GPUs.
+    Forms ORT is expected to fuse are reported as info.
+
+    ## Why it costs throughput
+    A decomposed RMSNorm is 6-8 elementwise and reduction kernels, each reading and writing the whole hidden
+    state; a 48-layer model runs ~100 norms per token. SimplifiedLayerNormalization is one kernel with one read
+    and one write, computed in fp32 internally.
+
+    ## Bad
+    ```
+    v = ReduceMean(Pow(x, 2.0), axes=[-1])
+    y = Mul(gamma, Mul(x, Reciprocal(Sqrt(Add(v, 1e-6)))))
+    ```
+
+    ## Good
+    ```
+    y = SimplifiedLayerNormalization(x, gamma, axis=-1, epsilon=1e-6, stash_type=1)
+    ```
+
+    ## Fix
+    Export RMSNorm as SimplifiedLayerNormalization (onnxruntime-genai's builder does; for torch.onnx exports,
+    onnxscript's `ort_fusions.optimize_for_ort` rewrites it), or at least write the `Div` form ORT fuses.
+    """
+    graph, is_dump = judged_graph(ctx)
+    tgt = target(ctx)
+    norms = decomposed_rmsnorms(graph)
+    for (_, layer), group in by_layer(norms, lambda m: m.last, lambda m: m.layer):
+        heads = sum(1 for m in group if m.head_norm)
+        roles = []
+        if len(group) - heads:
+            roles.append(f"{len(group) - heads} hidden-state")
+        if heads:
+            roles.append(f"{heads} per-head q/k")
+        forms = sorted({m.form for m in group})
+        chain = " -> ".join(n.op_type for n in group[0].nodes)
+        repaired = not is_dump and all(rmsnorm_form_fused(m.form, tgt.provider, tgt.level) for m in group)
+        if is_dump:
+            why = f"still decomposed in ORT's optimized dump (ORT fused nothing here: form {', '.join(forms)})"
+        else:
+            why = ort_pass_note("SimplifiedLayerNormFusion", tgt, repaired)
+        what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
+        yield ctx.finding(
+            f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} in {layer_text(layer)} computed with standard ops "
+            f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {why}",
+            node=group[0].last, graph=graph, layer=layer,
+            related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
+            severity=Severity.INFO if repaired else None,
+            properties={"norms": len(group), "head_norms": heads, "forms": ",".join(forms),
+                        "ort_fuses": repaired},
+        )
+
+
+@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING)
+def skip_rmsnorm_not_fused(ctx: RuleContext):
+    """A residual Add feeds an RMSNorm instead of one com.microsoft SkipSimplifiedLayerNormalization.
+
+    ## What it checks
+    Every residual addition (an `Add` of two computed tensors: the residual stream and an attention or MLP/MoE
+    output) whose result goes into an RMSNorm, fused (`SimplifiedLayerNormalization`, ONNX `RMSNormalization`)
+    or decomposed, in the executed graph (the optimized dump when given). Per-head q_norm/k_norm never follow a
+    residual Add and are not concerned; the first norm of the model reads the embedding and has no Add to fuse.
+    One finding per decoder layer, one for the final norm.
+
+    ## Why it costs throughput
+    The separate Add writes the new residual to memory and the norm reads it back: one more kernel and a
+    full read and write of the hidden state, twice per layer. SkipSimplifiedLayerNormalization adds, normalises
+    and returns the sum (output 3) in one pass. ORT cannot repair it: its SkipLayerNormFusion only fuses
+    Add + LayerNormalization and never produces SkipSimplifiedLayerNormalization.
+
+    ## Bad
+    ```
+    h = Add(residual, attn_out)
+    y = SimplifiedLayerNormalization(h, gamma, epsilon=1e-6)
+    ```
+
+    ## Good
+    ```
+    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(attn_out, residual, gamma, epsilon=1e-6)
+    ```
+
+    ## Fix
+    Export the residual adds as SkipSimplifiedLayerNormalization (onnxruntime-genai's builder does for every norm
+    after the first, including the final norm; onnxscript's `ort_fusions.optimize_for_ort` fuses SkipRMSNorm in
+    torch.onnx exports). Set `epsilon` explicitly: its default is 1e-12.
+    """
+    graph, is_dump = judged_graph(ctx)
+    where = " in ORT's optimized dump" if is_dump else ""
+    found = residual_norms(graph)
+    for (_, layer), group in by_layer(found, lambda r: r.add, lambda r: r.layer):
+        fused = sum(1 for r in group if r.decomposed is None)
+        kinds = []
+        if fused:
+            kinds.append(f"{fused} {group[0].norm.op_type if group[0].decomposed is None else 'fused norm'}")
+        if len(group) - fused:
+            kinds.append(f"{len(group) - fused} decomposed RMSNorm")
+        adds = ", ".join(r.add.display_name for r in group)
+        yield ctx.finding(
+            f"{len(group)} residual Add{'s' if len(group) > 1 else ''} ({adds}) in {layer_text(layer)} feed "
+            f"{' and '.join(kinds)}{where} instead of one com.microsoft SkipSimplifiedLayerNormalization; ORT's "
+            f"optimizer never builds SkipSimplifiedLayerNormalization (ORT {fusions_version()})",
+            node=group[0].add, graph=graph, layer=layer,
+            related=[r.norm for r in group] + [r.add for r in group[1:]], fix=RMSNORM_FIX,
+            properties={"residual_adds": len(group)},
+        )
+
+
+def expected_epsilon(ctx: RuleContext) -> tuple[float | None, str]:
+    """The model's RMSNorm epsilon and where it comes from: the policy's rms_norm_eps, else the family default."""
+    declared = ctx.expect.declared("rms_norm_eps")
+    if declared is not None and isinstance(declared.value, (int, float)):
+        return float(declared.value), f"{declared.describe()} (model.rms_norm_eps)"
+    family = resolved_family(ctx)
+    if family is not None and family.rms_norm_eps is not None:
+        return float(family.rms_norm_eps), f"the {family.name} family uses {family.rms_norm_eps:g} ({family.source('rms_norm_eps')})"
+    return None, ""
+
+
+def resolved_family(ctx: RuleContext) -> ModelFamily | None:
+    expected = ctx.expect.family
+    return model_family(expected.value) if expected is not None else None
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
+
+
+@rule("OGM003", "norm-epsilon-default", Severity.WARNING)
+def norm_epsilon_default(ctx: RuleContext):
+    """A fused norm has no epsilon attribute (ORT then uses its own default), or an epsilon the model family does not use.
+
+    ## What it checks
+    The RMSNorm nodes of the exported model: com.microsoft `SkipSimplifiedLayerNormalization` (epsilon default
+    1e-12 when absent), `SimplifiedLayerNormalization` and ONNX `RMSNormalization` (default 1e-5),
+    com.microsoft `GatedRMSNorm` (1e-5), and the `Add(eps)` of decomposed RMSNorms. Defaults are ORT's
+    (ortgate/knowledge/ort_fusions.json). The expected epsilon is the policy's `model.rms_norm_eps`, else the
+    model family's (ortgate/knowledge/model_families.json: 1e-6 for Qwen3-MoE and Qwen3.5-MoE, 1e-5 for GPT-OSS
+    and Mixtral). A missing epsilon is reported when ORT's default differs from it (with no family known, a
+    SkipSimplifiedLayerNormalization without epsilon is still reported: no model uses 1e-12); an explicit epsilon
+    is reported when it differs. One finding per op and value.
+
+    ## Why it costs throughput
+    It costs correctness, which a gate that trades graphs for speed must guard: with epsilon 1e-12 instead of
+    1e-6 every norm divides by a slightly different RMS, small-norm tokens are amplified, fp16 activations can
+    overflow, and the logits drift from the reference model. Throughput comparisons between two exports are
+    meaningless when they do not compute the same model.
+
+    ## Bad
+    ```
+    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(x, skip, gamma)   # epsilon 1e-12
+    ```
+
+    ## Good
+    ```
+    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(x, skip, gamma, epsilon=1e-6)
+    ```
+
+    ## Fix
+    Write `epsilon` on every norm node with the model's `rms_norm_eps` (config.json). onnxruntime-genai's builder
+    does; a hand-written or rewritten graph often forgets it. If the policy's `model.rms_norm_eps` is wrong,
+    correct the policy.
+    """
+    graph = ctx.model
+    expected, source = expected_epsilon(ctx)
+    groups: dict[tuple, list[Node]] = {}
+    for domain, op_type in EPSILON_NORM_OPS:
+        if op_type in ("LayerNormalization", "SkipLayerNormalization"):
+            continue  # LayerNorm, not RMSNorm: its epsilon is not rms_norm_eps
+        for node in graph.by_op(domain, op_type):
+            value = node.attr("epsilon")
+            absent = value is None
+            if absent:
+                value = attribute_default(node.domain, node.op_type, "epsilon")
+            if not isinstance(value, (int, float)):
+                continue
+            if expected is not None:
+                if _close(float(value), expected):
+                    continue
+            elif not (absent and op_type == "SkipSimplifiedLayerNormalization"):
+                continue
+            groups.setdefault((node.key, absent, float(value)), []).append(node)
+    for (key, absent, value), nodes in groups.items():
+        layers = sorted({n.layer for n in nodes if n.layer is not None})
+        where = f" (layers {', '.join(map(str, layers))})" if layers else ""
+        if absent:
+            what = (f"{len(nodes)} {key} node{'s' if len(nodes) > 1 else ''}{where} without an epsilon attribute: "
+                    f"ORT {fusions_version()} uses its default {value:g}")
+        else:
+            what = f"{len(nodes)} {key} node{'s' if len(nodes) > 1 else ''}{where} with epsilon={value:g}"
+        against = f", but {source}" if expected is not None else \
+            ", far below the 1e-6 .. 1e-5 RMSNorm epsilons of the model families ortgate knows"
+        yield ctx.finding(
+            what + against, node=nodes[0], graph=graph, related=nodes[1:],
+            fix=f"Set epsilon={expected:g} on every {key} node." if expected is not None
+            else f"Set epsilon to the model's rms_norm_eps on every {key} node.",
+            properties={"epsilon": value, "expected": expected, "absent": absent, "nodes": len(nodes)},
+        )
+    decomposed = [m for m in decomposed_rmsnorms(graph) if expected is not None and m.epsilon is not None
+                  and not _close(m.epsilon, expected)]
+    for eps in sorted({m.epsilon for m in decomposed}):
+        group = [m for m in decomposed if m.epsilon == eps]
+        yield ctx.finding(
+            f"{len(group)} decomposed RMSNorm{'s' if len(group) > 1 else ''} add epsilon={eps:g}, but {source}",
+            node=group[0].last, graph=graph, related=[m.last for m in group[1:]],
+            fix=f"Re-export with rms_norm_eps={expected:g}, or correct the policy's model.rms_norm_eps.",
+            properties={"epsilon": eps, "expected": expected, "absent": False, "nodes": len(group)},
+        )

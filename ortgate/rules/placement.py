@@ -1,0 +1,455 @@
+"""Placement rules (OGK): which provider runs each node, the copies between devices, and CUDA graph capture.
+
+Placement is read from the kernel table (ortgate/knowledge/kernels.json, which names the ORT version it
+reflects): a node whose (domain, op_type, opset, input dtypes) has no kernel on the target provider is left to
+the CPU provider. An op the table does not list at all is unknown to it, never "no kernel".
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from ortgate.knowledge import (
+    Support,
+    SupportResult,
+    cuda_graph_capture_facts,
+    data_dependent_shape_inputs,
+    kernel_free_op,
+    kernel_table,
+    tensorrt_untaken_domain,
+)
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Severity
+from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
+from ortgate.lint.patterns.common import cached
+from ortgate.rules.base import rule
+from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+MEMCPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+_FLOAT_DTYPES = frozenset({"float", "float16", "bfloat16", "double"})
+
+
+# ---- evidence shared by the rules ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The kernel table's answer for one node on one provider."""
+
+    node: Node
+    result: SupportResult
+    computes: bool  # a float tensor goes in: real compute, not shape or index arithmetic
+
+
+def placements(graph: Graph, provider: str) -> list[Placement]:
+    """Every node whose kernel on `provider` is not a plain yes (no kernel, or unknown to the table)."""
+
+    def compute(g: Graph) -> list[Placement]:
+        table = kernel_table()
+        answers: dict[tuple, SupportResult] = {}
+        out: list[Placement] = []
+        for node in g.nodes:
+            if kernel_free_op(node.domain, node.op_type):
+                continue
+            dtypes = tuple(g.dtype(i) if i else None for i in node.inputs)
+            key = (node.domain, node.op_type, g.opsets.get(node.domain), dtypes)
+            if key not in answers:
+                answers[key] = table.supports(provider, node.domain, node.op_type, key[2], list(dtypes))
+            result = answers[key]
+            if result.status is not Support.YES:
+                out.append(Placement(node, result, any(d in _FLOAT_DTYPES for d in dtypes)))
+        return out
+
+    return cached(graph, f"placement.{provider}", compute)
+
+
+def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
+    """Nodes the kernel table says `provider` has no kernel for: ORT gives them to the CPU provider."""
+    return [p for p in placements(graph, provider) if p.result.status is Support.NO]
+
+
+def layers_text(nodes: list[Node]) -> str:
+    """'in layer 3', 'in layers 0-39', 'in layers 0, 4, 8', or '' when no node has a layer."""
+    layers = sorted({n.layer for n in nodes if n.layer is not None})
+    if not layers:
+        return ""
+    if len(layers) == 1:
+        return f"in layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"in layers {layers[0]}-{layers[-1]}"
+    shown = ", ".join(str(layer) for layer in layers[:12])
+    return f"in layers {shown}{', ...' if len(layers) > 12 else ''}"
+
+
+def _count(nodes: list[Node]) -> str:
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+
+
+def _group(items: list[Placement]) -> dict[tuple[str, str], list[Placement]]:
+    """(op key, reason) -> placements, in graph order: one finding per op kind and reason."""
+    groups: dict[tuple[str, str], list[Placement]] = defaultdict(list)
+    for p in sorted(items, key=lambda p: p.node.index):
+        groups[(p.node.key, p.result.reason)].append(p)
+    return groups
+
+
+def gpu_targets(ctx: RuleContext) -> dict[str, list[str]]:
+    """Non-CPU providers the deployment declares -> the labels of the setups that declare them."""
+    targets: dict[str, list[str]] = defaultdict(list)
+    for setup in ctx.deployment.setups:
+        if setup.provider_name and setup.provider_name != CPU:
+            targets[setup.provider_name].append(setup.label)
+    return dict(targets)
+
+
+def _declared_by(labels: list[str]) -> str:
+    return " and ".join(labels)
+
+
+def _target(labels: list[str], provider: str) -> str:
+    return f"{_declared_by(labels)} target{'s' if len(labels) == 1 else ''} {provider}"
+
+
+# ---- op-not-on-ep --------------------------------------------------------------------------------------------
+
+
+@rule("OGK001", "op-not-on-ep", Severity.ERROR)
+def op_not_on_ep(ctx: RuleContext):
+    """A node has no kernel on the deployment's GPU provider: ORT runs it on CPU, with copies around it.
+
+    ## What it checks
+    Every node of the graph ORT will run (the optimized dump when given, else the model), by (domain, op_type,
+    opset, input dtypes) against the kernel table of the provider the policy or genai_config.json names. Input
+    dtypes are propagated through the graph. Classic catches: a float32 GroupQueryAttention or float32 QMoE under
+    CUDA (their CUDA kernels take float16/bfloat16 only). One finding per op kind, naming the layers.
+    Error for nodes that compute on float tensors; warning for integer-only (index/shape) nodes; info for ops the
+    table does not list at all (newer than the table: ortgate cannot tell, and says which ORT version the table
+    reflects). Providers without a table (TensorRT, CANN, ...) are not judged.
+
+    ## Why it costs throughput
+    ORT silently assigns such a node to the CPU provider and inserts MemcpyToHost / MemcpyFromHost around it: at
+    every token the activations cross PCIe, the GPU waits for the CPU kernel, and CUDA graph capture becomes
+    impossible. A single fp32 attention node per layer can cost more than the whole GPU step.
+
+    ## Bad
+    ```text
+    com.microsoft.GroupQueryAttention(query: float32, ...)   # CUDA kernel: float16, bfloat16
+    com.microsoft.QMoE(input: float32, ...)                  # CUDA kernel: float16, bfloat16
+    ```
+
+    ## Good
+    ```text
+    com.microsoft.GroupQueryAttention(query: float16, ...)
+    com.microsoft.QMoE(input: float16, ...)
+    ```
+
+    ## Fix
+    Export in a dtype the provider's kernel accepts (onnxruntime-genai builder: `-p fp16 -e cuda`, or int4 with
+    a float16 activation dtype); for an op the provider lacks entirely, export it as ops the provider has.
+    Set `session.disable_cpu_ep_fallback: "1"` so that a regression fails session creation instead of running slow.
+    """
+    table = kernel_table()
+    graph = ctx.executed
+    for provider, labels in sorted(gpu_targets(ctx).items()):
+        if not table.has_provider(provider):
+            yield ctx.undecided(
+                f"no kernel table for {provider} (declared by the {_declared_by(labels)}; the table of "
+                f"{table.ort_version} covers {', '.join(table.providers())}): node placement not checked",
+                graph=graph,
+            )
+            continue
+        items = placements(graph, provider)
+        for (key, reason), group in _group([p for p in items if p.result.status is Support.NO]).items():
+            nodes = [p.node for p in group]
+            computes = any(p.computes for p in group)
+            where = layers_text(nodes)
+            yield ctx.finding(
+                f"{reason}: {_count(nodes)}{f' {where}' if where else ''} run on {CPU} instead, with Memcpy to "
+                f"and from the GPU around them (the {_target(labels, provider)})",
+                node=nodes[0],
+                graph=graph,
+                related=nodes[1:],
+                severity=None if computes else Severity.WARNING,
+                fix="Export the model in a dtype the kernel accepts (e.g. float16: `-p fp16` with the "
+                    "onnxruntime-genai builder), or as ops the provider has kernels for.",
+                properties={"provider": provider, "op": key, "nodes": len(nodes), "computes": computes,
+                            "kernel_table": table.ort_version},
+            )
+        unknown = [p for p in items if p.result.status in (Support.UNKNOWN_OP, Support.UNKNOWN_TYPE)]
+        for (key, reason), group in _group(unknown).items():
+            nodes = [p.node for p in group]
+            where = layers_text(nodes)
+            status = group[0].result.status
+            what = (f"{key} is not in the kernel table ({table.ort_version}), so ortgate cannot tell whether "
+                    f"{provider} has a kernel for it" if status is Support.UNKNOWN_OP else
+                    f"could not decide whether {provider} runs {key}: {reason}")
+            yield ctx.finding(
+                f"{what} ({_count(nodes)}{f' {where}' if where else ''})",
+                node=nodes[0],
+                graph=graph,
+                related=nodes[1:],
+                severity=Severity.INFO,
+                fix=f"Check the placement on the target with `ortgate run` (profiling shows each node's provider) "
+                    f"or with session.disable_cpu_ep_fallback=1.",
+                properties={"provider": provider, "op": key, "nodes": len(nodes), "status": status.value,
+                            "kernel_table": table.ort_version},
+            )
+
+
+# ---- cuda-graph-blocker --------------------------------------------------------------------------------------
+
+
+def value_dependent(graph: Graph, value: str) -> bool:
+    """True if `value` depends on the VALUES of runtime tensors, not only on input shapes and constants.
+
+    Shape/Size outputs count as shape-only (a data-dependent shape upstream is reported where it arises).
+    """
+    memo: dict[str, bool] = cached(graph, "placement.value_dependent", lambda g: {})
+    stack, on_stack = [value], {value}
+    while stack:
+        current = stack[-1]
+        if current in memo:
+            stack.pop()
+            on_stack.discard(current)
+            continue
+        node = graph.producer(current)
+        if not current or graph.is_constant(current):
+            memo[current] = False
+        elif node is None:
+            memo[current] = True  # a graph input (or a value from outside the model): runtime data
+        elif node.domain == DEFAULT_DOMAIN and node.op_type in ("Shape", "Size"):
+            memo[current] = False
+        else:
+            pending = [i for i in node.inputs if i and i not in memo and i not in on_stack]
+            if pending:
+                stack.extend(pending)
+                on_stack.update(pending)
+                continue
+            memo[current] = any(memo.get(i, False) for i in node.inputs if i)
+        stack.pop()
+        on_stack.discard(current)
+    return memo[value]
+
+
+def data_dependent_shape_nodes(graph: Graph) -> list[tuple[Node, list[str]]]:
+    """Nodes whose output shape follows runtime tensor values, with the inputs that carry those values."""
+    ops = cuda_graph_capture_facts()["data_dependent_shape_ops"]["ops"]
+    out = []
+    for node in graph.by_op_type(*ops):
+        positions = data_dependent_shape_inputs(node.domain, node.op_type) or ()
+        driving = [node.input(i) for i in positions if node.input(i) and value_dependent(graph, node.input(i))]
+        if driving:
+            out.append((node, driving))
+    return out
+
+
+def _capture_providers(ctx: RuleContext) -> dict[str, list]:
+    """Providers that capture a CUDA graph in this deployment -> the setups that turn it on."""
+    out: dict[str, list] = defaultdict(list)
+    for setup in ctx.deployment.setups:
+        if cuda_graph_enabled(setup):
+            out[setup.provider_name].append(setup)
+    return dict(out)
+
+
+@rule("OGK002", "cuda-graph-blocker", Severity.ERROR)
+def cuda_graph_blocker(ctx: RuleContext):
+    """CUDA graph capture is on, but the graph holds something that makes capture fail or impossible.
+
+    ## What it checks
+    With `enable_cuda_graph` (CUDA) or `trt_cuda_graph_enable` (TensorRT) on in the policy or genai_config.json:
+    - control-flow nodes (If, Loop, Scan): session creation fails;
+    - CUDA: nodes that land on CPU (what op-not-on-ep finds) and Memcpy nodes in the optimized dump: session
+      creation fails ("all compute graph nodes have not been partitioned to the CUDA EP"); shape-only nodes on
+      CPU are tolerated;
+    - TensorRT: every node must run on TensorRT. TensorRT's parser takes ai.onnx ops, not com.microsoft contrib
+      ops: MoE, QMoE and GroupQueryAttention go to the CUDA provider, so a TensorRT CUDA graph is impossible
+      for these models;
+    - data-dependent output shapes: NonZero, Unique, Compress, NonMaxSuppression, and TopK / Range / Expand /
+      Reshape / ConstantOfShape / Slice / Tile / OneHot / Pad / Resize whose size inputs depend on tensor
+      values rather than on shapes and constants. Their kernels read the value on the host in the middle of
+      the step and their output size can change between tokens; a captured graph replays the sizes of the
+      capture.
+
+    ## Why it costs throughput
+    CUDA graph removes the per-kernel launch overhead that dominates small-batch decode. When capture cannot
+    happen the session either fails to start (and gets rolled back to a config without CUDA graph) or, for
+    data-dependent shapes, replays stale sizes.
+
+    ## Bad
+    ```text
+    enable_cuda_graph: "1" with: If(prompt vs decode), fp32 GroupQueryAttention (CPU), NonZero(router mask)
+    ```
+
+    ## Good
+    ```text
+    enable_cuda_graph: "1" with: no control flow, every compute node on CUDA, fused com.microsoft.MoE routing
+    ```
+
+    ## Fix
+    Export the decode graph without control flow (separate prompt and decode models, or genai's builder);
+    export in float16/bfloat16 so every compute node has a CUDA kernel; use the fused MoE op instead of a
+    NonZero/gather expert loop. For TensorRT, capture with the CUDA provider instead (`enable_cuda_graph`).
+    """
+    capture = _capture_providers(ctx)
+    if not capture:
+        return
+    graph = ctx.executed
+    facts = cuda_graph_capture_facts()
+    for provider, setups in sorted(capture.items()):
+        labels = [s.label for s in setups]
+        option = cuda_graph_option(setups[0])
+        on = f"{option} is on in the {_declared_by(labels)}"
+        for node in graph.by_op_type(*facts["control_flow_ops"]):
+            if node.graph is not None:
+                continue  # nested control flow sits inside a main-graph one, which is reported
+            yield ctx.finding(
+                f"{on}, but the graph has a control-flow node ({node.op_type}): ORT refuses to create the session "
+                "(control flow cannot be captured)",
+                node=node, graph=graph,
+                fix="Export the decode step without control flow (e.g. separate prompt and decode graphs).",
+                properties={"provider": provider, "blocker": "control_flow"},
+            )
+        if provider == CUDA:
+            yield from _cpu_blockers(ctx, graph, provider, on)
+        elif provider == TENSORRT:
+            yield from _tensorrt_blockers(ctx, graph, provider, on)
+        yield from _memcpy_blockers(ctx, provider, on)
+        for (key, _), group in _group_nodes(data_dependent_shape_nodes(graph)).items():
+            nodes = [n for n, _ in group]
+            driving = sorted({v for _, vs in group for v in vs})
+            where = layers_text(nodes)
+            yield ctx.finding(
+                f"{on}, but {key} ({_count(nodes)}{f' {where}' if where else ''}) has an output shape that depends "
+                f"on tensor values ({', '.join(driving[:4])}{', ...' if len(driving) > 4 else ''}): its kernel reads "
+                "them on the host during the step and a captured graph replays the sizes of the capture",
+                node=nodes[0], graph=graph, related=nodes[1:],
+                fix="Replace the data-dependent construct (e.g. a NonZero/gather expert loop by com.microsoft.MoE), "
+                    "or compute the size from shapes and constants only.",
+                properties={"provider": provider, "blocker": "data_dependent_shape", "op": key,
+                            "nodes": len(nodes)},
+            )
+
+
+def _group_nodes(items: list[tuple[Node, list[str]]]) -> dict[tuple[str, str], list[tuple[Node, list[str]]]]:
+    groups: dict[tuple[str, str], list[tuple[Node, list[str]]]] = defaultdict(list)
+    for node, values in items:
+        groups[(node.key, "")].append((node, values))
+    return groups
+
+
+def _cpu_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
+    for (key, reason), group in _group(cpu_bound(graph, provider)).items():
+        nodes = [p.node for p in group]
+        computes = any(p.computes for p in group)
+        where = layers_text(nodes)
+        yield ctx.finding(
+            f"{on}, but {key} ({_count(nodes)}{f' {where}' if where else ''}) would run on CPU ({reason}): "
+            "ORT refuses to create a CUDA-graph session unless every compute node is on CUDA",
+            node=nodes[0], graph=graph, related=nodes[1:],
+            severity=None if computes else Severity.WARNING,
+            fix="Give the node a dtype the CUDA kernel accepts (see op-not-on-ep).",
+            properties={"provider": provider, "blocker": "cpu_node", "op": key, "nodes": len(nodes)},
+        )
+
+
+def _tensorrt_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
+    by_key: dict[str, list[Node]] = defaultdict(list)
+    for node in graph.nodes:
+        if node.graph is None and tensorrt_untaken_domain(node.domain):
+            by_key[node.key].append(node)
+    for key, nodes in sorted(by_key.items(), key=lambda kv: kv[1][0].index):
+        where = layers_text(nodes)
+        yield ctx.finding(
+            f"{on}, but TensorRT does not take {key} ({_count(nodes)}{f' {where}' if where else ''}): "
+            f"{tensorrt_untaken_domain(nodes[0].domain)}; a TensorRT CUDA graph needs every node on TensorRT, so "
+            "session creation fails",
+            node=nodes[0], graph=graph, related=nodes[1:],
+            fix='Capture with the CUDA provider instead (CUDAExecutionProvider, enable_cuda_graph: "1").',
+            properties={"provider": provider, "blocker": "not_on_tensorrt", "op": key, "nodes": len(nodes)},
+        )
+
+
+def _memcpy_blockers(ctx: RuleContext, provider: str, on: str):
+    graph = ctx.optimized
+    if graph is None:
+        return
+    copies = graph.by_op_type(*MEMCPY_OPS)
+    if copies:
+        yield ctx.finding(
+            f"{on}, but the optimized graph has {len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}): ORT "
+            "refuses to create a CUDA-graph session with copies between devices",
+            node=copies[0], graph=graph, related=copies[1:],
+            fix="Remove the CPU nodes the copies serve (see memcpy-in-graph and op-not-on-ep).",
+            properties={"provider": provider, "blocker": "memcpy", "nodes": len(copies)},
+        )
+
+
+def _memcpy_summary(copies: list[Node]) -> str:
+    counts = Counter(n.op_type for n in copies)
+    return ", ".join(f"{op} x{counts[op]}" for op in MEMCPY_OPS if counts[op])
+
+
+# ---- memcpy-in-graph -----------------------------------------------------------------------------------------
+
+
+def _cpu_side(graph: Graph, copy: Node) -> list[Node]:
+    """The nodes on the CPU side of a copy: consumers of MemcpyToHost, the producer of MemcpyFromHost's input."""
+    if copy.op_type == "MemcpyToHost":
+        return [c for o in copy.outputs if o for c in graph.consumers(o)]
+    producer = graph.producer(copy.input(0))
+    return [producer] if producer is not None else []
+
+
+@rule("OGK003", "memcpy-in-graph", Severity.ERROR)
+def memcpy_in_graph(ctx: RuleContext):
+    """The optimized graph holds MemcpyToHost / MemcpyFromHost nodes: tensors cross between GPU and CPU every run.
+
+    ## What it checks
+    The ORT optimized dump (`--optimized`, written with `optimized_model_filepath` by a session on the target
+    provider) for MemcpyToHost and MemcpyFromHost nodes, naming the CPU-side nodes they serve. Error when a
+    float tensor is copied; warning when only integer tensors (lengths, indices) are.
+
+    ## Why it costs throughput
+    ORT inserts a Memcpy wherever a tensor moves between a GPU node and a CPU node. Each copy synchronizes the
+    stream, the CPU node runs at CPU speed, and CUDA graph capture is refused while any Memcpy exists. In a
+    decode loop this repeats at every token.
+
+    ## Bad
+    ```text
+    ... -> MemcpyToHost -> GroupQueryAttention (float32, on CPU) -> MemcpyFromHost -> ...
+    ```
+
+    ## Good
+    ```text
+    ... -> GroupQueryAttention (float16, on CUDA) -> ...
+    ```
+
+    ## Fix
+    Make the CPU-side nodes run on the GPU (see op-not-on-ep: usually a dtype the CUDA kernel lacks), then dump
+    the optimized graph again to confirm the copies are gone.
+    """
+    for graph in ctx.inputs.graphs:
+        copies = graph.by_op_type(*MEMCPY_OPS)
+        if not copies:
+            continue
+        served = []
+        for copy in copies:
+            served.extend(n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS and n not in served)
+        floats = [c for c in copies if graph.dtype(c.input(0)) in _FLOAT_DTYPES]
+        kinds = Counter(n.key for n in served)
+        around = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])) or "unknown nodes"
+        where = layers_text(served)
+        yield ctx.finding(
+            f"{len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}) move tensors between GPU and CPU around "
+            f"{around}{f' {where}' if where else ''}: those nodes run on CPU at every run",
+            node=copies[0], graph=graph, related=list(copies[1:]) + served,
+            layer=served[0].layer if served else None,
+            severity=None if floats else Severity.WARNING,
+            fix="Give the CPU-side nodes a dtype and op the GPU provider has kernels for (see op-not-on-ep).",
+            properties={"copies": len(copies), "float_copies": len(floats), "cpu_nodes": sorted(kinds)},
+        )

@@ -1,0 +1,299 @@
+"""Projection rules (OGF): Q/K/V not packed, gate/up not merged, SwiGLU not fused."""
+
+from __future__ import annotations
+
+from ortgate.knowledge.fusions import fusions_version, pass_applies
+from ortgate.knowledge.providers import graph_optimization_levels
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Severity
+from ortgate.lint.graph import MS_DOMAIN, Graph, Node
+from ortgate.lint.patterns.common import is_op, matmul_weight
+from ortgate.lint.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
+from ortgate.lint.patterns.projections import GatedMlp, QkvProjections, gated_mlps, qkv_projections
+from ortgate.rules.base import rule
+from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, target
+
+QKV_FIX = (
+    "Pack Q, K and V into one projection: one MatMul (or MatMulNBits) with the weights concatenated to "
+    "[hidden, (num_heads + 2 * kv_num_heads) * head_size], then GroupQueryAttention with the packed QKV as its "
+    "query input and key/value left empty (do_rotary=1 folds the rotary in), or a Split when q_norm/k_norm or a "
+    "gate sit between projection and attention. onnxruntime-genai's builder packs qkv_proj; on CUDA, ORT's "
+    "GroupQueryAttentionFusion packs q/k/v MatMuls that feed RotaryEmbedding -> GroupQueryAttention directly."
+)
+GATE_UP_FIX = (
+    "Export the experts as com.microsoft MoE / QMoE with activation_type=swiglu and swiglu_fusion=1: fc1 holds gate "
+    "and up interleaved row by row ([experts, 2 * inter, hidden]), fc3 stays empty, so one grouped GEMM computes both "
+    "and the SwiGLU runs in its epilogue (swiglu_fusion=2 concatenates instead; ORT's CPU kernel accepts only 1). "
+    "onnxruntime-genai's builder writes this form."
+)
+SWIGLU_FIX = (
+    "For MoE experts use com.microsoft MoE / QMoE activation_type=swiglu, swiglu_fusion=1 (activation_alpha=1, "
+    "activation_beta=0 for SiLU-gated families; 1.702 / 1 with swiglu_limit=7 for GPT-OSS). For dense MLPs and shared "
+    "experts, let ORT fuse the SiLU: create the session at ORT_ENABLE_EXTENDED or above, where QuickGeluFusion turns "
+    "x * Sigmoid(x) into com.microsoft QuickGelu(alpha=1) (CPU, CUDA, DirectML, ROCm, ACL)."
+)
+
+
+def _weight_dtype(graph: Graph, node: Node) -> str | None:
+    if node.op_type == "MatMulNBits":
+        return graph.dtype(node.input(2))  # scales carry the float type
+    return graph.dtype(node.input(1))
+
+
+def _ort_packs(graph: Graph, found: QkvProjections, tgt: Target) -> bool:
+    """Whether ORT's GroupQueryAttentionFusion (CUDA) repacks this exact form at session creation."""
+    node = found.attention
+    if not (node.domain == MS_DOMAIN and node.op_type == "GroupQueryAttention") or node.attr("do_rotary", 0):
+        return False
+    if not pass_applies("GroupQueryAttentionFusion", tgt.provider, tgt.level):
+        return False
+    pre_q, pre_k, pre_v = (graph.producer(node.input(i)) for i in range(3))
+    for rotary, proj in ((pre_q, found.q), (pre_k, found.k)):
+        if not is_op(rotary, "RotaryEmbedding", domain=MS_DOMAIN) or graph.producer(rotary.input(0)) is not proj:
+            return False
+    if pre_v is not found.v:
+        return False
+    projections = [found.q, found.k, found.v]
+    if all(p.op_type == "MatMulNBits" and int(p.attr("bits", 4)) == 4 for p in projections):
+        return all(_weight_dtype(graph, p) == "float16" for p in projections)
+    if all(p.op_type == "MatMul" for p in projections):
+        return all(_weight_dtype(graph, p) == "float16" for p in projections)
+    return False
+
+
+@rule("OGF007", "qkv-not-packed", Severity.WARNING)
+def qkv_not_packed(ctx: RuleContext):
+    """Attention reads Q, K and V from separate projections of the same hidden state instead of one packed QKV GEMM.
+
+    ## What it checks
+    For every softmax attention in the executed graph (GroupQueryAttention, MultiHeadAttention, Attention, or a
+    decomposed MatMul -> Softmax -> MatMul core), its query, key and value are followed upstream through
+    reshapes, transposes, casts, q_norm/k_norm, rotary, the KV-cache Concat and repeat_kv to the MatMul / Gemm /
+    MatMulNBits projections they come from. Reported when they come from two or three different projections that
+    read the same input. A packed projection followed by a Split is packed: onnxruntime-genai's Qwen3.5-MoE graph
+    feeds GroupQueryAttention separate q, k and v because q_norm/k_norm and the output gate sit between projection
+    and attention, but it computes them with one `qkv_proj` MatMul and splits afterwards, so it is not reported.
+    Linear-attention projections (Qwen3.5's qkv/z/b/a) feed no softmax attention and are never considered.
+    Without a dump, the one form ORT repacks itself (CUDA, ORT_ENABLE_EXTENDED+: float16 MatMuls or 4-bit
+    MatMulNBits -> com.microsoft RotaryEmbedding -> GroupQueryAttention with do_rotary=0) is reported as info.
+
+    ## Why it costs throughput
+    Three GEMMs read the same activation three times and launch three kernels where one GEMM of width
+    (num_heads + 2 * kv_num_heads) * head_size does the work; at decode (one token) each is a thin,
+    launch-bound GEMV. The CANN Qwen3-MoE recipe packs them (merged_qkv_proj) for the same reason.
+
+    ## Bad
+    ```
+    q = MatMul(h, Wq); k = MatMul(h, Wk); v = MatMul(h, Wv)
+    o = GroupQueryAttention(q, k, v, past_k, past_v, ...)
+    ```
+
+    ## Good
+    ```
+    qkv = MatMul(h, W_qkv)                     # [hidden, (16 + 2 * 2) * 128]
+    o = GroupQueryAttention(qkv, None, None, past_k, past_v, ..., do_rotary=1)
+    ```
+
+    ## Fix
+    Concatenate Wq, Wk, Wv into one weight and split after the projection (or let GroupQueryAttention take the
+    packed input); onnxruntime-genai's builder does this.
+    """
+    graph, is_dump = judged_graph(ctx)
+    tgt = target(ctx)
+    where = " in ORT's optimized dump" if is_dump else ""
+    candidates = [p for p in qkv_projections(graph) if not p.packed and p.shared_input]
+    for (_, layer), group in by_layer(candidates, lambda p: p.attention, lambda p: p.layer):
+        for found in group:
+            projections = found.separate
+            repacked = not is_dump and _ort_packs(graph, found, tgt)
+            note = ort_pass_note("GroupQueryAttentionFusion", tgt, True) if repacked else \
+                "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding " \
+                "RotaryEmbedding -> GroupQueryAttention directly"
+            kind = found.attention.key if found.fused else "decomposed attention"
+            widths = [matmul_weight(graph, p) for p in projections]
+            shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))
+            yield ctx.finding(
+                f"{kind} in {layer_text(layer)} reads q, k and v from {len(projections)} separate projections of the "
+                f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
+                node=projections[0], graph=graph, layer=layer,
+                related=[*projections[1:], found.attention], fix=QKV_FIX,
+                severity=Severity.INFO if repacked else None,
+                properties={"projections": len(projections), "ort_packs": repacked},
+            )
+
+
+def _fc3_input(node: Node) -> str:
+    return node.input(6) if node.op_type == "MoE" else node.input(8)
+
+
+def _routed(graph: Graph, mlp: GatedMlp, block: MoeBlock) -> bool:
+    """Whether this gated MLP is a routed expert: its down projection is scaled by a routing weight."""
+    routing = {n.index for n in block.routing_nodes}
+    if block.topk is not None:
+        routing.add(block.topk.index)
+    for down in graph.consumers(mlp.product.outputs[0]):
+        if matmul_weight(graph, down) is None:
+            continue
+        frontier = list(down.outputs[:1])
+        for _ in range(3):
+            nxt = []
+            for value in frontier:
+                for c in graph.consumers(value):
+                    if is_op(c, "Mul"):
+                        other = c.input(1) if c.input(0) == value else c.input(0)
+                        if _reaches(graph, other, routing):
+                            return True
+                    elif is_op(c, "Reshape", "Cast", "Squeeze", "Unsqueeze"):
+                        nxt.extend(c.outputs[:1])
+            frontier = nxt
+    return False
+
+
+def _reaches(graph: Graph, value: str, targets: set[int]) -> bool:
+    for _ in range(6):
+        node = graph.producer(value)
+        if node is None:
+            return False
+        if node.index in targets:
+            return True
+        if not is_op(node, "Slice", "Split", "Gather", "GatherND", "GatherElements", "Unsqueeze", "Squeeze", "Reshape",
+                     "Cast", "Expand", "Transpose", "Div") or not node.inputs:
+            return False
+        value = node.inputs[0]
+    return False
+
+
+@rule("OGF008", "gate-up-not-merged", Severity.WARNING)
+def gate_up_not_merged(ctx: RuleContext):
+    """MoE experts compute the gate and up projections as two GEMMs instead of one merged (w13) GEMM.
+
+    ## What it checks
+    - com.microsoft MoE / QMoE nodes with `fc3_experts_weights` (MoE input 6, QMoE input 8): the up projection runs
+      as a second grouped GEMM (`swiglu_fusion=0`, or `activation_type=silu` with fc3) where `swiglu_fusion=1`
+      merges gate and up into fc1.
+    - Expert loops (MoE computed with standard ops): routed experts whose gate and up come from two MatMul/Gemm
+      nodes of the same input. One finding per MoE layer.
+
+    Dense MLPs and shared experts are not reported: ORT's CPU and CUDA providers have no kernel that consumes a
+    merged dense gate|up projection (MoE's swiglu_fusion exists only inside MoE), at decode the two GEMVs read
+    the same weight bytes as one, and ORT's own dense gated-MLP fusion (com.microsoft MatMulNBitsMlp) takes the
+    separate form. onnxruntime-genai's builder keeps dense and shared-expert gate/up separate for that reason.
+
+    ## Why it costs throughput
+    For experts the second GEMM is a second grouped-GEMM launch per layer over the same routed tokens, plus an
+    extra pass of the activation; the merged fc1 computes gate and up in one GEMM with SwiGLU in its epilogue
+    (the CANN Qwen3-MoE recipe's w13 + fused SwiGLU). ORT's CPU MoE kernel rejects swiglu_fusion=0 outright.
+
+    ## Bad
+    ```
+    y = com.microsoft.MoE(h, logits, fc1_gate, None, fc2, None, fc3_up, None,
+                          activation_type="swiglu", swiglu_fusion=0, k=8)
+    ```
+
+    ## Good
+    ```
+    y = com.microsoft.MoE(h, logits, fc1_gate_up_interleaved, None, fc2, None,
+                          activation_type="swiglu", swiglu_fusion=1, k=8)
+    ```
+
+    ## Fix
+    Interleave each expert's gate and up rows into fc1 ([experts, 2 * inter, hidden]) and set swiglu_fusion=1;
+    re-export with onnxruntime-genai's builder, which does.
+    """
+    graph, _ = judged_graph(ctx)
+    with_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n)]
+    for (_, layer), nodes in by_layer(with_fc3, lambda n: n, lambda n: n.layer):
+        node = nodes[0]
+        act = node.attr("activation_type", "relu")
+        yield ctx.finding(
+            f"{node.key} in {layer_text(layer)} has separate fc3 (up) weights ({_fc3_input(node)}), "
+            f"activation_type={act}, swiglu_fusion={node.attr('swiglu_fusion', 0)}: gate and up run as two grouped "
+            "GEMMs instead of one merged fc1 with swiglu_fusion=1",
+            node=node, graph=graph, layer=layer, related=nodes[1:], fix=GATE_UP_FIX,
+            properties={"fc3": _fc3_input(node)},
+        )
+    mlps = gated_mlps(graph)
+    for block in moe_blocks(graph):
+        if block.fused is not None or block.router is None:
+            continue
+        linears = {n.index for n in block.expert_linears}
+        routed = [m for m in mlps if m.gate is not None and m.gate.index in linears and _routed(graph, m, block)]
+        separate = [m for m in routed if m.separate]
+        if not separate:
+            continue
+        yield ctx.finding(
+            f"{len(separate)} of {len(routed)} routed experts in {layer_text(block.layer)} compute gate and up with two "
+            f"projections each (e.g. {separate[0].gate.display_name} and {separate[0].up.display_name}) instead of "
+            "one merged gate_up GEMM",
+            node=block.router, graph=graph, layer=block.layer,
+            related=[n for m in separate for n in (m.gate, m.up)], fix=GATE_UP_FIX,
+            properties={"experts_separate": len(separate), "experts": len(routed)},
+        )
+
+
+def _below(level: str, floor: str) -> bool:
+    levels = graph_optimization_levels()
+    return levels.get(level, 99) < levels[floor]
+
+
+@rule("OGF009", "swiglu-not-fused", Severity.WARNING)
+def swiglu_not_fused(ctx: RuleContext):
+    """SiLU(gate) * up is computed with Sigmoid and Mul nodes that no ORT fusion will fold.
+
+    ## What it checks
+    - MoE / QMoE with `activation_type=silu` and separate fc3 weights: the gated activation is split over two
+      GEMMs and an elementwise product instead of `activation_type=swiglu` (fused SwiGLU epilogue).
+    - SiLU written as `Mul(g, Sigmoid(g))` in gated MLPs (dense, shared experts, expert loops). In ORT terms a
+      dense SiLU is fused when it is one com.microsoft `QuickGelu(alpha=1)` node; ORT's QuickGeluFusion makes
+      it at ORT_ENABLE_EXTENDED and above on CPU, CUDA, DirectML, ROCm and ACL, and onnxruntime-genai relies on
+      that for the shared expert of Qwen3.5-MoE. So the exported model is reported only when the deployment's
+      optimization level is below ORT_ENABLE_EXTENDED; an optimized dump that still holds Sigmoid + Mul is always
+      reported (it was made below EXTENDED or for a provider without the pass). The final `* up` stays an
+      elementwise Mul in every ORT provider: no dense SwiGLU kernel exists outside MoE.
+
+    ## Why it costs throughput
+    Sigmoid, Mul and Mul are three kernels and three passes over the [tokens, intermediate] activation per MLP
+    (per expert, in a loop); QuickGelu is one. Inside MoE, activation_type=swiglu applies the activation in the
+    expert GEMM's epilogue and never materialises gate and up separately.
+
+    ## Bad
+    ```
+    a = Mul(gate, Sigmoid(gate))          # left as is by a session at ORT_ENABLE_BASIC
+    h = Mul(a, up)
+    ```
+
+    ## Good
+    ```
+    h = Mul(com.microsoft.QuickGelu(gate, alpha=1.0), up)          # dense MLP, what EXTENDED produces
+    y = com.microsoft.MoE(..., activation_type="swiglu", swiglu_fusion=1)   # experts
+    ```
+
+    ## Fix
+    Run the session at ORT_ENABLE_EXTENDED or above (ORT_ENABLE_ALL is ORT's default), and export MoE experts with
+    activation_type=swiglu, swiglu_fusion=1.
+    """
+    graph, is_dump = judged_graph(ctx)
+    tgt = target(ctx)
+    silu_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n) and n.attr("activation_type") == "silu"]
+    for (_, layer), nodes in by_layer(silu_fc3, lambda n: n, lambda n: n.layer):
+        yield ctx.finding(
+            f"{nodes[0].key} in {layer_text(layer)} computes its gated activation as activation_type=silu on fc1 "
+            "times a separate fc3 GEMM instead of activation_type=swiglu",
+            node=nodes[0], graph=graph, layer=layer, related=nodes[1:], fix=SWIGLU_FIX,
+        )
+    if is_dump:
+        why = (f"still Sigmoid + Mul in ORT's optimized dump: QuickGeluFusion did not run (the dump was made below "
+               f"ORT_ENABLE_EXTENDED, or for a provider without the pass; ORT {fusions_version()})")
+    elif _below(tgt.level, "ORT_ENABLE_EXTENDED"):
+        why = ort_pass_note("QuickGeluFusion", tgt, False) + f" (set by {tgt.origin})"
+    else:
+        return
+    unfused = [m for m in gated_mlps(graph) if not m.fused_activation]
+    for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer):
+        yield ctx.finding(
+            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} in {layer_text(layer)} compute SiLU(gate) * up as "
+            f"Sigmoid -> Mul -> Mul; {why}",
+            node=group[0].activation[0], graph=graph, layer=layer,
+            related=[n for m in group for n in (*m.activation, m.product)], fix=SWIGLU_FIX,
+            properties={"gated_mlps": len(group)},
+        )

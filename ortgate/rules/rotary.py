@@ -1,0 +1,68 @@
+"""Rotary embedding rule (OGF): the rotate_half pattern instead of a fused rotary op."""
+
+from __future__ import annotations
+
+from ortgate.knowledge.fusions import fusions_version
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Severity
+from ortgate.lint.patterns.rotary import decomposed_rotaries
+from ortgate.rules.base import rule
+from ortgate.rules.targets import by_layer, judged_graph, layer_text
+
+ROTARY_FIX = (
+    "Fold the rotary into GroupQueryAttention (do_rotary=1 with cos_cache/sin_cache inputs [max_position, "
+    "rotary_dim/2], rotary_interleaved as the model's) or export com.microsoft RotaryEmbedding (input, position_ids, "
+    "cos_cache, sin_cache; interleaved=0 for rotate_half) / MRotaryEmbedding for multimodal RoPE. "
+    "onnxruntime-genai's builder does both; onnxscript's ort_fusions rewrites the pattern into RotaryEmbedding when "
+    "cos/sin come from cached tables (fuse_cos_sin_cache)."
+)
+
+
+@rule("OGF006", "rotary-not-fused", Severity.WARNING)
+def rotary_not_fused(ctx: RuleContext):
+    """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
+
+    ## What it checks
+    The rotate_half pattern in the executed graph (the optimized dump when given): `Slice` (or `Split`) of q or k
+    into halves, `Neg` of the second half, `Concat`, then `x * cos + rotated * sin`, with cos/sin from `Sin`/`Cos`
+    nodes or from cached tables. Fused forms are com.microsoft `RotaryEmbedding`, `MRotaryEmbedding` and
+    `GemmaRotaryEmbedding`, ONNX (opset 23) `RotaryEmbedding`, and `GroupQueryAttention` with `do_rotary=1`; ops
+    are matched by (domain, op_type). One finding per decoder layer (q and k together).
+
+    ## Why it costs throughput
+    Each rotated tensor costs two Slices, a Neg, a Concat, two Muls and an Add (plus the Sin/Cos tables computed
+    in the graph): seven kernels and seven round trips through memory for q and again for k, per layer and per
+    token. A fused rotary is one kernel, and inside GroupQueryAttention it costs nothing extra. ORT has no
+    optimizer pass that builds RotaryEmbedding: what the exporter wrote is what runs.
+
+    ## Bad
+    ```
+    rotated = Concat(Neg(Slice(q, 8, 16)), Slice(q, 0, 8), axis=-1)
+    q = Add(Mul(q, cos), Mul(rotated, sin))
+    ```
+
+    ## Good
+    ```
+    o, k_cache, v_cache = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
+                                                            cos_cache, sin_cache, num_heads=32, kv_num_heads=4,
+                                                            do_rotary=1)
+    ```
+
+    ## Fix
+    Re-export with the rotary fused (onnxruntime-genai's builder), or rewrite it with onnxscript's ort_fusions.
+    """
+    graph, is_dump = judged_graph(ctx)
+    where = " in ORT's optimized dump" if is_dump else ""
+    rotaries = decomposed_rotaries(graph)
+    for (_, layer), group in by_layer(rotaries, lambda r: r.add, lambda r: r.layer):
+        trig = "Sin/Cos computed in the graph" if any(r.trig for r in group) else "cached cos/sin tables"
+        ops = sorted({n.op_type for r in group for n in r.nodes})
+        yield ctx.finding(
+            f"rotary embedding applied to {len(group)} tensor{'s' if len(group) > 1 else ''} (q/k) in "
+            f"{layer_text(layer)} with {', '.join(ops)} ({trig}){where} instead of com.microsoft RotaryEmbedding or "
+            f"GroupQueryAttention do_rotary=1; ORT {fusions_version()} has no pass that fuses it",
+            node=group[0].neg, graph=graph, layer=layer,
+            related=[n for r in group for n in r.nodes] + [t for r in group for t in r.trig],
+            fix=ROTARY_FIX,
+            properties={"rotated_tensors": len(group)},
+        )

@@ -1,0 +1,457 @@
+"""Runtime rules (OGR): what `ortgate run` saw the real ONNX Runtime session do.
+
+These rules read the run evidence (`ortgate.runner.evidence.RunEvidence`, in `LintInputs.evidence["run"]`) and
+say nothing when there is none (plain `ortgate lint`).
+"""
+
+from __future__ import annotations
+
+from ortgate.lint.context import RuleContext
+from ortgate.lint.findings import Location, Severity
+from ortgate.rules.base import rule
+from ortgate.runner.evidence import EVIDENCE_KEY, RunEvidence
+
+CPU = "CPUExecutionProvider"
+# Compute-heavy ops whose placement on CPU in a GPU session costs a step real time (shape-computation nodes that
+# GPU providers leave on CPU on purpose are not listed).
+COMPUTE_OPS = frozenset({
+    "MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MoE", "QMoE", "GroupQueryAttention", "MultiHeadAttention",
+    "Attention", "PagedAttention", "SparseAttention", "Softmax", "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization", "SkipLayerNormalization", "LayerNormalization", "RMSNormalization",
+    "RotaryEmbedding", "MRotaryEmbedding", "LinearAttention", "LinearAttentionGate", "CausalConvWithState",
+    "GatedRMSNorm", "GatedDeltaNet", "Conv", "TopK", "QuickGelu", "BiasGelu", "FastGelu", "Gelu",
+})
+MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
+
+
+def run_evidence(ctx: RuleContext) -> RunEvidence | None:
+    evidence = ctx.inputs.evidence.get(EVIDENCE_KEY)
+    return evidence if isinstance(evidence, RunEvidence) else None
+
+
+def _policy_location(ctx: RuleContext, *key: str) -> Location:
+    if ctx.policy is not None:
+        return ctx.policy.where(*key)
+    return Location(ctx.model.path)
+
+
+def _provider_location(ctx: RuleContext, run: RunEvidence) -> Location:
+    return run.session.provider.location or _policy_location(ctx, "execution_provider")
+
+
+@rule("OGR001", "ep-unavailable", Severity.ERROR)
+def ep_unavailable(ctx: RuleContext):
+    """The execution provider the policy asks for cannot be created on the machine that ran the check.
+
+    ## What it checks
+    Before building the session, `ortgate run` creates the policy's provider on a one-node model and checks
+    that the session really runs on it. `onnxruntime.get_available_providers()` cannot answer this:
+    onnxruntime-gpu lists CUDAExecutionProvider and TensorrtExecutionProvider on machines without a GPU or
+    without the CUDA / cuDNN libraries. With `--allow-cpu` the same config runs on CPUExecutionProvider
+    instead; the finding is then informational and every figure is labelled CPU.
+
+    ## Why it costs throughput
+    Asked for an unavailable provider, ORT logs an error and builds a CPU session: a CI job that "passes"
+    there measured CPU, and a server deployed that way runs 10-100x slower while reporting no failure.
+
+    ## Bad
+    ```
+    $ ortgate run model.onnx --policy cuda.yaml     # on a machine without CUDA 13 / cuDNN 9
+    ep-unavailable: CUDAExecutionProvider cannot be created here: libcublasLt.so.13: cannot open shared object file
+    ```
+
+    ## Good
+    ```
+    $ ortgate run model.onnx --policy cuda.yaml     # on the GPU machine the policy targets
+    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # CI without a GPU: same config, CPU figures
+    ```
+
+    ## Fix
+    Run on a machine with the provider and its libraries (onnxruntime-gpu 1.31 needs CUDA 13 and cuDNN 9 on
+    the library path), or pass `--allow-cpu` to check the config on CPU knowing that the figures are CPU's.
+    """
+    run = run_evidence(ctx)
+    if run is None or run.session.provider.available:
+        return
+    provider = run.session.provider
+    reason = provider.unavailable_reason or "ORT did not create it"
+    if provider.substituted:
+        yield ctx.finding(
+            f"{provider.requested} cannot be created on this machine ({reason}); the policy's config ran on "
+            f"{CPU} instead (--allow-cpu): every figure in this report is a CPU figure",
+            location=_provider_location(ctx, run), severity=Severity.INFO,
+            properties={"provider": provider.requested, "ran_on": CPU},
+        )
+        return
+    yield ctx.finding(
+        f"{provider.requested} cannot be created on this machine: {reason}; nothing was measured",
+        location=_provider_location(ctx, run),
+        fix=f"Run on a machine with {provider.requested} and its libraries, or pass --allow-cpu to run the same "
+            "config on CPU (figures labelled CPU).",
+        properties={"provider": provider.requested},
+    )
+
+
+@rule("OGR002", "ep-fallback", Severity.ERROR)
+def ep_fallback(ctx: RuleContext):
+    """The session runs on another execution provider than the one the policy asks for.
+
+    ## What it checks
+    After the session is created, `session.get_providers()[0]` against the policy's
+    `execution_provider.name`, when the provider itself can be created on this machine (else see
+    ep-unavailable). The message quotes the "EP Error" ORT printed while falling back.
+
+    ## Why it costs throughput
+    Python's `InferenceSession` catches a provider error (an option the provider rejects, a library that does
+    not load, an out-of-memory at creation), prints "Falling back to ['CPUExecutionProvider']" and returns a
+    working CPU session. Every step then runs on CPU and nothing fails.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {enable_cuda_graph: "1", cuda_graph_enable_partial: "1"}   # unknown key: CPU fallback
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: CUDAExecutionProvider
+      options: {enable_cuda_graph: "1"}
+    ```
+
+    ## Fix
+    Read the quoted EP error: remove the option the provider rejects (see unknown-provider-option), fix its
+    value, or free the device memory. Pass `enable_fallback=0` to `InferenceSession` in production code so a
+    provider error fails loudly instead.
+    """
+    run = run_evidence(ctx)
+    if run is None:
+        return
+    provider = run.session.provider
+    if not provider.available or provider.substituted or provider.ran is None or provider.ran == provider.requested:
+        return
+    reason = f": {provider.fallback_reason}" if provider.fallback_reason else ""
+    yield ctx.finding(
+        f"the session runs on {', '.join(provider.ran_on)} although the policy asks for {provider.requested}, "
+        f"which this machine can create{reason}",
+        location=_provider_location(ctx, run),
+        fix="Fix what made the provider fail (the EP error above); in production pass enable_fallback=0 so that a "
+            "provider error raises instead of silently running on CPU.",
+        properties={"provider": provider.requested, "ran_on": provider.ran},
+    )
+
+
+@rule("OGR003", "option-not-applied", Severity.ERROR)
+def option_not_applied(ctx: RuleContext):
+    """A provider option of the policy is not in effect in the created session.
+
+    ## What it checks
+    Each key of the policy's `execution_provider.options` against `session.get_provider_options()` after
+    creation, compared the way ORT parses them (booleans 0/1/true/false/True/False are equal). An option the
+    provider reports with another value, or does not report at all, is not in effect.
+
+    ## Why it costs throughput
+    The provider decides what it honours: a key it ignores (the CPU provider ignores every option), a value it
+    clamps or overrides, a build without the feature. A policy that says `enable_cuda_graph: "1"` on a session
+    that reports "0" runs thousands of kernel launches per token that the policy claims are gone.
+
+    ## Bad
+    ```
+    requested enable_cuda_graph "1"   session reports enable_cuda_graph "0"
+    ```
+
+    ## Good
+    ```
+    requested enable_cuda_graph "1"   session reports enable_cuda_graph "1"
+    ```
+
+    ## Fix
+    Use a key the provider honours (its option catalog lists them), with a value of the documented type. CPU
+    settings are session options (threads, arenas), not provider options.
+    """
+    run = run_evidence(ctx)
+    if run is None:
+        return
+    provider = run.session.provider
+    if run.session.options is None:
+        setup = ctx.deployment.policy_setup
+        if provider.substituted and setup is not None and setup.provider_options:
+            yield ctx.undecided(f"{provider.requested}'s options were not verified: the session ran on {CPU} "
+                                "(--allow-cpu)")
+        return
+    for check in run.session.options:
+        if check.applied:
+            continue
+        actual = "does not report it" if check.effective is None else f"reports {check.effective!r}"
+        yield ctx.finding(
+            f"{provider.requested} option {check.key}={check.requested!r} is not in effect: the session {actual}",
+            location=check.location or _provider_location(ctx, run),
+            fix=f"Use an option {provider.requested} honours (see its option catalog), with a valid value.",
+            properties={"provider": provider.requested, "option": check.key, "requested": check.requested,
+                        "effective": check.effective},
+        )
+
+
+@rule("OGR004", "free-dim-unresolved", Severity.ERROR)
+def free_dim_unresolved(ctx: RuleContext):
+    """A free-dimension override of the policy did not make the session's input shapes concrete.
+
+    ## What it checks
+    Each `session.free_dimension_overrides` entry against the input shapes the created session reports
+    (`session.get_inputs()`): the dim must be gone from every input (pinned). An override naming a dim no
+    input has is ignored by ORT without a word; the static rule free-dim-override-unknown reports it, and
+    the run's report lists it as "no-such-dim".
+
+    ## Why it costs throughput
+    A pinned dim lets ORT fold shape computations, plan memory statically and select kernels for the real
+    shape; CUDA graph capture needs fixed shapes. An override that matches nothing (a typo such as
+    `batch: 1` for a model whose dim is `batch_size`) pins nothing, and the policy only looks fixed.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch: 1, seq_len: 1}     # the model's dims: batch_size, sequence_length
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ## Fix
+    Use the dim names of the model's inputs (`ortgate run` lists the session's input shapes in its report).
+    """
+    run = run_evidence(ctx)
+    if run is None:
+        return
+    for check in run.session.dims:
+        if check.status == "unresolved":
+            yield ctx.finding(
+                f"free-dimension override {check.dim}={check.value} did not apply: the session's inputs still have "
+                f"symbolic {check.dim!r} ({', '.join(check.inputs[:4])})",
+                location=check.location or _policy_location(ctx, "session", "free_dimension_overrides"),
+                fix="Check the dim name and that no denotation override conflicts with it.",
+                properties={"dim": check.dim, "value": check.value},
+            )
+
+
+@rule("OGR005", "optimization-changed-outputs", Severity.ERROR)
+def optimization_changed_outputs(ctx: RuleContext):
+    """The policy's session computes different outputs than ORT_DISABLE_ALL on the same inputs.
+
+    ## What it checks
+    With `ortgate run --baseline`, every output of the policy session against the same provider's
+    session at ORT_DISABLE_ALL (no graph optimization), element-wise within a dtype-aware tolerance
+    (float32: rtol 1e-3, atol 1e-4; float16: 1e-2, 1e-2; bfloat16: 2e-2, 2e-2; integers exact).
+
+    ## Why it costs throughput
+    A fusion must compute the same function faster. If results change beyond rounding, the speedup is a
+    bug: a fused pattern matched something it should not have, or a kernel mishandles this shape. Shipping
+    it trades correctness for tokens per second without anyone deciding to.
+
+    ## Bad
+    ```
+    logits: 57 of 320 elements differ beyond atol 0.0001 + rtol 0.001 (max |diff| 0.41)
+    ```
+
+    ## Good
+    ```
+    logits: max |diff| 3.1e-07, within tolerance
+    ```
+
+    ## Fix
+    Find the fusion (compare `--dump` against the model; bisect with graph_optimization_level and the
+    session's disabled optimizers), report it to ONNX Runtime with the model, and pin a level or disable the
+    optimizer that changes results until it is fixed.
+    """
+    run = run_evidence(ctx)
+    if run is None or run.correctness is None:
+        return
+    for comparison in run.correctness.outputs:
+        if comparison.ok:
+            continue
+        if comparison.max_abs_diff is None:
+            detail = comparison.note or "not comparable"
+        else:
+            detail = (f"{comparison.mismatched} of {comparison.total} elements differ beyond atol {comparison.atol:g} "
+                      f"+ rtol {comparison.rtol:g} (max |diff| {comparison.max_abs_diff:.3g})")
+        yield ctx.finding(
+            f"output {comparison.output!r} ({comparison.dtype}) differs from {run.correctness.reference}: {detail}",
+            location=Location(ctx.model.path),
+            fix="Find the fusion that changes results (compare the --dump with the model, lower "
+                "graph_optimization_level to bisect) and disable it until ONNX Runtime fixes it.",
+            properties={"output": comparison.output, "mismatched": comparison.mismatched},
+        )
+
+
+THRESHOLDS = (
+    ("min_tokens_per_second", "tokens per second", lambda run: run.measurement.tokens_per_second, "min"),
+    ("max_p50_latency_ms", "p50 latency (ms)", lambda run: run.measurement.stats.p50_ms, "max"),
+    ("max_p90_latency_ms", "p90 latency (ms)", lambda run: run.measurement.stats.p90_ms, "max"),
+    ("max_p99_latency_ms", "p99 latency (ms)", lambda run: run.measurement.stats.p99_ms, "max"),
+    ("min_speedup_vs_default", "speedup over ORT's default session", lambda run: run.speedup_vs_default, "min"),
+)
+
+
+@rule("OGR006", "throughput-target-missed", Severity.ERROR)
+def throughput_target_missed(ctx: RuleContext):
+    """The measured throughput or latency misses a target in the policy's `throughput:` block.
+
+    ## What it checks
+    `min_tokens_per_second`, `max_p50_latency_ms`, `max_p90_latency_ms`, `max_p99_latency_ms` and
+    `min_speedup_vs_default` (needs `--baseline`) against the runner's measurement. The targets apply only
+    where `throughput.device` matches the device the run used ("cpu", or a glob on the GPU name such as
+    "NVIDIA H100*"; without `device`, wherever the policy's own provider ran). Elsewhere each target is
+    reported as not applicable on this machine (info), never as passed.
+
+    ## Why it costs throughput
+    Static rules predict; this is the measurement. A target in the policy turns "the model got slower" into
+    a failing check in the pull request that made it slower.
+
+    ## Bad
+    ```yaml
+    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}   # measured 71.4 on an H100
+    ```
+
+    ## Good
+    ```yaml
+    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}   # measured 131.0 on an H100
+    ```
+
+    ## Fix
+    Look at the other findings of the same run first (fallback, unfused MoE/attention, CUDA graph off), then
+    at `--profile`'s per-op table for where the time goes.
+    """
+    from ortgate.runner.measure import DeviceInfo, device_matches
+
+    run = run_evidence(ctx)
+    block = (ctx.policy.get("throughput") if ctx.policy else None) or {}
+    targets = [t for t in THRESHOLDS if t[0] in block]
+    if run is None or not targets:
+        return
+    keys = ", ".join(t[0] for t in targets)
+    if run.measurement is None:
+        yield ctx.finding(f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}",
+                          location=_policy_location(ctx, "throughput"), severity=Severity.INFO)
+        return
+    m = run.measurement
+    device = DeviceInfo(m.device_kind, m.device)
+    pattern = block.get("device")
+    if pattern is not None and not device_matches(str(pattern), device):
+        yield ctx.finding(f"throughput targets ({keys}) are not applicable on this machine: the run used {m.device}, "
+                          f"the targets are for device {pattern!r}",
+                          location=_policy_location(ctx, "throughput", "device"), severity=Severity.INFO,
+                          properties={"device": m.device})
+        return
+    if pattern is None and run.cpu_figures:
+        yield ctx.finding(f"throughput targets ({keys}) are not applicable on this machine: they are for "
+                          f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)",
+                          location=_policy_location(ctx, "throughput"), severity=Severity.INFO)
+        return
+    for key, label, measure, kind in targets:
+        target = float(block[key])
+        value = measure(run)
+        if value is None:
+            yield ctx.finding(f"throughput.{key} was not checked: measure the default session with --baseline",
+                              location=_policy_location(ctx, "throughput", key), severity=Severity.INFO)
+            continue
+        missed = value < target if kind == "min" else value > target
+        if missed:
+            bound = "at least" if kind == "min" else "at most"
+            yield ctx.finding(
+                f"{label} is {value:.4g} on {m.device} ({m.provider}); the policy asks for {bound} {target:g}",
+                location=_policy_location(ctx, "throughput", key),
+                fix="Fix the run's other findings first; `ortgate run --profile` shows where the time goes.",
+                properties={"target": key, "measured": round(value, 4), "limit": target, "device": m.device},
+            )
+
+
+@rule("OGR007", "optimized-dump-unavailable", Severity.WARNING)
+def optimized_dump_unavailable(ctx: RuleContext):
+    """ORT could not save the session's optimized model, so what it executes was not linted.
+
+    ## What it checks
+    `ortgate run` saves the optimized graph (`optimized_model_filepath`) and lints it with the graph rules.
+    ORT refuses to save a graph in which a provider compiled nodes into engines (TensorRT, CANN graph mode);
+    the runner then builds the session without the dump and says so here.
+
+    ## Why it costs throughput
+    The rules that read the optimized graph (FusedMatMul, fused norms, MoE and GQA surviving optimization)
+    could not check the graph that runs; their silence is not a pass.
+
+    ## Bad
+    ```
+    TensorrtExecutionProvider compiled the graph: "Unable to serialize model as it contains compiled nodes"
+    ```
+
+    ## Good
+    ```
+    CUDAExecutionProvider: optimized model saved to model.optimized.onnx and linted
+    ```
+
+    ## Fix
+    Lint the optimized graph of the same model with a provider that does not compile (CUDA), or rely on
+    `--profile`'s per-op table for the TensorRT deployment.
+    """
+    run = run_evidence(ctx)
+    if run is None or run.session.dump is None or run.session.dump.path is not None:
+        return
+    yield ctx.finding(
+        f"the optimized model was not linted: {run.session.dump.reason or 'ORT did not write it'}",
+        location=_provider_location(ctx, run),
+        fix="Lint the optimized dump of a provider that does not compile nodes (e.g. CUDA), or use --profile.",
+    )
+
+
+@rule("OGR008", "compute-off-requested-provider", Severity.WARNING)
+def compute_off_requested_provider(ctx: RuleContext):
+    """Compute-heavy nodes run on the CPU provider in a session created for a GPU provider.
+
+    ## What it checks
+    ORT's graph assignment of the created session (`session.get_provider_graph_assignment_info()`): the
+    compute-heavy nodes (MatMul, MoE, GroupQueryAttention, norms, ...) assigned to CPUExecutionProvider when
+    the policy's provider is another one, and the Memcpy nodes copying between devices. Shape-computation
+    nodes that GPU providers leave on CPU on purpose are not counted.
+
+    ## Why it costs throughput
+    A node without a kernel for the session's provider and dtype silently runs on CPU, with a device copy on
+    each side: an fp32 GroupQueryAttention in a CUDA session (CUDA's GQA kernels are fp16/bf16 only) moves
+    the KV cache to the host every step. CUDA graph capture fails outright when Memcpy nodes exist.
+
+    ## Bad
+    ```
+    CUDAExecutionProvider session: GroupQueryAttention x1 on CPUExecutionProvider, 4 Memcpy nodes
+    ```
+
+    ## Good
+    ```
+    CUDAExecutionProvider session: every compute node on CUDAExecutionProvider, 0 Memcpy nodes
+    ```
+
+    ## Fix
+    Export the model in a dtype the provider has kernels for (fp16/bf16 on CUDA), or replace the op; the
+    kernel-coverage rules name the missing kernel.
+    """
+    run = run_evidence(ctx)
+    if run is None or run.session.placement is None:
+        return
+    provider = run.session.provider
+    if provider.requested == CPU or provider.substituted or provider.ran != provider.requested:
+        return
+    on_cpu = {op: n for op, n in run.session.placement.get(CPU, {}).items() if op in COMPUTE_OPS}
+    memcpy = sum(n for ops in run.session.placement.values() for op, n in ops.items() if op in MEMCPY_OPS)
+    if not on_cpu and not memcpy:
+        return
+    parts = []
+    if on_cpu:
+        parts.append(f"compute nodes on {CPU}: " + ", ".join(f"{op} x{n}" for op, n in sorted(on_cpu.items())))
+    if memcpy:
+        parts.append(f"{memcpy} Memcpy node{'s' if memcpy != 1 else ''} copy between devices")
+    yield ctx.finding(
+        f"{provider.requested} session: " + "; ".join(parts),
+        location=_provider_location(ctx, run),
+        fix=f"Give every compute node a {provider.requested} kernel (fp16/bf16 for CUDA's contrib ops).",
+        properties={"provider": provider.requested, "cpu_ops": dict(sorted(on_cpu.items())), "memcpy": memcpy},
+    )

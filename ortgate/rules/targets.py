@@ -1,0 +1,77 @@
+"""What the graph rules need to know about where the model will run: the target provider and optimization level,
+and which graph to judge (ORT's optimized dump when given: what is still decomposed there certainly runs so).
+
+Not a rule module: it registers nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+from ortgate.lint.context import RuleContext
+from ortgate.lint.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL
+from ortgate.lint.graph import Graph, Node
+from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
+
+T = TypeVar("T")
+_SHORT_PROVIDER = {"CPUExecutionProvider": "CPU", "CUDAExecutionProvider": "CUDA", "ROCMExecutionProvider": "ROCm",
+                   "DmlExecutionProvider": "DirectML", "ACLExecutionProvider": "ACL"}
+
+
+@dataclass(frozen=True)
+class Target:
+    provider: str | None  # None: the deployment names none (ORT then runs on CPU)
+    level: str  # the effective graph optimization level
+    origin: str  # "policy", "genai_config.json", or "no deployment given"
+
+    @property
+    def provider_label(self) -> str:
+        return self.provider or "CPUExecutionProvider (no provider declared)"
+
+
+def target(ctx: RuleContext) -> Target:
+    setup = ctx.deployment.primary
+    if setup is None:
+        return Target(None, ORT_DEFAULT_OPTIMIZATION_LEVEL, "no deployment given")
+    return Target(setup.provider_name, setup.effective_optimization_level, setup.label)
+
+
+def judged_graph(ctx: RuleContext) -> tuple[Graph, bool]:
+    """(graph, is the optimized dump)."""
+    return (ctx.optimized, True) if ctx.optimized is not None else (ctx.model, False)
+
+
+def ort_pass_note(pass_name: str, tgt: Target, repaired: bool) -> str:
+    """One sentence: does ORT's optimizer pass `pass_name` run (and repair the pattern) for this target."""
+    info = optimizer_pass(pass_name)
+    providers = "/".join(_SHORT_PROVIDER.get(p, p) for p in info.get("providers", ())) or "no provider"
+    where = f"{tgt.provider_label} at {tgt.level}"
+    if repaired:
+        return (f"ORT's {pass_name} ({info['level']} and above, {providers}; ORT {fusions_version()}) is expected to "
+                f"rewrite it at session creation for {where}: confirm with an optimized dump (--optimized)")
+    if not pass_applies(pass_name, tgt.provider, tgt.level):
+        return f"ORT's {pass_name} ({info['level']}+, {providers}) does not run for {where}"
+    return f"ORT's {pass_name} (ORT {fusions_version()}) does not match this form, so it runs as exported"
+
+
+def by_layer(items: Iterable[T], node_of: Callable[[T], Node], layer_of: Callable[[T], int | None]
+             ) -> list[tuple[tuple[str | None, int | None], list[T]]]:
+    """Group items per (subgraph path, layer), layers in order, the main graph first and model-level last."""
+    groups: dict[tuple[str | None, int | None], list[T]] = defaultdict(list)
+    for item in items:
+        groups[(node_of(item).graph, layer_of(item))].append(item)
+    return sorted(groups.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] is None, kv[0][1] or 0))
+
+
+def layer_text(layer: int | None) -> str:
+    return f"layer {layer}" if layer is not None else "outside the decoder layers"
+
+
+def counted(names: Iterable[str]) -> str:
+    """'Pow x4, Sqrt x4' from a sequence of names."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())

@@ -1,0 +1,65 @@
+"""The `ortgate run` subcommand: its arguments and what it prints. Exit codes as `ortgate lint`: 0 the gate
+passes, 1 it fails (or the run passed --timeout), 2 usage or input error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ortgate.runner.report import FORMATS
+
+EXIT_TIMEOUT = 1
+
+
+def add_run_parser(sub) -> None:
+    run = sub.add_parser("run", help="build the policy's ONNX Runtime session, prove and measure it, and gate on "
+                                     "what it saw")
+    run.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
+    run.add_argument("--policy", required=True, help="deployment policy YAML: the session to build")
+    run.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    run.add_argument("--dump", metavar="OUT.onnx",
+                     help="keep the session's optimized model here (default: a temporary file, linted then deleted)")
+    run.add_argument("--profile", nargs="?", const=True, default=False, metavar="TRACE.json",
+                     help="profile the policy session: per-op and per-provider time tables (and keep ORT's trace "
+                          "in TRACE.json if given)")
+    run.add_argument("--warmup", type=int, metavar="N", help="warm-up runs (default: runner.warmup, else 3)")
+    run.add_argument("--iterations", type=int, metavar="N", help="timed runs (default: runner.iterations, else 20)")
+    run.add_argument("--baseline", action="store_true",
+                     help="also measure ORT's default session (speedup) and compare outputs with ORT_DISABLE_ALL")
+    run.add_argument("--allow-cpu", action="store_true",
+                     help="if the policy's provider is not available here, run the same config on CPU "
+                          "(every figure is labelled CPU)")
+    run.add_argument("--allow-custom-ops", action="store_true",
+                     help="load the custom-op libraries named by the policy's session.custom_op_libraries")
+    run.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds (exit 1)")
+    run.add_argument("--format", choices=FORMATS, default="text")
+    run.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    run.add_argument("--fail-on", choices=("error", "warning", "info"),
+                     help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
+    run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ortgate.cli import _check_output_path, _error, _write
+    from ortgate.runner.command import RunRequest, run_reference
+    from ortgate.runner.measure import RunTimeout
+    from ortgate.runner.progress import RunProgress
+    from ortgate.runner.report import render_run
+
+    given = [args.model, args.policy, args.config]
+    for path in (args.output, args.dump, args.profile if isinstance(args.profile, str) else None):
+        _check_output_path(path, given)
+    request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
+                         warmup=args.warmup, iterations=args.iterations, baseline=args.baseline,
+                         allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
+                         fail_on=args.fail_on)
+    try:
+        with RunProgress(enabled=sys.stderr.isatty()) as progress:
+            outcome = run_reference(request, progress=progress, hard_exit=True)
+    except RunTimeout as exc:
+        _error(str(exc))
+        return EXIT_TIMEOUT
+    _write(render_run(args.format, outcome.result, outcome.evidence), args.output)
+    if args.exit_zero:
+        return 0
+    return outcome.result.verdict.exit_code

@@ -1,0 +1,328 @@
+"""`ortgate run`: build the policy's session for real, prove its settings, measure it, and judge what it saw
+with the same rules and gate as `ortgate lint`.
+
+Order: load and check the inputs like lint -> probe the provider -> build the session exactly as the policy
+declares it (with the optimized dump) -> compare providers / options / input shapes with the policy -> lint the
+dump -> synthesise inputs -> warm up and time -> [--baseline: ORT's default session, and outputs against
+ORT_DISABLE_ALL] -> [--profile] -> run evidence -> rules -> gate -> report.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ortgate.errors import InputError
+from ortgate.lint.context import LintInputs
+from ortgate.lint.deployment import SessionSetup, setup_from_policy
+from ortgate.lint.engine import LintRequest, LintResult, load_inputs, run_rules, summarize
+from ortgate.lint.graph import Graph
+from ortgate.lint.load import load_model
+from ortgate.runner.evidence import EVIDENCE_KEY, Measurement, RunEvidence, SessionEvidence
+from ortgate.runner.progress import RunProgress
+from ortgate.runner.settings import RunnerSettings, runner_settings
+
+PROFILE_MAX_ITERATIONS = 10  # a profile needs a few steps, not the whole measurement
+
+
+@dataclass
+class RunRequest:
+    model: str
+    policy: str
+    config: str | None = None
+    dump: str | None = None
+    profile: bool | str = False  # True: profile, trace not kept; a path: keep ORT's trace there
+    warmup: int | None = None
+    iterations: int | None = None
+    baseline: bool = False
+    allow_cpu: bool = False
+    allow_custom_ops: bool = False
+    timeout_s: float | None = None
+    fail_on: str | None = None
+
+
+@dataclass
+class RunOutcome:
+    result: LintResult
+    evidence: RunEvidence
+    inputs: LintInputs
+
+
+def run_reference(request: RunRequest, *, progress: RunProgress | None = None,
+                  hard_exit: bool = False) -> RunOutcome:
+    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) or RunTimeout."""
+    from ortgate.runner.measure import Deadline
+
+    progress = progress or RunProgress(enabled=False)
+    progress.note("loading the model and policy")
+    inputs = load_inputs(LintRequest(request.model, request.policy, None, request.config))
+    if inputs.policy is None:
+        raise InputError("`ortgate run` needs --policy: the session it builds is the policy's")
+    settings = runner_settings(inputs.policy, warmup=request.warmup, iterations=request.iterations,
+                               timeout_s=request.timeout_s)
+    _check_dump_target(request, inputs)
+    with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit) as deadline:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
+        evidence = _collect(request, inputs, settings, deadline, progress, workdir)
+        inputs.evidence[EVIDENCE_KEY] = evidence
+        progress.note("running the rules")
+        result = _judge(inputs, request)
+        if request.dump is None and inputs.optimized is not None:
+            result.summary["optimized_kept"] = False
+    return RunOutcome(result, evidence, inputs)
+
+
+def _judge(inputs: LintInputs, request: RunRequest) -> LintResult:
+    from ortgate.lint.gate import apply_gate, decide, gate_config_from, selected_rules
+
+    config = gate_config_from(inputs.policy, cli_select=None, cli_ignore=None, fail_on=request.fail_on)
+    rules = selected_rules(config)
+    findings = apply_gate(run_rules(inputs, rules), config)
+    verdict = decide(findings, config.fail_on)
+    return LintResult(findings, verdict, summarize(inputs), rules)
+
+
+def _check_dump_target(request: RunRequest, inputs: LintInputs) -> None:
+    if request.dump is None:
+        return
+    target = Path(request.dump)
+    given = [inputs.model.path, *(inputs.policy.chain if inputs.policy else ()),
+             inputs.genai.path if inputs.genai else None]
+    if any(p is not None and Path(p).resolve() == target.resolve() for p in given):
+        raise InputError("refusing to write the optimized model over an input file", request.dump)
+    if target.is_dir():
+        raise InputError("is a directory", request.dump)
+    if not target.parent.exists():
+        raise InputError("its folder does not exist", request.dump)
+
+
+def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
+             workdir: Path) -> RunEvidence:
+    from ortgate.runner import session as rs
+
+    policy = inputs.policy
+    assert policy is not None
+    setup: SessionSetup = inputs.deployment.policy_setup or setup_from_policy(policy)
+    libraries = tuple(rs.custom_op_libraries(inputs.model, setup, allowed=request.allow_custom_ops))
+    requested = setup.provider_name or rs.CPU
+
+    deadline.enter(f"probing {requested}")
+    progress.note(f"probing {requested}")
+    available, reason = rs.provider_availability(requested)
+    substituted = not available and request.allow_cpu
+    provider = rs.provider_check(setup, available=available, reason=reason, ran_on=[], substituted=substituted,
+                                 fallback_reason=None)
+    evidence = RunEvidence(inputs.model.path, str(policy.path), SessionEvidence(provider))
+    if not available and not request.allow_cpu:
+        evidence.skipped = f"{requested} is not available on this machine (pass --allow-cpu to run on CPU)"
+        return evidence
+    run_provider = rs.CPU if substituted else requested
+
+    # The policy session, exactly as declared (on CPU with --allow-cpu), with the optimized dump.
+    from ortgate.runner.measure import MemoryProbe, plan_binding
+
+    requested_options = {k: str(s.value) for k, s in setup.provider_options.items()} if not substituted else {}
+    memory = MemoryProbe(plan_binding(run_provider, requested_options))
+    memory.start()
+    dump_path = request.dump or str(workdir / (Path(inputs.model.path).stem + ".optimized.onnx"))
+    deadline.enter("creating the policy session")
+    progress.note(f"creating the policy session on {run_provider}")
+    built = rs.create_session(inputs.model.path, setup, kind="policy", provider=run_provider if substituted else None,
+                              dump_path=dump_path, libraries=libraries, record_placement=True,
+                              large_model=bool(inputs.model.external_data_files))
+    session = built.session
+    evidence.notes.extend(built.notes)
+    ran_on = list(session.get_providers())
+    evidence.session = _session_evidence(setup, built, inputs.model, ran_on, available, reason, substituted,
+                                         request.dump is not None)
+    if built.dump is not None and built.dump.path:
+        progress.note("loading the optimized dump")
+        inputs.optimized = Graph(load_model(built.dump.path), built.dump.path, role="optimized")
+        if substituted:
+            evidence.notes.append(f"the optimized dump is {rs.CPU}'s: {requested} would optimize differently")
+
+    feeds = _feeds(inputs, setup, settings, session)
+    evidence.dims = dict(feeds.dims)
+    evidence.feeds = feeds.describe()
+
+    effective = session.get_provider_options().get(ran_on[0], {})
+    evidence.measurement, policy_outputs, output_types = _measure(
+        "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence)
+    del session, built
+
+    if request.baseline:
+        evidence.baseline, evidence.correctness = _baseline(inputs, ran_on[0], feeds, settings, deadline, progress,
+                                                            libraries, policy_outputs, output_types, evidence)
+    if request.profile:
+        evidence.profile = _profile(request, inputs, setup, run_provider if substituted else None, feeds, settings,
+                                    deadline, progress, libraries, workdir, evidence)
+    return evidence
+
+
+def _session_evidence(setup: SessionSetup, built, model: Graph, ran_on: list[str], available: bool,
+                      reason: str | None, substituted: bool, dump_kept: bool) -> SessionEvidence:
+    from dataclasses import replace
+
+    from ortgate.runner import session as rs
+    from ortgate.runner.inputs import graph_signature, session_signature
+
+    session = built.session
+    provider = rs.provider_check(setup, available=available, reason=reason, ran_on=ran_on, substituted=substituted,
+                                 fallback_reason=built.fallback_reason)
+    options = None
+    if not substituted and ran_on and ran_on[0] == provider.requested:
+        options = rs.option_checks(setup, session.get_provider_options().get(ran_on[0], {}))
+    session_inputs = session_signature(session)
+    dump = built.dump
+    if dump is not None and dump.path:
+        dump = replace(dump, kept=dump_kept)
+    return SessionEvidence(
+        provider=provider,
+        options=options,
+        dims=rs.dim_checks(setup, graph_signature(model), session_inputs),
+        input_shapes={s.name: list(s.shape) if s.shape is not None else None for s in session_inputs},
+        placement=rs.placement(session),
+        dump=dump,
+        ort_messages=built.messages,
+    )
+
+
+def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, session):
+    from ortgate.runner import inputs as ri
+
+    policy = inputs.policy
+    signature = ri.graph_signature(inputs.model)
+    overrides = {name: (int(s.value), s.location) for name, s in setup.free_dimension_overrides.items()}
+    dims, step = ri.resolve_dims(signature, settings, overrides,
+                                 window=ri.sliding_window(inputs.model, inputs.genai),
+                                 head=ri.head_size(policy, inputs.genai), policy_file=str(policy.path))
+    feeds = ri.synthesize(signature, dims, step, ri.token_inputs(inputs.model, inputs.genai),
+                          policy_file=str(policy.path))
+    for spec in ri.session_signature(session):
+        array = feeds.arrays.get(spec.name)
+        if array is None or spec.shape is None:
+            continue
+        for axis, (want, have) in enumerate(zip(spec.shape, array.shape)):
+            if isinstance(want, int) and want != have:
+                raise InputError(f"input {spec.name!r}: the session pins axis {axis} to {want} but the runner's dims "
+                                 f"give {have}; set runner.dims to agree with session.free_dimension_overrides",
+                                 policy.path)
+    return feeds
+
+
+def _measure(label: str, session, provider: str, effective: dict[str, str], feeds, settings: RunnerSettings,
+             deadline, progress: RunProgress, memory, evidence: RunEvidence,
+             iterations: int | None = None) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
+    from ortgate.runner.measure import (BoundSession, device_info, latency_stats, plan_binding, timed_runs,
+                                        tokens_per_second)
+
+    plan = plan_binding(provider, effective)
+    warmup = settings.warmup
+    if warmup < plan.min_warmup:
+        evidence.notes.append(f"{label} session: {plan.min_warmup} warm-up runs instead of {warmup}: CUDA graph "
+                              "captures after the first regular runs")
+        warmup = plan.min_warmup
+    iterations = iterations or settings.iterations
+    bound = BoundSession(session, plan, feeds)
+    deadline.enter(f"running the {label} session once", bound)
+    try:
+        bound.discover_outputs()
+    except Exception as exc:
+        if deadline.expired:
+            from ortgate.runner.measure import RunTimeout
+
+            raise RunTimeout(deadline.limit_s, deadline.phase) from None
+        raise InputError(f"the {label} session failed to run on the synthesised inputs: {_one_line(exc)}",
+                         evidence.model) from None
+    with progress.phase(f"{label} session: {warmup} warm-up + {iterations} timed runs", warmup + iterations) as tick:
+        try:
+            latencies = timed_runs(bound, warmup, iterations, deadline, label=label, tick=tick)
+        except Exception as exc:
+            from ortgate.runner.measure import RunTimeout
+
+            if isinstance(exc, RunTimeout):
+                raise
+            raise InputError(f"the {label} session failed during measurement: {_one_line(exc)}",
+                             evidence.model) from None
+    peak, source = memory.stop() if memory is not None else (None, None)
+    stats = latency_stats(latencies)
+    device = device_info(plan)
+    step = feeds.step
+    measurement = Measurement(
+        label=label, provider=provider, device=device.name, device_kind=device.kind,
+        batch_size=step.batch_size, new_tokens=step.sequence_length, warmup=warmup, stats=stats,
+        tokens_per_second=tokens_per_second(step.batch_size, step.sequence_length, stats),
+        io_binding=True, cuda_graph=plan.cuda_graph, peak_memory_bytes=peak, memory_source=source,
+        latencies_ms=[round(x * 1000.0, 4) for x in latencies],
+    )
+    return measurement, bound.outputs(), bound.output_types()
+
+
+def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings, deadline, progress: RunProgress,
+              libraries: tuple[str, ...], policy_outputs: dict, output_types: dict, evidence: RunEvidence):
+    from ortgate.runner import session as rs
+    from ortgate.runner.compare import compare_outputs
+    from ortgate.runner.evidence import Correctness
+    from ortgate.runner.measure import BoundSession, MemoryProbe, plan_binding
+
+    memory = MemoryProbe(plan_binding(provider, {}))
+    memory.start()
+    deadline.enter("creating ORT's default session")
+    progress.note(f"creating ORT's default session on {provider}")
+    default = rs.create_session(inputs.model.path, None, kind="default", provider=provider, libraries=libraries)
+    effective = default.session.get_provider_options().get(provider, {})
+    baseline, _, _ = _measure("default", default.session, provider, effective, feeds, settings, deadline, progress,
+                              memory, evidence)
+    del default
+
+    deadline.enter("creating the ORT_DISABLE_ALL reference session")
+    progress.note("running the ORT_DISABLE_ALL reference session")
+    reference = rs.create_session(inputs.model.path, None, kind="reference", provider=provider, libraries=libraries)
+    bound = BoundSession(reference.session, plan_binding(provider, {}), feeds)
+    deadline.enter("running the ORT_DISABLE_ALL reference session", bound)
+    try:
+        bound.discover_outputs()
+    except Exception as exc:
+        raise InputError(f"the ORT_DISABLE_ALL reference session failed to run: {_one_line(exc)}",
+                         evidence.model) from None
+    from ortgate.runner.inputs import written_positions
+
+    written = written_positions(inputs.model, feeds.step)
+    correctness = Correctness(f"ORT_DISABLE_ALL on {provider}",
+                              compare_outputs(policy_outputs, bound.outputs(), output_types, written))
+    return baseline, correctness
+
+
+def _profile(request: RunRequest, inputs: LintInputs, setup: SessionSetup, provider: str | None, feeds,
+             settings: RunnerSettings, deadline, progress: RunProgress, libraries: tuple[str, ...], workdir: Path,
+             evidence: RunEvidence):
+    import shutil
+
+    from ortgate.runner import session as rs
+    from ortgate.runner.profile import load_profile, summarize_profile
+
+    deadline.enter("creating the profiled session")
+    progress.note("creating the profiled session")
+    built = rs.create_session(inputs.model.path, setup, kind="policy", provider=provider,
+                              profile_prefix=str(workdir / "ortgate_profile"), libraries=libraries)
+    session = built.session
+    ran = session.get_providers()[0]
+    effective = session.get_provider_options().get(ran, {})
+    iterations = min(settings.iterations, PROFILE_MAX_ITERATIONS)
+    _measure("profiled", session, ran, effective, feeds, settings, deadline, progress, None, evidence,
+             iterations=iterations)
+    trace = session.end_profiling()
+    kept = None
+    if isinstance(request.profile, str):
+        shutil.copyfile(trace, request.profile)
+        kept = request.profile
+    return summarize_profile(load_profile(trace), file=kept)
+
+
+def _one_line(exc: BaseException) -> str:
+    from ortgate.runner.session import _first_line
+
+    return _first_line(exc)

@@ -1,0 +1,122 @@
+"""`ortgate run`'s report: the run's figures, then the findings exactly as `ortgate lint` reports them."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ortgate.lint.engine import LintResult
+from ortgate.runner.evidence import Measurement, RunEvidence
+
+FORMATS = ("text", "json")
+
+
+def render_run(fmt: str, result: LintResult, evidence: RunEvidence) -> str:
+    from ortgate.report import render
+
+    if fmt == "json":
+        report = json.loads(render("json", result))
+        report["run"] = evidence.to_dict()
+        return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+    return render_figures(evidence) + "\n" + render("text", result)
+
+
+def render_figures(evidence: RunEvidence, *, width: int = 110) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=False, no_color=True, width=width, highlight=False, soft_wrap=True)
+    _write(console, evidence)
+    return buffer.getvalue()
+
+
+def _line(console: Console, label: str, text: str) -> None:
+    line = Text(f"{label:<11}", style="bold")
+    line.append(text)
+    console.print(line)
+
+
+def _write(console: Console, ev: RunEvidence) -> None:
+    s = ev.session
+    p = s.provider
+    console.print(Text(f"ortgate run: {ev.model} (policy {ev.policy})", style="bold underline"))
+    cpu = " [CPU]" if ev.cpu_figures else ""
+    if ev.cpu_figures:
+        console.print(Text(f"CPU FIGURES: {p.requested} is not available here; the policy's config ran on "
+                           "CPUExecutionProvider (--allow-cpu). Every figure below is a CPU figure.", style="bold"))
+    ran = f"session runs on {', '.join(p.ran_on)}" if p.ran_on else "no session built"
+    _line(console, "provider", f"requested {p.requested}; {ran}"
+          + ("" if p.available else f" ({p.requested} unavailable: {p.unavailable_reason})"))
+    if s.options:
+        _line(console, "options", ", ".join(f"{o.key}={o.requested!r} -> {o.effective!r}"
+                                            f"{'' if o.applied else ' NOT APPLIED'}" for o in s.options))
+    if s.dims:
+        _line(console, "overrides", ", ".join(f"{d.dim}={d.value} ({d.status})" for d in s.dims))
+    if s.placement:
+        counts = ", ".join(f"{prov}: {sum(ops.values())} nodes" for prov, ops in s.placement.items())
+        memcpy = sum(n for ops in s.placement.values() for op, n in ops.items() if op.startswith("Memcpy"))
+        _line(console, "placement", f"{counts}; {memcpy} Memcpy nodes")
+    if s.dump is not None:
+        if s.dump.path:
+            kept = "" if s.dump.kept else " (temporary; --dump FILE keeps it)"
+            _line(console, "dump", f"{s.dump.path}{kept}: linted with the same rules")
+        else:
+            _line(console, "dump", f"none: {s.dump.reason}")
+    if ev.dims:
+        _line(console, "inputs", ", ".join(f"{k}={v}" for k, v in ev.dims.items()))
+    if ev.skipped:
+        _line(console, "measured", f"nothing: {ev.skipped}")
+    if ev.measurement is not None:
+        _measurement(console, "policy", ev.measurement, cpu)
+    if ev.baseline is not None:
+        _measurement(console, "default", ev.baseline, cpu)
+        if ev.speedup_vs_default is not None:
+            _line(console, "speedup", f"{ev.speedup_vs_default:.3f}x policy vs ORT's default session "
+                                      f"(p50 {ev.baseline.stats.p50_ms:.4g} ms / {ev.measurement.stats.p50_ms:.4g} ms){cpu}")
+    if ev.correctness is not None:
+        worst = [o for o in ev.correctness.outputs if not o.ok]
+        diffs = ", ".join(f"{o.output} {o.max_abs_diff:.2g}" for o in ev.correctness.outputs[:4]
+                          if o.max_abs_diff is not None)
+        verdict = (f"{len(worst)} output(s) differ" if worst else "all outputs within tolerance")
+        _line(console, "outputs", f"vs {ev.correctness.reference}: {verdict} (max |diff|: {diffs or 'n/a'})")
+    for note in ev.notes:
+        _line(console, "note", note)
+    if ev.profile is not None:
+        _profile(console, ev, cpu)
+
+
+def _measurement(console: Console, label: str, m: Measurement, cpu: str) -> None:
+    st = m.stats
+    mode = "IOBinding" + (" + CUDA graph replay" if m.cuda_graph else "")
+    _line(console, label, f"{m.provider} on {m.device}: p50 {st.p50_ms:.4g} ms, p90 {st.p90_ms:.4g} ms, "
+                          f"p99 {st.p99_ms:.4g} ms, mean {st.mean_ms:.4g} ms ({m.warmup} warm-up + {st.iterations} "
+                          f"timed runs, {mode}){cpu}")
+    _line(console, "", f"{m.tokens_per_second:.4g} tokens/s (batch {m.batch_size} x {m.new_tokens} new "
+                       f"token{'s' if m.new_tokens != 1 else ''} / p50){cpu}")
+    if m.peak_memory_bytes is not None:
+        _line(console, "", f"{m.peak_memory_bytes / 2**20:.1f} MiB {m.memory_source}")
+
+
+def _profile(console: Console, ev: RunEvidence, cpu: str) -> None:
+    pr = ev.profile
+    assert pr is not None
+    text = f"{pr.runs} runs, {pr.memcpy_nodes} Memcpy nodes ({pr.memcpy_calls} calls)"
+    if pr.arena_peak_bytes is not None:
+        text += f", ORT arena peak {pr.arena_peak_bytes / 2**20:.1f} MiB"
+    if pr.file:
+        text += f", trace {pr.file}"
+    _line(console, "profile", text + cpu)
+    if pr.note:
+        _line(console, "", pr.note)
+    providers = Table("provider", "nodes", "calls", "time (us)", "share", box=None, pad_edge=False)
+    for row in pr.providers:
+        providers.add_row(row["provider"], str(row["nodes"]), str(row["calls"]), f"{row['total_us']:.0f}",
+                          f"{row['share']:.1%}")
+    console.print(providers)
+    ops = Table("op type", "provider", "calls", "time (us)", "us/run", "share", box=None, pad_edge=False)
+    for row in pr.op_types:
+        ops.add_row(row["op_type"], row["provider"], str(row["calls"]), f"{row['total_us']:.0f}",
+                    f"{row['avg_us_per_run']:.1f}", f"{row['share']:.1%}")
+    console.print(ops)

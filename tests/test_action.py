@@ -1,0 +1,191 @@
+"""action.yml, executed step by step the way the GitHub runner runs a composite action.
+
+Each `run:` step goes to `bash --noprofile --norc -eo pipefail` with its `env:`, after the `${{ ... }}`
+expressions it uses are substituted (inputs with their defaults, github.action_path, steps.<id>.outputs.*);
+each step gets its own GITHUB_OUTPUT file, parsed as the runner does; GITHUB_STEP_SUMMARY, RUNNER_TEMP and
+GITHUB_WORKSPACE are temp paths and GITHUB_ACTIONS=true. The workspace holds a copy of a committed example.
+ortgate is importable from the action's checkout (PYTHONPATH), which is how its install step finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+ACTION = REPO / "action.yml"
+EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+@dataclass
+class ActionRun:
+    steps: list[dict] = field(default_factory=list)  # id, returncode, stdout, stderr
+    outputs: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return next((s["returncode"] for s in self.steps if s["returncode"]), 0)
+
+    def log(self, step_id: str) -> str:
+        return next(s["stdout"] for s in self.steps if s["id"] == step_id)
+
+
+def read_github_output(path: Path) -> dict[str, str]:
+    """`name=value` lines and `name<<DELIMITER` ... `DELIMITER` blocks."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            end = lines.index(delimiter, i + 1)
+            out[name] = "\n".join(lines[i + 1:end])
+            i = end + 1
+        else:
+            name, value = line.split("=", 1)
+            out[name] = value
+            i += 1
+    return out
+
+
+def run_action(inputs: dict[str, str], workspace: Path, tmp: Path) -> ActionRun:
+    action = yaml.safe_load(ACTION.read_text())
+    assert action["runs"]["using"] == "composite"
+    declared = action["inputs"]
+    unknown = set(inputs) - set(declared)
+    assert not unknown, f"not inputs of action.yml: {unknown}"
+    missing = [name for name, spec in declared.items() if spec.get("required") and name not in inputs]
+    assert not missing, f"required inputs missing: {missing}"
+    values = {name: inputs.get(name, str(spec.get("default", ""))) for name, spec in declared.items()}
+    runner_temp = tmp / "runner-temp"
+    runner_temp.mkdir(parents=True)
+    summary = tmp / "step-summary.md"
+    summary.touch()
+    steps_outputs: dict[str, dict[str, str]] = {}
+
+    def evaluate(expression: str) -> str:
+        parts = expression.split(".")
+        if parts[0] == "inputs" and len(parts) == 2:
+            return values[parts[1]]
+        if expression == "github.action_path":
+            return str(REPO)
+        if expression == "github.workspace":
+            return str(workspace)
+        if expression == "runner.temp":
+            return str(runner_temp)
+        if parts[0] == "steps" and len(parts) == 4 and parts[2] == "outputs":
+            return steps_outputs.get(parts[1], {}).get(parts[3], "")
+        raise AssertionError(f"this simulation does not know the expression ${{{{ {expression} }}}}")
+
+    def substitute(text: str) -> str:
+        return EXPRESSION.sub(lambda m: evaluate(m.group(1)), text)
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "ORTGATE_"))}
+    base_env.update(GITHUB_ACTIONS="true", CI="true", GITHUB_WORKSPACE=str(workspace), RUNNER_TEMP=str(runner_temp),
+                    GITHUB_STEP_SUMMARY=str(summary), GITHUB_ACTION_PATH=str(REPO), PYTHONPATH=str(REPO),
+                    ORTGATE_STRICT=os.environ.get("ORTGATE_STRICT", "1"))
+    result = ActionRun()
+    for i, step in enumerate(action["runs"]["steps"]):
+        assert "if" not in step and "uses" not in step, "this simulation runs plain `run:` steps only"
+        assert step.get("shell") == "bash"
+        output_file = tmp / f"github-output-{i}"
+        output_file.touch()
+        env = {**base_env, **{k: substitute(str(v)) for k, v in (step.get("env") or {}).items()},
+               "GITHUB_OUTPUT": str(output_file)}
+        script = tmp / f"step-{i}.sh"
+        script.write_text(substitute(step["run"]))
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+                              cwd=step.get("working-directory", workspace), env=env, capture_output=True,
+                              text=True, timeout=180)
+        step_id = step.get("id", f"step{i}")
+        steps_outputs[step_id] = read_github_output(output_file)
+        result.steps.append({"id": step_id, "returncode": proc.returncode, "stdout": proc.stdout,
+                             "stderr": proc.stderr})
+        if proc.returncode != 0:
+            break  # the runner skips the remaining steps of a failed composite action
+    result.outputs = {name: substitute(str(spec["value"])) for name, spec in action["outputs"].items()}
+    result.summary = summary.read_text(encoding="utf-8")
+    return result
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    """A checkout holding the two example models and the CPU policy."""
+    ws = tmp_path / "workspace"
+    for example in ("qwen3-moe-tiny-unfused", "qwen3-moe-tiny-fused"):
+        shutil.copytree(REPO / "examples" / example, ws / "models" / example)
+    (ws / "deploy").mkdir()
+    shutil.copy(REPO / "policies" / "tiny-moe-cpu.yaml", ws / "deploy" / "tiny-moe-cpu.yaml")
+    return ws
+
+
+def active_results(sarif: dict, level: str) -> int:
+    return sum(1 for r in sarif["runs"][0]["results"] if r["level"] == level and not r.get("suppressions"))
+
+
+def test_a_failing_gate_writes_summary_and_outputs_then_fails_the_step(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-unfused", "policy": "deploy/tiny-moe-cpu.yaml",
+                      "python": sys.executable}, workspace, tmp_path)
+    assert [s["id"] for s in run.steps] == ["install", "lint"]
+    assert run.steps[0]["returncode"] == 0, run.steps[0]["stderr"]
+    assert "already importable" in run.log("install")
+    assert run.exit_code == 1, run.steps[-1]["stderr"]
+
+    sarif_path = workspace / run.outputs["sarif-file"]
+    assert run.outputs["sarif-file"] == "ortgate.sarif" and sarif_path.is_file()
+    sarif = json.loads(sarif_path.read_text())
+    errors = active_results(sarif, "error")
+    assert errors >= 6
+    assert run.outputs["exit-code"] == "1"
+    assert run.outputs["errors"] == str(errors)
+    assert run.outputs["warnings"] == str(active_results(sarif, "warning"))
+
+    annotations = [line for line in run.log("lint").splitlines() if line.startswith("::error ")]
+    assert len(annotations) == min(errors, 10)
+    assert any("file=models/qwen3-moe-tiny-unfused/model.onnx" in a for a in annotations)
+    assert any("file=deploy/tiny-moe-cpu.yaml,line=" in a for a in annotations)
+
+    assert run.summary.startswith("## ❌ ortgate: FAIL\n")
+    assert f"**{errors} errors**" in run.summary
+    assert "### What to fix first" in run.summary and "`OGF001` moe-not-fused" in run.summary
+
+
+def test_a_passing_gate_passes_the_step(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-fused", "policy": "deploy/tiny-moe-cpu.yaml",
+                      "python": sys.executable, "sarif": "reports/ortgate.sarif",
+                      "args": "--select 'moe-not-fused,gqa-not-fused'"}, workspace, tmp_path)
+    assert run.exit_code == 0, run.steps[-1]["stderr"]
+    assert run.outputs == {"exit-code": "0", "errors": "0", "warnings": "0", "sarif-file": "reports/ortgate.sarif"}
+    sarif = json.loads((workspace / "reports" / "ortgate.sarif").read_text())
+    assert [r["id"] for r in sarif["runs"][0]["tool"]["driver"]["rules"]] == ["OGF001", "OGF002"]
+    assert run.summary.startswith("## ✅ ortgate: PASS\n")
+    assert not [line for line in run.log("lint").splitlines() if line.startswith("::")]
+
+
+def test_bad_input_fails_the_step_with_exit_2_after_the_summary(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-fused", "policy": "deploy/missing.yaml",
+                      "python": sys.executable}, workspace, tmp_path)
+    assert run.exit_code == 2
+    assert run.outputs["exit-code"] == "2" and run.outputs["errors"] == "" and run.outputs["sarif-file"] == ""
+    assert "::error title=ortgate::deploy/missing.yaml: no such file" in run.log("lint")
+    assert run.summary.startswith("## ❌ ortgate: could not lint (exit code 2)")
+    assert "deploy/missing.yaml: no such file" in run.summary
+
+
+def test_exit_zero_in_args_keeps_the_step_green_but_reports_the_failure(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-unfused", "policy": "deploy/tiny-moe-cpu.yaml",
+                      "python": sys.executable, "args": "--exit-zero", "fail-on": "error"}, workspace, tmp_path)
+    assert run.exit_code == 0 and run.outputs["exit-code"] == "0"
+    assert int(run.outputs["errors"]) >= 6 and run.summary.startswith("## ❌ ortgate: FAIL")

@@ -1,0 +1,92 @@
+"""The markdown job summary: verdict and counts, what to fix first (errors before warnings, then the rule
+whose fix clears the most findings), findings by layer, and suppressed findings with their justification."""
+
+from __future__ import annotations
+
+import re
+
+from ortgate.lint.engine import LintResult
+from ortgate.lint.findings import Finding, Location, Severity
+from ortgate.lint.gate import decide
+from ortgate.report.markdown import render
+from tests.helpers import run_cli
+
+
+def table(markdown: str, heading: str) -> list[list[str]]:
+    """The rows (cells split on unescaped pipes) of the first table after `heading`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            rows.append([c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])])
+        elif rows:
+            break
+    return rows[2:]  # without the header and the alignment row
+
+
+def summary(model, policy, *extra) -> tuple[int, str]:
+    code, out, err = run_cli("lint", model, "--policy", policy, "--select", "OGF001,OGF002,OGW",
+                             "--format", "markdown", *extra)
+    assert err == ""
+    return code, out
+
+
+def test_errors_rank_before_more_numerous_warnings(make_model, write_policy):
+    # 4 layers: one MoE error left after the waiver, four attention findings turned into warnings.
+    model = make_model(layers=4, moe="dense_loop", attention="decomposed", kv_cache=False)
+    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: warning}\n"
+                          "waivers:\n  - {rule: moe-not-fused, node: '/model/layers.[123]/*', reason: tracked}\n")
+    code, md = summary(model, policy)
+    assert code == 1 and md.startswith("## ❌ ortgate: FAIL\n")
+    fix_first = table(md, "### What to fix first")
+    assert [(row[1], row[2], row[3], row[4]) for row in fix_first] == [
+        ("`OGF001` moe-not-fused", "error", "1", "layer 0"),
+        ("`OGF002` gqa-not-fused", "warning", "4", "layers 0–3"),
+    ]
+    assert fix_first[0][5].startswith("Export each MoE layer as one com.microsoft.MoE node")
+
+
+def test_among_errors_the_rule_with_more_findings_ranks_first(make_model, write_policy):
+    model = make_model(layers=3, moe="dense_loop", attention="decomposed", kv_cache=False)
+    policy = write_policy("name: p\nwaivers:\n  - {rule: gqa-not-fused, node: '/model/layers.2/*', reason: x}\n")
+    _, md = summary(model, policy)
+    assert [row[1] for row in table(md, "### What to fix first")] == ["`OGF001` moe-not-fused",
+                                                                      "`OGF002` gqa-not-fused"]
+    policy = write_policy("name: p\nwaivers:\n  - {rule: moe-not-fused, node: '/model/layers.2/*', reason: x}\n")
+    _, md = summary(model, policy)
+    assert [row[1] for row in table(md, "### What to fix first")] == ["`OGF002` gqa-not-fused",
+                                                                      "`OGF001` moe-not-fused"]
+
+
+def test_findings_by_layer_count_each_layer(make_model, write_policy):
+    model = make_model(layers=3, moe="dense_loop", attention="decomposed", kv_cache=False)
+    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: info}\nmodel:\n  moe_layers: 3\n")
+    _, md = summary(model, policy)
+    rows = table(md, "### Findings by layer")
+    assert rows == [
+        ["layer 0", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
+        ["layer 1", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
+        ["layer 2", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
+        ["model / config", "1", "0", "0", "`OGF001` moe-not-fused"],
+    ]
+    assert "**4 errors**, 0 warnings, **3 infos**" in md
+
+
+def test_suppressed_findings_are_listed_with_their_justification(make_model, write_policy):
+    model = make_model(moe="dense_loop", kv_cache=False)
+    policy = write_policy("name: p\nwaivers:\n  - {rule: moe-not-fused, reason: 'kept | for now'}\n")
+    code, md = summary(model, policy)
+    assert code == 0 and md.startswith("## ✅ ortgate: PASS\n") and "2 suppressed" in md
+    rows = table(md, "<details><summary>2 suppressed findings</summary>")
+    assert [(r[0], r[1], r[4]) for r in rows] == [("`OGF001` moe-not-fused", "layer 0", "kept | for now"),
+                                                  ("`OGF001` moe-not-fused", "layer 1", "kept | for now")]
+    assert rows[0][3] == f"waiver ({policy}:3)"
+
+
+def test_cells_escape_pipes_and_newlines():
+    f = Finding(code="OGF002", rule="gqa-not-fused", severity=Severity.WARNING, message="a | b\nc",
+                location=Location("m.onnx"), node="x|y", layer=2)
+    md = render(LintResult([f], decide([f], Severity.ERROR), {"model": "m.onnx", "nodes": 1}, []))
+    [row] = table(md, "<details><summary>All 1 finding</summary>")
+    assert row == ["warning", "`OGF002` gqa-not-fused", "layer 2", "`m.onnx`", "`x|y`", "a | b c"]
