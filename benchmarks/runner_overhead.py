@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from ortgate.lint.engine import LintRequest, load_inputs
     from ortgate.runner import session as rs
     from ortgate.runner.command import _feeds
-    from ortgate.runner.measure import BoundSession, Deadline, plan_binding, timed_runs
+    from ortgate.runner.measure import GPU_GRAPH_ID_KEY, GRAPH_ID_SKIP, BoundSession, Deadline, plan_binding, timed_runs
     from ortgate.runner.settings import runner_settings
 
     inputs = load_inputs(LintRequest(args.model, args.policy))
@@ -71,17 +71,23 @@ def main(argv: list[str] | None = None) -> int:
             times.append(clock() - start)
         return statistics.median(times)
 
+    import onnxruntime as ort
+
+    bare_options = ort.RunOptions()
+    # A CUDA-graph session must not capture transient session.run buffers: the bare loop runs uncaptured.
+    bare_options.add_run_config_entry(GPU_GRAPH_ID_KEY, str(GRAPH_ID_SKIP))
+
     def bare_block() -> float:
         run, clock, times = session.run, time.perf_counter, []
         for _ in range(args.iterations):
             start = clock()
-            run(None, numpy_feeds)
+            run(None, numpy_feeds, bare_options)
             times.append(clock() - start)
         return statistics.median(times)
 
     for _ in range(max(args.iterations // 10, 3)):  # warm both paths
         bound.run()
-        session.run(None, numpy_feeds)
+        session.run(None, numpy_feeds, bare_options)
     runner_times, bare_times, binding_times = [], [], []
     for _ in range(args.rounds):
         runner_times.append(runner_block())
@@ -98,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio    {ratio:.3f} runner / bare session.run (target <= {TARGET}) "
           f"{'OK' if ratio <= TARGET else 'ABOVE TARGET'}")
     print(f"harness  {runner_ms / binding_ms:.3f} runner / bare binding loop (the loop's own cost)")
+    if plan.cuda_graph:
+        print("note     the runner replays a CUDA graph, the bare session.run loop cannot: use a policy with "
+              "enable_cuda_graph \"0\" to compare like with like")
     return 0
 
 

@@ -167,17 +167,47 @@ def _write(text: str, output: str | None) -> None:
         raise InputError(f"cannot write: {exc.strerror or exc}", output) from None
 
 
+# A lint that ends sooner than this shows no spinner at all (no flicker on small models).
+PROGRESS_DELAY_S = 0.4
+
+
+def _progress_wanted() -> bool:
+    """Progress goes to stderr only when stderr is an interactive terminal (never in CI logs or pipes)."""
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
 @contextmanager
-def _progress(enabled: bool) -> Iterator:
-    """A spinner on stderr while loading and analysing, only when stderr is a terminal."""
+def _progress(enabled: bool, delay: float | None = None) -> Iterator:
+    """A transient spinner on stderr saying what is being loaded or analysed, once the work has taken longer
+    than `delay` seconds (default PROGRESS_DELAY_S). Yields `note(message)`; does nothing when not enabled."""
     if not enabled:
         yield lambda _msg: None
         return
+    import threading
+
     from rich.console import Console
 
-    console = Console(stderr=True)
-    with console.status("ortgate: starting") as status:
+    status = Console(stderr=True).status("ortgate: starting")
+    lock = threading.Lock()
+    state = {"shown": False, "over": False}
+
+    def show() -> None:
+        with lock:
+            if not state["over"]:
+                status.start()
+                state["shown"] = True
+
+    timer = threading.Timer(PROGRESS_DELAY_S if delay is None else delay, show)
+    timer.daemon = True
+    timer.start()
+    try:
         yield lambda msg: status.update(f"ortgate: {msg}")
+    finally:
+        timer.cancel()
+        with lock:
+            state["over"] = True
+            if state["shown"]:
+                status.stop()
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -194,13 +224,12 @@ def cmd_lint(args: argparse.Namespace) -> int:
     _check_output_path(args.write_baseline, [])  # inputs are checked once loaded (_check_baseline_target)
     baseline = load_baseline(args.baseline) if args.baseline else None
     request = LintRequest(args.model, args.policy, args.optimized, args.config)
-    with _progress(sys.stderr.isatty()) as note:
+    with _progress(_progress_wanted()) as note:
         inputs = load_inputs(request, note)
         config = gate_config_from(inputs.policy, cli_select=_split(args.select), cli_ignore=_split(args.ignore),
                                   fail_on=args.fail_on, baseline=baseline, baseline_path=args.baseline)
         rules = selected_rules(config)
-        note(f"running {len(rules)} rules")
-        raw = run_rules(inputs, rules)
+        raw = run_rules(inputs, rules, note)
         findings = apply_gate(raw, config)
     if args.write_baseline:
         _check_baseline_target(args.write_baseline, inputs, args.baseline)

@@ -396,3 +396,9 @@ def test_graph_capture_options():
         assert graph_capture_option(name) == key
     assert graph_capture_option("NvTensorRtRtx") == "enable_cuda_graph"
     assert graph_capture_option("dml") is None  # a session config entry, not a provider option
+
+
+def test_kernels_added_after_the_table_commit_are_merged_with_their_source():
+    r = kernel_table().supports("CUDAExecutionProvider", "", "LpNormalization", 22, ["float16"])
+    assert r == Support.YES and "#28724" in r.reason
+    assert kernel_table().supports("CUDAExecutionProvider", "", "LpNormalization", 22, ["double"]) == Support.NO

@@ -98,7 +98,8 @@ def test_genai_config_without_a_decoder(make_model, tmp_path):
     config.write_text(json.dumps({"model": {"type": "qwen3_5_moe_text"}}, indent=2))
     code, _, err = run_cli("lint", make_model(), "--config", config)
     assert code == 2
-    assert err.strip() == f"ortgate: error: {config}:2: model.decoder: missing (not an onnxruntime-genai genai_config.json?)"
+    assert err.strip() == (f"ortgate: error: {config}:2: model.decoder: missing "
+                           "(not an onnxruntime-genai genai_config.json?)")
 
 
 def test_genai_config_with_an_unknown_provider(make_model, tmp_path):

@@ -107,7 +107,8 @@ def test_invalid_value_in_genai_config_fails_genai(make_model, tmp_path):
 
 def test_valid_values_pass(make_model, write_policy):
     policy = write_policy('name: p\nexecution_provider:\n  name: cuda\n  options:\n'
-                          '    enable_cuda_graph: true\n    arena_extend_strategy: kSameAsRequested\n    device_id: 0\n')
+                          "    enable_cuda_graph: true\n    arena_extend_strategy: kSameAsRequested\n"
+                          "    device_id: 0\n")
     assert findings(make_model(), policy, rule="provider-option-invalid-value") == []
 
 

@@ -114,7 +114,8 @@ def test_real_dims_pass(make_model, write_policy):
 
 # free-dim-override-conflict ------------------------------------------------------------------------------
 
-PIN_PAST = "name: p\nsession:\n  free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 4}\n"
+PIN_PAST = ("name: p\nsession:\n"
+            "  free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 4}\n")
 
 
 def test_pinned_past_length_without_static_buffer(make_model, write_policy, tmp_path):
@@ -145,7 +146,8 @@ def test_two_batch_dims_pinned_differently(make_model, write_policy):
     proto = onnx.load(model)
     proto.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "batch"  # attention_mask: [batch, ...]
     onnx.save(proto, model)
-    policy = write_policy("name: p\nsession:\n  free_dimension_overrides: {batch: 2, batch_size: 1, sequence_length: 1}\n")
+    policy = write_policy("name: p\nsession:\n"
+                          "  free_dimension_overrides: {batch: 2, batch_size: 1, sequence_length: 1}\n")
     [found] = findings(model, policy, rule="free-dim-override-conflict")
     assert dict(found.properties)["conflicts_with"] == "batch" and found.location.line == 3
 

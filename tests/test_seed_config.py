@@ -24,6 +24,12 @@ NEWER_THAN_TABLE = ["com.microsoft.CausalConvWithState", "com.microsoft.LinearAt
                     "com.microsoft.MRotaryEmbedding"]
 
 
+def _subject(finding) -> str | None:
+    """The option or dim a config finding is about."""
+    properties = dict(finding.properties)
+    return properties.get("option") or properties.get("dim")
+
+
 def line_of(text: str) -> int:
     return next(i for i, line in enumerate(SEED_POLICY.read_text().splitlines(), 1) if line.strip().startswith(text))
 
@@ -39,8 +45,7 @@ def qwen36_fp16(tmp_path) -> Path:
 
 def test_seed_config_findings(qwen36_fp16):
     found = lint_findings(qwen36_fp16, SEED_POLICY, select=FAMILIES)
-    config = [(f.rule, f.severity.label, f.location.line, dict(f.properties).get("option") or dict(f.properties).get("dim"))
-              for f in found if f.node is None]
+    config = [(f.rule, f.severity.label, f.location.line, _subject(f)) for f in found if f.node is None]
     assert sorted(config) == sorted([
         ("unknown-provider-option", "error", line_of("cuda_graph_enable_partial"), "cuda_graph_enable_partial"),
         ("unknown-provider-option", "error", line_of("max_batch_size"), "max_batch_size"),
@@ -55,7 +60,7 @@ def test_seed_config_findings(qwen36_fp16):
                                     + [("op-not-on-ep", op) for op in NEWER_THAN_TABLE])
     assert all(by_key[("op-not-on-ep", op)].severity.label == "info" for op in NEWER_THAN_TABLE)
 
-    messages = {(f.rule, dict(f.properties).get("option") or dict(f.properties).get("dim")): f.message for f in found}
+    messages = {(f.rule, _subject(f)): f.message for f in found}
     assert "did you mean 'enable_cuda_graph'?" in messages[("unknown-provider-option", "cuda_graph_enable_partial")]
     assert "did you mean 'sequence_length'?" in messages[("free-dim-override-unknown", "seq_len")]
     assert "add_free_dimension_override_by_name('batch_size', 1, 128) raises TypeError" in messages[

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 KERNELS_JSON = Path(__file__).with_name("kernels.json")
+# Kernels ONNX Runtime registered after the table's commit, each with the change that added it.
+KERNEL_ADDITIONS_JSON = Path(__file__).with_name("kernel_additions.json")
 
 ONNX_DOMAIN = "ai.onnx"
 
@@ -92,6 +94,7 @@ class KernelRegistration:
     since: int
     until: int | None  # None: open-ended ("13+")
     types: Mapping[str, tuple[str, ...]]  # type-constraint name -> accepted dtypes
+    added_by: str | None = None  # set for kernels registered after the table's commit (kernel_additions.json)
 
     def covers(self, opset: int | None) -> bool:
         if opset is None:
@@ -214,6 +217,23 @@ class KernelTable:
         with open(path, encoding="utf-8") as f:
             return cls.from_json(json.load(f))
 
+    def add_kernels(self, additions: Sequence[Mapping[str, Any]]) -> None:
+        """Register kernels added to ORT after the table's commit. The op must be in the table for some
+        provider (its formal inputs are taken from there)."""
+        for add in additions:
+            provider, domain, op_type = add["provider"], normalize_domain(add["domain"]), add["op_type"]
+            template = next((self._ops[p][domain][op_type] for p in self._ops
+                             if op_type in self._ops[p].get(domain, {})), None)
+            if template is None:
+                raise ValueError(f"kernel addition {domain}.{op_type}: op not in the table")
+            reg = KernelRegistration(add["since"], add.get("until"), {k: tuple(v) for k, v in add["types"].items()},
+                                     added_by=add["source"])
+            existing = self._ops.setdefault(provider, {}).setdefault(domain, {}).get(op_type)
+            if existing is None:
+                existing = OpKernels(provider, domain, op_type, template.signatures, ())
+            self._ops[provider][domain][op_type] = OpKernels(
+                provider, domain, op_type, existing.signatures, (reg, *existing.registrations))
+
     # ---- queries -------------------------------------------------------------------------------------------------
 
     def providers(self) -> list[str]:
@@ -310,8 +330,9 @@ class KernelTable:
         for reg in covering:
             verdict, detail = _check_types(entry, reg, input_dtypes)
             if verdict is Support.YES:
+                added = f"; registered after the table's commit by {reg.added_by}" if reg.added_by else ""
                 return SupportResult(
-                    Support.YES, f"{prov} registers {qual} {reg.opset_range} for {detail} ({ver})", reg, ver
+                    Support.YES, f"{prov} registers {qual} {reg.opset_range} for {detail} ({ver}{added})", reg, ver
                 )
             (failures if verdict is Support.NO else unknown).append(detail)
         if failures:
@@ -407,5 +428,8 @@ def _canonical_provider(name: str) -> str:
 
 @functools.cache
 def kernel_table() -> KernelTable:
-    """The packaged kernel table, loaded once."""
-    return KernelTable.load()
+    """The packaged kernel table plus the kernels added after its commit, loaded once."""
+    table = KernelTable.load()
+    with open(KERNEL_ADDITIONS_JSON, encoding="utf-8") as f:
+        table.add_kernels(json.load(f)["kernels"])
+    return table

@@ -81,6 +81,10 @@ class SessionSetup:
         if self.optimization_level is not None:
             so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(self.optimization_level.value))
         for name, setting in self.free_dimension_overrides.items():
+            if isinstance(setting.value, list):  # read only so that free-dim-override-range can explain it
+                raise InputError(f"{setting.location.key_path}: {setting.value} is a range; ORT pins a dim to one "
+                                 "integer (see `ortgate explain free-dim-override-range`)", setting.location.file,
+                                 line=setting.location.line)
             so.add_free_dimension_override_by_name(name, int(setting.value))
         for denotation, setting in self.free_dimension_overrides_by_denotation.items():
             so.add_free_dimension_override_by_denotation(denotation, int(setting.value))

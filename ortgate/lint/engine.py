@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 from ortgate.errors import InputError
@@ -37,21 +38,31 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     genai: GenaiConfig | None = load_genai_config(config_path) if config_path else None
     policy: Policy | None = load_policy(request.policy) if request.policy else None
     note(f"loading {files.model}")
-    model = Graph(load_model(files.model), str(files.model), role="model")
+    proto = load_model(files.model)
+    note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
+    model = Graph(proto, str(files.model), role="model")
+    del proto
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
-        optimized = Graph(load_model(request.optimized), str(request.optimized), role="optimized")
-    note("indexing")
+        proto = load_model(request.optimized)
+        note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
+        optimized = Graph(proto, str(request.optimized), role="optimized")
+        del proto
+    note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
     expect = resolve_expectations(policy, genai, model)
     return LintInputs(model, optimized, deployment, expect, policy, genai)
 
 
-def run_rules(inputs: LintInputs, rules: Iterable[Rule]) -> list[Finding]:
+def run_rules(inputs: LintInputs, rules: Iterable[Rule],
+              progress: Callable[[str], None] | None = None) -> list[Finding]:
     findings: list[Finding] = []
     strict = os.environ.get(STRICT_ENV) == "1"
-    for rule in rules:
+    rules = list(rules)
+    for number, rule in enumerate(rules, 1):
+        if progress is not None:
+            progress(f"rule {number}/{len(rules)}: {rule.code} {rule.name}")
         ctx = RuleContext(inputs, rule)
         try:
             findings.extend(rule.check(ctx) or ())

@@ -149,10 +149,10 @@ def _infer_from_graph(exp: Expectations, graph: Graph) -> None:
     gqa = gqa_nodes(graph)
     if gqa:
         first = gqa[0]
-        if exp.num_heads is None and first.attr("num_heads"):
-            exp.num_heads = Expected(int(first.attr("num_heads")), GRAPH)
-        if exp.kv_num_heads is None and first.attr("kv_num_heads"):
-            exp.kv_num_heads = Expected(int(first.attr("kv_num_heads")), GRAPH)
+        if exp.num_heads is None and first.int_attr("num_heads"):
+            exp.num_heads = Expected(first.int_attr("num_heads"), GRAPH)
+        if exp.kv_num_heads is None and first.int_attr("kv_num_heads"):
+            exp.kv_num_heads = Expected(first.int_attr("kv_num_heads"), GRAPH)
 
 
 def decoder_layer_count(graph: Graph) -> int:

@@ -49,6 +49,8 @@ _DTYPE_NAMES: dict[int, str | None] = {}
 
 
 def dtype_name(elem_type: int) -> str | None:
+    if not isinstance(elem_type, int) or isinstance(elem_type, bool):  # e.g. Cast's `to` written as a float
+        return None
     name = _DTYPE_NAMES.get(elem_type, "")
     if name == "":
         try:
@@ -167,6 +169,12 @@ class Node:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attributes.get(name, default)
+
+    def int_attr(self, name: str, default: int | None = None) -> int | None:
+        """An INT attribute's value; `default` when absent or of another type (a hostile graph may write
+        num_heads as text or k as a list)."""
+        value = self.attributes.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
 
     def has_attr(self, name: str) -> bool:
         return name in self.attributes

@@ -8,6 +8,7 @@ from ortgate.rules.base import Rule, registered_rules
 
 # Families, in code order. Importing registers.
 from ortgate.rules import fusion, inventory, session, provider, placement, drift, runtime, waivers  # noqa: E402,F401
+from ortgate.rules import norms, rotary, projections, model  # noqa: E402,F401
 
 
 def all_rules() -> list[Rule]:

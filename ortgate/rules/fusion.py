@@ -185,8 +185,10 @@ def _gqa_count(ctx: RuleContext, graph: Graph):
 def _gqa_heads(ctx: RuleContext, graph: Graph):
     expect = ctx.expect
     for node in gqa_nodes(graph):
-        if not node.has_attr("kv_num_heads"):
+        if node.int_attr("kv_num_heads") is None:
             wrong = " (it has num_kv_heads, which ORT does not read)" if node.has_attr("num_kv_heads") else ""
+            if node.has_attr("kv_num_heads"):
+                wrong = f" (kv_num_heads={node.attr('kv_num_heads')!r} is not an integer)"
             yield ctx.finding(
                 f"GroupQueryAttention lacks its required kv_num_heads attribute{wrong}: the session will not load",
                 node=node, graph=graph, severity=Severity.ERROR,
@@ -195,8 +197,8 @@ def _gqa_heads(ctx: RuleContext, graph: Graph):
             continue
         for attr, key in (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_heads")):
             want = expect.declared(key)
-            have = node.attr(attr)
-            if want is not None and have is not None and int(have) != int(want.value):
+            have = node.int_attr(attr)
+            if want is not None and have is not None and have != int(want.value):
                 yield ctx.finding(
                     f"GroupQueryAttention {attr}={have}, but {want.describe()}",
                     node=node, graph=graph,

@@ -84,7 +84,7 @@ def rmsnorm_not_fused(ctx: RuleContext):
             why = ort_pass_note("SimplifiedLayerNormFusion", tgt, repaired)
         what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
         yield ctx.finding(
-            f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} in {layer_text(layer)} computed with standard ops "
+            f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(layer)} computed with standard ops "
             f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {why}",
             node=group[0].last, graph=graph, layer=layer,
             related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
@@ -130,20 +130,20 @@ def skip_rmsnorm_not_fused(ctx: RuleContext):
     graph, is_dump = judged_graph(ctx)
     where = " in ORT's optimized dump" if is_dump else ""
     found = residual_norms(graph)
-    for (_, layer), group in by_layer(found, lambda r: r.add, lambda r: r.layer):
-        fused = sum(1 for r in group if r.decomposed is None)
+    for (_, layer), group in by_layer(found, lambda r: r.norm, lambda r: r.layer):
+        fused = [r for r in group if r.decomposed is None]
         kinds = []
         if fused:
-            kinds.append(f"{fused} {group[0].norm.op_type if group[0].decomposed is None else 'fused norm'}")
-        if len(group) - fused:
-            kinds.append(f"{len(group) - fused} decomposed RMSNorm")
-        adds = ", ".join(r.add.display_name for r in group)
+            kinds.append(" / ".join(sorted({r.norm.op_type for r in fused})))
+        if len(group) - len(fused):
+            kinds.append("decomposed RMSNorm")
+        pairs = ", ".join(f"{r.add.display_name} -> {r.norm.display_name}" for r in group)
         yield ctx.finding(
-            f"{len(group)} residual Add{'s' if len(group) > 1 else ''} ({adds}) in {layer_text(layer)} feed "
-            f"{' and '.join(kinds)}{where} instead of one com.microsoft SkipSimplifiedLayerNormalization; ORT's "
-            f"optimizer never builds SkipSimplifiedLayerNormalization (ORT {fusions_version()})",
-            node=group[0].add, graph=graph, layer=layer,
-            related=[r.norm for r in group] + [r.add for r in group[1:]], fix=RMSNORM_FIX,
+            f"{len(group)} residual Add{'s' if len(group) > 1 else ''} {layer_text(layer)} feed{'' if len(group) > 1 else 's'} "
+            f"{' and '.join(kinds)} ({pairs}){where} instead of one com.microsoft SkipSimplifiedLayerNormalization; "
+            f"ORT's optimizer never builds SkipSimplifiedLayerNormalization (ORT {fusions_version()})",
+            node=group[0].norm, graph=graph, layer=layer,
+            related=[r.add for r in group] + [r.norm for r in group[1:]], fix=RMSNORM_FIX,
             properties={"residual_adds": len(group)},
         )
 

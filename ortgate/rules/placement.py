@@ -174,8 +174,7 @@ def op_not_on_ep(ctx: RuleContext):
                 graph=graph,
                 related=nodes[1:],
                 severity=None if computes else Severity.WARNING,
-                fix="Export the model in a dtype the kernel accepts (e.g. float16: `-p fp16` with the "
-                    "onnxruntime-genai builder), or as ops the provider has kernels for.",
+                fix=_placement_fix(table, provider, nodes[0]),
                 properties={"provider": provider, "op": key, "nodes": len(nodes), "computes": computes,
                             "kernel_table": table.ort_version},
             )
@@ -198,6 +197,14 @@ def op_not_on_ep(ctx: RuleContext):
                 properties={"provider": provider, "op": key, "nodes": len(nodes), "status": status.value,
                             "kernel_table": table.ort_version},
             )
+
+
+def _placement_fix(table, provider: str, node: Node) -> str:
+    if table.op(provider, node.domain, node.op_type) is None:
+        return (f"{provider} has no {node.key} kernel at any dtype: export it as ops {provider} has kernels for, "
+                "or accept the CPU round trip with a waiver.")
+    return ("Export the model in a dtype the kernel accepts (e.g. float16: `-p fp16` with the onnxruntime-genai "
+            "builder).")
 
 
 # ---- cuda-graph-blocker --------------------------------------------------------------------------------------

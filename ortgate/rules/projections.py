@@ -9,7 +9,7 @@ from ortgate.lint.findings import Severity
 from ortgate.lint.graph import MS_DOMAIN, Graph, Node
 from ortgate.lint.patterns.common import is_op, matmul_weight
 from ortgate.lint.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
-from ortgate.lint.patterns.projections import GatedMlp, QkvProjections, gated_mlps, qkv_projections
+from ortgate.lint.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
 from ortgate.rules.base import rule
 from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, target
 
@@ -110,10 +110,10 @@ def qkv_not_packed(ctx: RuleContext):
                 "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding " \
                 "RotaryEmbedding -> GroupQueryAttention directly"
             kind = found.attention.key if found.fused else "decomposed attention"
-            widths = [matmul_weight(graph, p) for p in projections]
+            widths = [projection_dims(graph, p) for p in projections]
             shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))
             yield ctx.finding(
-                f"{kind} in {layer_text(layer)} reads q, k and v from {len(projections)} separate projections of the "
+                f"{kind} {layer_text(layer)} reads q, k and v from {len(projections)} separate projections of the "
                 f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
                 node=projections[0], graph=graph, layer=layer,
                 related=[*projections[1:], found.attention], fix=QKV_FIX,
@@ -126,13 +126,18 @@ def _fc3_input(node: Node) -> str:
     return node.input(6) if node.op_type == "MoE" else node.input(8)
 
 
-def _routed(graph: Graph, mlp: GatedMlp, block: MoeBlock) -> bool:
-    """Whether this gated MLP is a routed expert: its down projection is scaled by a routing weight."""
+def _routing_indices(block: MoeBlock) -> set[int]:
     routing = {n.index for n in block.routing_nodes}
     if block.topk is not None:
         routing.add(block.topk.index)
+    return routing
+
+
+def _routed(graph: Graph, mlp: GatedMlp, routing: set[int]) -> bool:
+    """Whether this gated MLP is a routed expert: its down projection is scaled by a routing weight (one of
+    `routing`, the indices of the block's routing nodes)."""
     for down in graph.consumers(mlp.product.outputs[0]):
-        if matmul_weight(graph, down) is None:
+        if projection_dims(graph, down) is None:
             continue
         frontier = list(down.outputs[:1])
         for _ in range(3):
@@ -206,23 +211,32 @@ def gate_up_not_merged(ctx: RuleContext):
         node = nodes[0]
         act = node.attr("activation_type", "relu")
         yield ctx.finding(
-            f"{node.key} in {layer_text(layer)} has separate fc3 (up) weights ({_fc3_input(node)}), "
+            f"{node.key} {layer_text(layer)} has separate fc3 (up) weights ({_fc3_input(node)}), "
             f"activation_type={act}, swiglu_fusion={node.attr('swiglu_fusion', 0)}: gate and up run as two grouped "
             "GEMMs instead of one merged fc1 with swiglu_fusion=1",
             node=node, graph=graph, layer=layer, related=nodes[1:], fix=GATE_UP_FIX,
             properties={"fc3": _fc3_input(node)},
         )
     mlps = gated_mlps(graph)
+    mlps_in_layer: dict[int | None, list[GatedMlp]] = {}  # each block looks at its own layer's MLPs only
+    for m in mlps:
+        if m.gate is not None:
+            mlps_in_layer.setdefault(m.layer, []).append(m)
     for block in moe_blocks(graph):
         if block.fused is not None or block.router is None:
             continue
-        linears = {n.index for n in block.expert_linears}
-        routed = [m for m in mlps if m.gate is not None and m.gate.index in linears and _routed(graph, m, block)]
+        if block.layer is not None:
+            candidates = mlps_in_layer.get(block.layer, [])
+        else:
+            linears = {n.index for n in block.expert_linears}
+            candidates = [m for m in mlps if m.gate is not None and m.gate.index in linears]
+        routing = _routing_indices(block)
+        routed = [m for m in candidates if _routed(graph, m, routing)]
         separate = [m for m in routed if m.separate]
         if not separate:
             continue
         yield ctx.finding(
-            f"{len(separate)} of {len(routed)} routed experts in {layer_text(block.layer)} compute gate and up with two "
+            f"{len(separate)} of {len(routed)} routed experts {layer_text(block.layer)} compute gate and up with two "
             f"projections each (e.g. {separate[0].gate.display_name} and {separate[0].up.display_name}) instead of "
             "one merged gate_up GEMM",
             node=block.router, graph=graph, layer=block.layer,
@@ -277,7 +291,7 @@ def swiglu_not_fused(ctx: RuleContext):
     silu_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n) and n.attr("activation_type") == "silu"]
     for (_, layer), nodes in by_layer(silu_fc3, lambda n: n, lambda n: n.layer):
         yield ctx.finding(
-            f"{nodes[0].key} in {layer_text(layer)} computes its gated activation as activation_type=silu on fc1 "
+            f"{nodes[0].key} {layer_text(layer)} computes its gated activation as activation_type=silu on fc1 "
             "times a separate fc3 GEMM instead of activation_type=swiglu",
             node=nodes[0], graph=graph, layer=layer, related=nodes[1:], fix=SWIGLU_FIX,
         )
@@ -291,7 +305,7 @@ def swiglu_not_fused(ctx: RuleContext):
     unfused = [m for m in gated_mlps(graph) if not m.fused_activation]
     for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer):
         yield ctx.finding(
-            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} in {layer_text(layer)} compute SiLU(gate) * up as "
+            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} {layer_text(layer)} compute SiLU(gate) * up as "
             f"Sigmoid -> Mul -> Mul; {why}",
             node=group[0].activation[0], graph=graph, layer=layer,
             related=[n for m in group for n in (*m.activation, m.product)], fix=SWIGLU_FIX,

@@ -340,7 +340,8 @@ def compile_cache_disabled(ctx: RuleContext):
     for setup in ctx.deployment.setups:
         if setup.provider_name != "TensorrtExecutionProvider" or ep_context_nodes:
             continue
-        engine_cache = (is_true(setup.option("trt_engine_cache_enable")) or is_true(setup.option("trt_dump_ep_context_model"))
+        engine_cache = (is_true(setup.option("trt_engine_cache_enable"))
+                        or is_true(setup.option("trt_dump_ep_context_model"))
                         or _config_on(setup, "ep.context_enable"))
         if not engine_cache:
             setting = setup.provider_options.get("trt_engine_cache_enable")

@@ -19,7 +19,8 @@ COMPUTE_OPS = frozenset({
     "Attention", "PagedAttention", "SparseAttention", "Softmax", "SkipSimplifiedLayerNormalization",
     "SimplifiedLayerNormalization", "SkipLayerNormalization", "LayerNormalization", "RMSNormalization",
     "RotaryEmbedding", "MRotaryEmbedding", "LinearAttention", "LinearAttentionGate", "CausalConvWithState",
-    "GatedRMSNorm", "GatedDeltaNet", "Conv", "TopK", "QuickGelu", "BiasGelu", "FastGelu", "Gelu",
+    "GatedRMSNorm", "GatedDeltaNet", "GatedAdd", "LpNormalization", "Conv", "TopK", "QuickGelu", "BiasGelu",
+    "FastGelu", "Gelu", "Einsum", "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid",
 })
 MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
 

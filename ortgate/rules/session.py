@@ -276,7 +276,8 @@ def free_dim_override_conflict(ctx: RuleContext):
       both on inputs) are pinned to different values.
 
     Which dims to pin for decode: the dims of the current step — batch (`batch_size`) and query length
-    (`sequence_length` = 1). Past/total sequence length only with a static KV buffer, to its length.
+    (`sequence_length` = 1). `past_sequence_length` only with a static KV buffer, to its length; never
+    `total_sequence_length` without one.
 
     ## Why it costs throughput
     A conflicting pin makes the session reject real inputs at run time (or never match them), so the
@@ -504,6 +505,7 @@ def unknown_session_config_key(ctx: RuleContext):
                 f"{setup.label}: session config key {key!r} is unknown to ORT {ort_facts()['ort_version']}"
                 f"{f' (did you mean {hint!r}?)' if hint else ''}: ORT stores it and never reads it",
                 location=setting.location,
-                fix=f"Rename it to {hint!r}." if hint else "Remove it, or waive the finding if your ORT build reads it.",
+                fix=(f"Rename it to {hint!r}." if hint
+                     else "Remove it, or waive the finding if your ORT build reads it."),
                 properties={"key": key, "suggestion": hint},
             )

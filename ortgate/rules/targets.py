@@ -32,10 +32,14 @@ class Target:
 
 
 def target(ctx: RuleContext) -> Target:
-    setup = ctx.deployment.primary
+    deployment = ctx.deployment
+    setup = deployment.primary
     if setup is None:
         return Target(None, ORT_DEFAULT_OPTIMIZATION_LEVEL, "no deployment given")
-    return Target(setup.provider_name, setup.effective_optimization_level, setup.label)
+    # The level comes from the declaration that sets one (the policy's first), the provider from the primary.
+    leveled = next((s for s in (deployment.policy_setup, deployment.genai_setup)
+                    if s is not None and s.optimization_level is not None), setup)
+    return Target(setup.provider_name, leveled.effective_optimization_level, leveled.label)
 
 
 def judged_graph(ctx: RuleContext) -> tuple[Graph, bool]:
@@ -66,7 +70,8 @@ def by_layer(items: Iterable[T], node_of: Callable[[T], Node], layer_of: Callabl
 
 
 def layer_text(layer: int | None) -> str:
-    return f"layer {layer}" if layer is not None else "outside the decoder layers"
+    """"in layer 3", or "outside the decoder layers" (final norm, lm_head)."""
+    return f"in layer {layer}" if layer is not None else "outside the decoder layers"
 
 
 def counted(names: Iterable[str]) -> str:

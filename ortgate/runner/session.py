@@ -35,6 +35,7 @@ _COMPILED_NODES = re.compile(r"compiled nodes", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ORT_LOG = re.compile(r"\[([EWF]):onnxruntime[^\]]*\]\s*(.*)")
 MAX_MESSAGES = 20
+CUDA_LIBRARY_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 MAX_MESSAGE_CHARS = 500
 
 
@@ -134,6 +135,10 @@ def provider_availability(provider: str) -> tuple[bool, str | None]:
                        f"(it has {', '.join(built)})")
     so = ort.SessionOptions()
     with captured_output() as out:
+        if provider in CUDA_LIBRARY_PROVIDERS and hasattr(ort, "preload_dlls"):
+            # CUDA / cuDNN from pip (nvidia-*-cu13) are not on the loader path; ORT's own helper loads them.
+            with contextlib.suppress(Exception):
+                ort.preload_dlls()
         try:
             session = ort.InferenceSession(_probe_model(), so, providers=[provider])
             ran = session.get_providers()

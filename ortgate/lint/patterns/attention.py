@@ -84,13 +84,21 @@ def _find_cores(graph: Graph) -> list[AttentionCore]:
     return cores
 
 
+def _is_matmul(node: Node) -> bool:
+    """MatMul, or the com.microsoft FusedMatMul ORT's EXTENDED level makes of MatMul + transpose/scale."""
+    return (node.domain == DEFAULT_DOMAIN and node.op_type == "MatMul") or (
+        node.domain == MS_DOMAIN and node.op_type == "FusedMatMul")
+
+
 def _matmul_above(graph: Graph, value: str) -> Node | None:
     for _ in range(8):
         node = graph.producer(value)
-        if node is None or node.domain != DEFAULT_DOMAIN:
+        if node is None:
             return None
-        if node.op_type == "MatMul":
+        if _is_matmul(node):
             return node
+        if node.domain != DEFAULT_DOMAIN:
+            return None
         if node.op_type not in _SCORE_OPS or not node.inputs:
             return None
         # Follow the operand that is not a constant (scale, mask bias) — the scores.
@@ -107,7 +115,7 @@ def _deepest(graph: Graph, values: list[str]) -> str:
     # Between scores and a mask, the scores come from a MatMul; prefer the operand whose producer is one.
     for v in values:
         p = graph.producer(v)
-        if p is not None and p.op_type in ("MatMul", "Div", "Mul", "Add", "Cast", "Tanh", "Reshape"):
+        if p is not None and p.op_type in ("MatMul", "FusedMatMul", "Div", "Mul", "Add", "Cast", "Tanh", "Reshape"):
             return v
     return values[0]
 
@@ -118,10 +126,10 @@ def _matmul_below(graph: Graph, softmax: Node) -> Node | None:
         next_frontier = []
         for value in frontier:
             for c in graph.consumers(value):
+                if _is_matmul(c) and c.input(0) == value:
+                    return c
                 if c.domain != DEFAULT_DOMAIN:
                     continue
-                if c.op_type == "MatMul" and c.input(0) == value:
-                    return c
                 if c.op_type in _PROB_OPS:
                     next_frontier.extend(o for o in c.outputs[:1] if o)
         frontier = next_frontier

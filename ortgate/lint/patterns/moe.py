@@ -35,8 +35,7 @@ class MoeBlock:
     @property
     def top_k(self) -> int | None:
         if self.fused is not None:
-            k = self.fused.attr("k")
-            return int(k) if k is not None else None
+            return self.fused.int_attr("k")
         return None
 
     @property

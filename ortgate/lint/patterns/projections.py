@@ -29,6 +29,26 @@ _NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "Laye
 _UPSTREAM_BUDGET = 48
 
 
+def projection_dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """[in, out] of a linear projection: a MatMul/Gemm/MatMulNBits with a constant weight, or with one expert's
+    slice of a stacked [experts, ...] weight (`Gather(W, e)`, how torch exports a loop over 3-D expert weights)."""
+    dims = matmul_weight(graph, node)
+    if dims is not None or not is_op(node, "MatMul", "Gemm"):
+        return dims
+    transposed = bool(node.attr("transB", 0)) if node.op_type == "Gemm" else False
+    weight = graph.producer(node.input(1))
+    if is_op(weight, "Transpose"):
+        transposed = not transposed
+        weight = graph.producer(weight.input(0))
+    if not is_op(weight, "Gather") or not graph.is_constant(weight.input(1)):
+        return None
+    init = graph.initializers.get(weight.input(0))
+    if init is None or len(init.dims) != 3 or int(weight.attr("axis", 0)) != 0:
+        return None
+    rows, cols = init.dims[1], init.dims[2]
+    return (cols, rows) if transposed else (rows, cols)
+
+
 @dataclass
 class Upstream:
     """What a value is computed from: the projections reached and whether a Split/Slice divided one."""
@@ -58,7 +78,7 @@ def trace_to_projections(graph: Graph, value: str, budget: int = _UPSTREAM_BUDGE
             node = graph.producer(v)
             if node is None:
                 continue
-            if matmul_weight(graph, node) is not None:
+            if projection_dims(graph, node) is not None:
                 found[node.index] = node
                 continue
             key = (node.domain, node.op_type)

@@ -1,0 +1,171 @@
+"""qkv-not-packed, gate-up-not-merged, swiglu-not-fused: this graph, this policy, these findings."""
+
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+from ortgate.lint.findings import Severity
+from tests.conftest import EXPORTED
+from tests.helpers import by_rule, lint_findings
+from tests.models.qwen_moe import make_feeds
+
+QKV = "qkv-not-packed"
+GATE_UP = "gate-up-not-merged"
+SWIGLU = "swiglu-not-fused"
+CUDA_POLICY = "name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n"
+CPU_POLICY = "name: p\nexecution_provider:\n  name: CPUExecutionProvider\n"
+BASIC_POLICY = "name: p\nsession:\n  graph_optimization_level: ORT_ENABLE_BASIC\n"
+
+
+def findings(model, rule, policy=None, optimized=None):
+    found = by_rule(lint_findings(model, policy, optimized=optimized, select=[rule]), rule)
+    return sorted(found, key=lambda f: (f.layer is None, f.layer or 0))
+
+
+# qkv-not-packed ------------------------------------------------------------------------------------------
+
+
+def test_separate_projections_into_decomposed_attention(make_model):
+    found = findings(make_model(qkv="separate", attention="decomposed", layers=3), QKV)
+    assert [f.layer for f in found] == [0, 1, 2]
+    assert all(f.severity == Severity.WARNING for f in found)
+    assert "3 separate projections" in found[0].message and "q_proj" in found[0].node
+    assert any("k_proj" in n for n in found[0].related_nodes) and any("v_proj" in n for n in found[0].related_nodes)
+
+
+@pytest.mark.parametrize("spec", [dict(qkv="packed", attention="decomposed"), dict(qkv="packed"),
+                                  dict(qkv="packed", rotary="gqa"), dict(qkv="packed", qk_norm=True)],
+                         ids=["decomposed", "gqa", "gqa-packed-input", "split-after-q-k-norm"])
+def test_packed_projection_passes(make_model, spec):
+    assert findings(make_model(**spec), QKV) == []
+
+
+def test_gqa_fed_by_separate_projections(make_model):
+    found = findings(make_model(qkv="separate", rotary="gqa"), QKV)
+    assert [f.layer for f in found] == [0, 1]
+    assert "com.microsoft.GroupQueryAttention" in found[0].message and "ORT cannot repack" in found[0].message
+
+
+def test_mha_fed_by_separate_projections(make_model):
+    found = findings(make_model(qkv="separate", attention="mha"), QKV)
+    assert found and "MultiHeadAttention" in found[0].message
+
+
+@pytest.mark.parametrize("spec", [dict(dtype="float16"), dict(matmul_nbits=True, dtype="float16")],
+                         ids=["fp16-matmul", "int4-matmulnbits"])
+def test_form_ort_repacks_on_cuda_is_info(make_model, write_policy, spec):
+    model = make_model(qkv="separate", rotary="fused", **spec)
+    on_cuda = findings(model, QKV, write_policy(CUDA_POLICY))
+    assert on_cuda and all(f.severity == Severity.INFO for f in on_cuda)
+    assert "GroupQueryAttentionFusion" in on_cuda[0].message and "expected to rewrite" in on_cuda[0].message
+    on_cpu = findings(model, QKV, write_policy(CPU_POLICY, "cpu.yaml"))
+    assert on_cpu and all(f.severity == Severity.WARNING for f in on_cpu)
+
+
+def test_fp32_projections_are_not_repacked_even_on_cuda(make_model, write_policy):
+    found = findings(make_model(qkv="separate", rotary="fused"), QKV, write_policy(CUDA_POLICY))
+    assert found and all(f.severity == Severity.WARNING for f in found)
+
+
+def test_linear_attention_projections_are_not_qkv(make_model):
+    model = make_model(layers=4, layer_types=("linear_attention",) * 3 + ("full_attention",), qkv="separate")
+    assert [f.layer for f in findings(model, QKV)] == [3]
+
+
+def test_dynamo_export_and_its_dump():
+    folder = EXPORTED / "dynamo-qwen3_moe"
+    for dump in (None, folder / "model.optimized.onnx"):
+        assert [f.layer for f in findings(folder / "model.onnx", QKV, optimized=dump)] == [0, 1]
+
+
+# gate-up-not-merged --------------------------------------------------------------------------------------
+
+
+def test_moe_with_separate_fc3_is_reported(make_model):
+    found = findings(make_model(swiglu_fusion=0), GATE_UP)
+    assert [f.layer for f in found] == [0, 1]
+    assert found[0].op_type == "com.microsoft.MoE" and "swiglu_fusion=0" in found[0].message
+
+
+def test_qmoe_with_separate_fc3_is_reported(make_model):
+    found = findings(make_model(moe="qmoe", swiglu_fusion=0), GATE_UP)
+    assert found and found[0].op_type == "com.microsoft.QMoE"
+
+
+@pytest.mark.parametrize("spec", [dict(), dict(moe="qmoe"), dict(moe="dense_loop"), dict(moe="gather_loop")],
+                         ids=["moe", "qmoe", "dense-loop-merged", "gather-loop-merged"])
+def test_merged_gate_up_passes(make_model, spec):
+    assert findings(make_model(**spec), GATE_UP) == []
+
+
+@pytest.mark.parametrize("moe", ["dense_loop", "gather_loop"])
+def test_expert_loop_with_separate_gate_and_up(make_model, moe):
+    found = findings(make_model(moe=moe, gate_up="separate", experts=4, shared_expert=True), GATE_UP)
+    assert [f.layer for f in found] == [0, 1]
+    # the shared expert (scaled by its sigmoid gate, not by a routing weight) is not counted
+    assert dict(found[0].properties) == {"experts_separate": 4, "experts": 4}
+
+
+def test_dense_mlp_with_separate_gate_and_up_is_not_reported(make_model):
+    assert findings(make_model(moe="dense", gate_up="separate"), GATE_UP) == []
+
+
+def test_dynamo_experts_are_merged():
+    assert findings(EXPORTED / "dynamo-qwen3_moe" / "model.onnx", GATE_UP) == []
+
+
+# swiglu-not-fused ----------------------------------------------------------------------------------------
+
+
+def test_moe_silu_with_fc3_is_reported(make_model, tmp_path):
+    model = onnx.load(str(make_model(swiglu_fusion=0)))
+    for node in model.graph.node:
+        if node.op_type == "MoE":
+            for attr in node.attribute:
+                if attr.name == "activation_type":
+                    attr.s = b"silu"
+    path = tmp_path / "silu_fc3.onnx"
+    onnx.save(model, path)
+    found = findings(path, SWIGLU)
+    assert [f.layer for f in found] == [0, 1]
+    assert "activation_type=silu" in found[0].message
+
+
+def test_dense_silu_is_left_to_ort_at_extended(make_model):
+    assert findings(make_model(moe="dense"), SWIGLU) == []
+
+
+def test_dense_silu_under_basic_optimization(make_model, write_policy):
+    found = findings(make_model(moe="dense", layers=3), SWIGLU, write_policy(BASIC_POLICY))
+    assert [f.layer for f in found] == [0, 1, 2]
+    assert "QuickGeluFusion" in found[0].message and "ORT_ENABLE_BASIC" in found[0].message
+
+
+def test_real_ort_dumps_decide(make_model, tmp_path):
+    model = make_model(moe="dense")
+    dumps = {}
+    for level in ("ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        options.optimized_model_filepath = str(tmp_path / f"{level}.onnx")
+        options.log_severity_level = 3
+        ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]).run(None, make_feeds(str(model)))
+        dumps[level] = options.optimized_model_filepath
+    assert [f.layer for f in findings(model, SWIGLU, optimized=dumps["ORT_ENABLE_BASIC"])] == [0, 1]
+    assert findings(model, SWIGLU, optimized=dumps["ORT_ENABLE_ALL"]) == []
+
+
+def test_dynamo_dumps():
+    folder = EXPORTED / "dynamo-qwen3_moe"
+    basic = findings(folder / "model.onnx", SWIGLU, optimized=folder / "model.optimized-basic.onnx")
+    assert [f.layer for f in basic] == [0, 1] and dict(basic[0].properties)["gated_mlps"] == 4
+    assert findings(folder / "model.onnx", SWIGLU, optimized=folder / "model.optimized.onnx") == []
+
+
+def test_genai_shared_expert_silu_counts_on_ort(write_policy):
+    model = EXPORTED / "genai-qwen3_5_moe-fp32-cpu"
+    assert findings(model, SWIGLU) == []
+    found = findings(model, SWIGLU, write_policy(BASIC_POLICY))
+    assert [f.layer for f in found] == [0, 1, 2, 3]
