@@ -95,3 +95,15 @@ def test_onnxscript_fusions_fix_norms_but_leave_moe_rotary_and_projections():
     assert {"moe-not-fused", "rotary-not-fused", "qkv-not-packed"} <= rules
     assert not rules & {"rmsnorm-not-fused", "skip-rmsnorm-not-fused", "norm-epsilon-default"}
     assert _layers(found, "rotary-not-fused") == [0, 1]
+
+
+@pytest.mark.parametrize("fixture", ["genai-qwen3_5_moe-fp32-cpu", "genai-qwen3_5_moe-int4-cpu", "genai-gpt_oss-fp32-cpu"])
+def test_builder_graphs_optimized_by_ort_have_no_graph_findings(fixture, tmp_path):
+    """ORT's own ORT_ENABLE_ALL dump of a builder graph (CPU) adds nothing to report either."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(EXPORTED / fixture / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    assert lint_findings(EXPORTED / fixture, optimized=options.optimized_model_filepath, select=GRAPH_RULES) == []

@@ -48,6 +48,16 @@ def test_final_norm_and_lm_head_belong_to_no_layer_by_structure():
     assert graph.layer_count == 3
 
 
+@pytest.mark.parametrize("naming", ["genai", "hf", "opaque"])
+def test_final_norm_is_outside_the_layers_in_every_naming(naming):
+    graph = Graph(build_model(ModelSpec(naming=naming, norm="decomposed", layers=2)), "m")
+    lm_head = graph.producer("logits")
+    final_gamma_mul = graph.producer(lm_head.input(0))
+    final_norm = [n for n in graph.nodes if n.op_type in ("Pow", "ReduceMean", "Sqrt")][-3:]
+    assert [n.layer for n in (*final_norm, final_gamma_mul, lm_head)] == [None] * 5
+    assert sorted(graph.layers) == [0, 1]
+
+
 def test_prompt_branch_if_stays_outside_the_layers():
     graph = Graph(build_model(ModelSpec(naming="opaque", control_flow=True)), "m")
     branch = graph.by_op_type("If")[0]

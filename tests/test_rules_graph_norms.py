@@ -223,3 +223,47 @@ def test_explicit_epsilon_other_than_the_family(make_model, write_policy):
 
 def test_explicit_family_epsilon_passes(make_model, write_policy):
     assert findings(make_model(norm_epsilon=1e-6), EPS, write_policy("name: p\nmodel:\n  family: qwen3_moe\n")) == []
+
+
+def test_gpu_only_form_says_so_on_cpu(tmp_path, write_policy):
+    """x -> Cast(float) -> Pow/ReduceMean/Add/Sqrt/Div -> Cast(float16) -> Mul(gamma): ORT fuses it on CUDA only."""
+    inits = [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]), helper.make_tensor("axes", TensorProto.INT64, [1], [-1]),
+             helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-6]), helper.make_tensor("gamma", TensorProto.FLOAT16, [8], [1.0] * 8)]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Pow", ["xf", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Div", ["xf", "rms"], ["normed"]),
+        helper.make_node("Cast", ["normed"], ["normed16"], to=TensorProto.FLOAT16),
+        helper.make_node("Mul", ["gamma", "normed16"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 8])], initializer=inits)
+    path = tmp_path / "cast_div.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), path)
+    cpu = findings(path, RMS, write_policy("name: p\nexecution_provider:\n  name: CPUExecutionProvider\n"))
+    assert [f.severity for f in cpu] == [Severity.WARNING] and "only on CUDA/ROCm" in cpu[0].message
+    cuda = findings(path, RMS, write_policy("name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n", "c.yaml"))
+    assert [f.severity for f in cuda] == [Severity.INFO]
+
+
+def test_epsilon_defaults_in_the_table_are_ort_s():
+    """ortgate/knowledge/ort_fusions.json's attribute defaults against the schemas the installed ORT registers."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    from ortgate.knowledge.fusions import attribute_default
+
+    checked = 0
+    for schema in ort_state.get_all_operator_schema():
+        domain = schema.domain or ""
+        for attr_name in ("epsilon", "activation_alpha", "activation_beta", "k", "normalize_routing_weights"):
+            ours = attribute_default(domain, schema.name, attr_name)
+            if ours is None or attr_name not in schema.attributes:
+                continue
+            proto = onnx.AttributeProto()
+            proto.ParseFromString(schema.attributes[attr_name]._default_value)
+            assert helper.get_attribute_value(proto) == pytest.approx(ours), (schema.name, attr_name)
+            checked += 1
+    assert checked >= 10

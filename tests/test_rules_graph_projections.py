@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from ortgate.lint.findings import Severity
 from tests.conftest import EXPORTED
@@ -169,3 +170,28 @@ def test_genai_shared_expert_silu_counts_on_ort(write_policy):
     assert findings(model, SWIGLU) == []
     found = findings(model, SWIGLU, write_policy(BASIC_POLICY))
     assert [f.layer for f in found] == [0, 1, 2, 3]
+
+
+def test_gated_mlp_inside_an_if_branch_is_found(tmp_path, write_policy):
+    weights = [helper.make_tensor(name, TensorProto.FLOAT, [8, 8], [0.01] * 64) for name in ("w_gate", "w_up", "w_down")]
+    body = [
+        helper.make_node("MatMul", ["x", "w_gate"], ["gate"]),
+        helper.make_node("MatMul", ["x", "w_up"], ["up"]),
+        helper.make_node("Sigmoid", ["gate"], ["sig"]),
+        helper.make_node("Mul", ["gate", "sig"], ["silu"]),
+        helper.make_node("Mul", ["silu", "up"], ["hidden"]),
+        helper.make_node("MatMul", ["hidden", "w_down"], ["then_out"]),
+    ]
+    then_graph = helper.make_graph(body, "then", [], [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([helper.make_node("Identity", ["x"], ["else_out"])], "else", [],
+                                   [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_graph, else_branch=else_graph)], "main",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], initializer=weights)
+    path = tmp_path / "if_mlp.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), path)
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    found = findings(path, SWIGLU, write_policy(BASIC_POLICY))
+    assert len(found) == 1 and found[0].graph == "branch/then_branch" and found[0].op_type == "Sigmoid"

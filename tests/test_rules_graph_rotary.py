@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from ortgate.lint.findings import Severity
 from tests.conftest import EXPORTED
@@ -52,3 +55,33 @@ def test_dynamo_export_and_its_dump_report_every_layer():
 
 def test_genai_mrope_is_fused():
     assert findings(EXPORTED / "genai-qwen3_5_moe-fp32-cpu") == []
+
+
+def test_rotary_inside_an_if_branch_is_found(tmp_path):
+    """x [batch, seq, heads, head_dim] rotated with cached cos/sin tables in the then-branch of an If."""
+    half = [helper.make_tensor(name, TensorProto.INT64, [1], [v]) for name, v in
+            (("zero", 0), ("four", 4), ("eight", 8), ("last", -1))]
+    tables = [helper.make_tensor(name, TensorProto.FLOAT, [1, 2, 1, 8], [0.5] * 16) for name in ("cos", "sin")]
+    body = [
+        helper.make_node("Slice", ["x", "zero", "four", "last"], ["x1"]),
+        helper.make_node("Slice", ["x", "four", "eight", "last"], ["x2"]),
+        helper.make_node("Neg", ["x2"], ["neg"]),
+        helper.make_node("Concat", ["neg", "x1"], ["rotated"], axis=-1),
+        helper.make_node("Mul", ["x", "cos"], ["x_cos"]),
+        helper.make_node("Mul", ["rotated", "sin"], ["r_sin"]),
+        helper.make_node("Add", ["x_cos", "r_sin"], ["then_out"]),
+    ]
+    then_graph = helper.make_graph(body, "then", [], [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([helper.make_node("Identity", ["x"], ["else_out"])], "else", [],
+                                   [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_graph, else_branch=else_graph)], "main",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])], initializer=half + tables)
+    path = tmp_path / "if_rotary.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), path)
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    found = findings(path)
+    assert len(found) == 1 and found[0].graph == "branch/then_branch"
+    assert "cached cos/sin tables" in found[0].message

@@ -204,3 +204,10 @@ def test_dump_over_an_input_is_refused(write_policy):
     policy = write_policy(CPU_POLICY)
     code, _, err = run_cli("run", QWEN35, "--policy", policy, "--dump", policy, *TINY)
     assert code == 2 and "refusing to write" in err
+
+
+def test_past_beyond_the_context_length_is_an_input_error_at_the_runner_key(write_policy):
+    policy = write_policy("name: p\nrunner:\n  past_sequence_length: 600\n")
+    code, out, err = run_cli("run", QWEN35, "--policy", policy, *TINY)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{policy}:3: past 600 + 1 new tokens exceed the model's context_length 512" in err

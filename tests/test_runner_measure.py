@@ -227,3 +227,22 @@ def test_profile_counts_memcpy_nodes():
     assert summary.memcpy_nodes == 2 and summary.runs == 1
     assert {p["provider"]: p["nodes"] for p in summary.providers} == {"CUDAExecutionProvider": 3,
                                                                      "CPUExecutionProvider": 1}
+
+
+def test_a_stuck_phase_exits_with_one_line_even_while_ort_output_is_captured():
+    # Session creation cannot be interrupted: past the limit and a grace period the process exits.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = ("import time\n"
+              "from ortgate.runner.measure import Deadline\n"
+              "from ortgate.runner.session import captured_output\n"
+              "with Deadline(0.2, hard_exit=True, grace_s=0.2) as deadline:\n"
+              "    deadline.enter('creating the policy session')\n"
+              "    with captured_output():\n"
+              "        time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == "ortgate: error: run exceeded --timeout 0.2s while creating the policy session\n"

@@ -56,6 +56,12 @@ def rmsnorm_form_fused(form: str, provider: str | None, level: str | None) -> bo
     return entry is not None and (provider or "CPUExecutionProvider") in entry.get("fused_by", ())
 
 
+def rmsnorm_form_providers(form: str) -> list[str]:
+    """The providers for which SimplifiedLayerNormFusion fuses this decomposed RMSNorm form (at EXTENDED+)."""
+    entry = optimizer_pass("SimplifiedLayerNormFusion")["rmsnorm_forms"].get(form)
+    return list(entry.get("fused_by", ())) if entry else []
+
+
 def attribute_default(domain: str, op_type: str, attribute: str) -> Any:
     """The value ORT uses when a node omits `attribute` (None when the table does not know)."""
     key = op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}"

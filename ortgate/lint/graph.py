@@ -46,6 +46,7 @@ def op_key(domain: str, op_type: str) -> str:
 
 
 _DTYPE_NAMES: dict[int, str | None] = {}
+_UNKNOWN = object()  # not in a cache yet (None is a cached answer)
 
 
 def dtype_name(elem_type: int) -> str | None:
@@ -481,33 +482,39 @@ class Graph:
 
     def dtype(self, name: str) -> str | None:
         """Declared dtype, else propagated through the producers (exported graphs rarely declare it)."""
-        if name in self._dtype_cache:
-            return self._dtype_cache[name]
-        # Iterative post-order walk: deep graphs must not hit Python's recursion limit.
-        pending = [name]
-        while pending:
-            current = pending[-1]
-            if current in self._dtype_cache:
-                pending.pop()
+        cache = self._dtype_cache
+        found = cache.get(name, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found
+        # Iterative depth-first post-order walk: deep graphs must not hit Python's recursion limit. A value is
+        # "open" from its first visit until its inputs are done; an input that is open is a cycle (that edge is
+        # given up). Sets, not lists: the walk can be as deep as the graph.
+        stack = [name]
+        open_values: set[str] = set()
+        while stack:
+            current = stack[-1]
+            if current in cache:
+                stack.pop()
+                continue
+            node = self._producer.get(current)
+            if current in open_values:  # second visit: its inputs are done
+                cache[current] = self._infer_output_dtype(node, current)
+                open_values.discard(current)
+                stack.pop()
                 continue
             declared = self.value(current)
             if declared is not None and declared.dtype:
-                self._dtype_cache[current] = declared.dtype
-                pending.pop()
+                cache[current] = declared.dtype
+                stack.pop()
                 continue
-            node = self._producer.get(current)
             if node is None:
-                self._dtype_cache[current] = None
-                pending.pop()
+                cache[current] = None
+                stack.pop()
                 continue
-            needed = [i for i in self._dtype_inputs(node, current) if i and i not in self._dtype_cache]
-            needed = [i for i in needed if i not in pending]  # a cycle: give up on that edge
-            if needed:
-                pending.extend(needed)
-                continue
-            self._dtype_cache[current] = self._infer_output_dtype(node, current)
-            pending.pop()
-        return self._dtype_cache[name]
+            open_values.add(current)
+            stack.extend(i for i in self._dtype_inputs(node, current)
+                         if i and i not in cache and i not in open_values)
+        return cache[name]
 
     def _dtype_inputs(self, node: Node, output: str) -> list[str]:
         if node.op_type in ("Cast", "Constant", "ConstantOfShape") or node.op_type in _INT64_OUTPUT_OPS:
@@ -568,6 +575,11 @@ class Graph:
     def inputs(self) -> list[ValueInfo]:
         """Graph inputs that are not initializers."""
         return self.input_infos
+
+    @cached_property
+    def input_names(self) -> frozenset[str]:
+        """Names of the graph inputs that are not initializers (for membership tests in walks)."""
+        return frozenset(i.name for i in self.input_infos)
 
     @property
     def outputs(self) -> list[ValueInfo]:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 _LAYER_IN_NAME = re.compile(
     r"(?:^|[/._\-:'\"\[ ])(?:layers|layer|h|blocks|block|decoder_layers|decoder_layer)[._/\-](\d{1,5})(?=$|[/._\-:'\"\] ])"
 )
+# ORT names a node it creates "<old name>/<Pass>/" (MatMulScaleFusion, QuickGeluFusion, ...).
+_ORT_PASS_SUFFIX = re.compile(r"(/[A-Za-z0-9_]*(?:Fusion|Transformer|Elimination|Rewriter)[A-Za-z0-9_]*/?)+$")
 _METADATA_KEYS = ("pkg.torch.onnx.name_scopes", "namespace", "pkg.torch.onnx.class_hierarchy")
 _FINAL_NORM_NAME = re.compile(r"final_norm|final_layernorm", re.IGNORECASE)
 # Ops a norm-only pseudo layer may hold besides the norms themselves.
@@ -56,9 +58,9 @@ def _own_layer(node: "Node") -> tuple[int | None, bool]:
         layer = layer_from_name(node.name)
         if layer is not None:
             return layer, True
-        # A scoped name such as "/model/norm/Mul" or "/lm_head/MatMul" places the node outside every layer
-        # ("node_silu_3/QuickGeluFusion/", ORT's name for a fused node, is not scoped).
-        return None, node.name.startswith("/")
+        # A scoped name such as "/model/norm/Mul", "model.norm/Mul" or "/lm_head/MatMul" places the node outside
+        # every layer; "node_silu_3/QuickGeluFusion/" is ORT's name for a fused node, not a scope.
+        return None, "/" in _ORT_PASS_SUFFIX.sub("", node.name)
     return None, False
 
 

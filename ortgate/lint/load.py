@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from ortgate.errors import InputError
+from ortgate.errors import InputError, printable
 
 GENAI_CONFIG_NAME = "genai_config.json"
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses messages of 2 GiB and more
@@ -94,6 +95,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     for signature, what in _NOT_ONNX_SIGNATURES:
         if data.startswith(signature):
             raise InputError(f"not an ONNX model: this is {what}", p)
+    utf8_ok = _utf8_checked_parse(data)  # parsed once more, then dropped: memory peaks at one parse
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -113,11 +115,95 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise InputError("not an ONNX model (no IR version or graph in the protobuf)", p)
     if not model.graph.node:
         raise InputError("the ONNX graph has no nodes", p)
+    bad_text = None if utf8_ok else first_non_utf8_text(model)
+    if bad_text is not None:
+        raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
     escaping = check_external_data_locations(model, p)
     if escaping:
         raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
                          "'..'); ONNX Runtime refuses such a model and ortgate never opens it", p)
     return model
+
+
+def _text_fields(descriptor) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
+    """(string fields, (message field, repeated)) of a message type; bytes fields such as raw_data are skipped."""
+    cached = _TEXT_FIELDS.get(descriptor.full_name)
+    if cached is None:
+        strings = tuple(f.name for f in descriptor.fields if f.type == f.TYPE_STRING)
+        messages = tuple((f.name, _is_repeated(f)) for f in descriptor.fields if f.type == f.TYPE_MESSAGE)
+        cached = _TEXT_FIELDS[descriptor.full_name] = (strings, messages)
+    return cached
+
+
+def _is_repeated(field) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.28; `label` is deprecated there
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+
+
+_TEXT_FIELDS: dict[str, tuple] = {}
+
+
+def first_non_utf8_text(model: onnx.ModelProto) -> str | None:
+    """The first string field (a name, op type, domain, ...) that is not valid UTF-8, or None.
+
+    ONNX's protobuf is proto2, whose parser does not check UTF-8: such a field reaches Python as bytes instead
+    of str, and every name lookup downstream would silently miss it (or fail). Only string fields are read:
+    tensor data (raw_data, float_data, ...) is never touched. A walk over every message: load_model runs it
+    only when the fast check (`_utf8_checked_parse`) has failed, to say which field is at fault.
+    """
+    stack: list = [model]
+    while stack:
+        message = stack.pop()
+        strings, messages = _text_fields(message.DESCRIPTOR)
+        for name in strings:
+            value = getattr(message, name)
+            if isinstance(value, str):
+                continue
+            for item in (value if not isinstance(value, bytes) else (value,)):
+                if isinstance(item, bytes):
+                    return f"{message.DESCRIPTOR.name}.{name} {printable(repr(item[:60]))}"
+        for name, repeated in messages:
+            if repeated:
+                stack.extend(getattr(message, name))
+            elif message.HasField(name):
+                stack.append(getattr(message, name))
+    return None
+
+
+@functools.cache
+def _utf8_checking_model_class():
+    """onnx.ModelProto as a protobuf edition that verifies UTF-8 while parsing, or None if this protobuf
+    cannot build it. Same fields, same wire format: parsing with it is a C-speed check of every string."""
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        file = descriptor_pb2.FileDescriptorProto()
+        onnx.ModelProto.DESCRIPTOR.file.CopyToProto(file)
+        file.name = f"ortgate-utf8-check/{file.name}"
+        file.syntax = "editions"
+        file.edition = descriptor_pb2.EDITION_2023
+        features = file.options.features
+        features.enum_type = descriptor_pb2.FeatureSet.CLOSED  # proto2 semantics, except for ...
+        features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED
+        features.utf8_validation = descriptor_pb2.FeatureSet.VERIFY  # ... this
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(file)
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.ModelProto"))
+    except Exception:  # an older or newer protobuf: load_model walks the strings instead
+        return None
+
+
+def _utf8_checked_parse(data: bytes) -> bool:
+    """False when the bytes hold a string field that is not UTF-8 (or the check is unavailable)."""
+    checking = _utf8_checking_model_class()
+    if checking is None:
+        return False
+    probe = checking()
+    try:
+        probe.ParseFromString(data)
+        return True
+    except Exception:
+        return False
 
 
 _TOO_DEEP = "protobuf nested too deeply: subgraphs inside subgraphs beyond what the protobuf parser accepts"

@@ -7,7 +7,7 @@ from typing import Any
 
 from ortgate.knowledge import Support, kernel_table
 from ortgate.knowledge.families import family_names
-from ortgate.knowledge.fusions import attribute_default, fusions_version
+from ortgate.knowledge.fusions import attribute_default
 from ortgate.lint.context import RuleContext
 from ortgate.lint.expectations import Expected
 from ortgate.lint.findings import Location, Severity
@@ -254,7 +254,11 @@ def gqa_config_mismatch(ctx: RuleContext):
             )
         if head_size is not None:
             size, how = gqa_head_size(graph, node)
-            if size is not None and size != int(head_size.value):
+            if size is None:
+                yield ctx.undecided(
+                    f"the head size of {node.display_name} is not in the graph (no static KV cache or query shape, no "
+                    f"o_proj behind it) to compare with {head_size.describe()}", graph=graph, node=node)
+            elif size != int(head_size.value):
                 wrong_size.append((node, size, how))
         if cuda:
             dtype = graph.dtype(node.input(0))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ortgate.knowledge.families import ModelFamily, model_family
-from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused
+from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
 from ortgate.lint.context import RuleContext
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import Node
@@ -81,7 +81,8 @@ def rmsnorm_not_fused(ctx: RuleContext):
         if is_dump:
             why = f"still decomposed in ORT's optimized dump (ORT fused nothing here: form {', '.join(forms)})"
         else:
-            why = ort_pass_note("SimplifiedLayerNormFusion", tgt, repaired)
+            fused_elsewhere = set.intersection(*(set(rmsnorm_form_providers(m.form)) for m in group))
+            why = ort_pass_note("SimplifiedLayerNormFusion", tgt, repaired, fused_elsewhere)
         what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
         yield ctx.finding(
             f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(layer)} computed with standard ops "
@@ -243,7 +244,7 @@ def norm_epsilon_default(ctx: RuleContext):
     for eps in sorted({m.epsilon for m in decomposed}):
         group = [m for m in decomposed if m.epsilon == eps]
         yield ctx.finding(
-            f"{len(group)} decomposed RMSNorm{'s' if len(group) > 1 else ''} add epsilon={eps:g}, but {source}",
+            f"{len(group)} decomposed RMSNorm{'s add' if len(group) > 1 else ' adds'} epsilon={eps:g}, but {source}",
             node=group[0].last, graph=graph, related=[m.last for m in group[1:]],
             fix=f"Re-export with rms_norm_eps={expected:g}, or correct the policy's model.rms_norm_eps.",
             properties={"epsilon": eps, "expected": expected, "absent": False, "nodes": len(group)},

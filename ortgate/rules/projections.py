@@ -7,7 +7,7 @@ from ortgate.knowledge.providers import graph_optimization_levels
 from ortgate.lint.context import RuleContext
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import is_op, matmul_weight
+from ortgate.lint.patterns.common import is_op
 from ortgate.lint.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
 from ortgate.lint.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
 from ortgate.rules.base import rule
@@ -101,7 +101,13 @@ def qkv_not_packed(ctx: RuleContext):
     graph, is_dump = judged_graph(ctx)
     tgt = target(ctx)
     where = " in ORT's optimized dump" if is_dump else ""
-    candidates = [p for p in qkv_projections(graph) if not p.packed and p.shared_input]
+    found_all = qkv_projections(graph)
+    for untraced in (p for p in found_all if not p.traced and not p.packed):
+        yield ctx.undecided(
+            f"{untraced.attention.key} {layer_text(untraced.layer)}: its query, key and value do not each lead to one "
+            "projection (MatMul / Gemm / MatMulNBits with a constant weight), so whether they are packed is unknown",
+            graph=graph, node=untraced.attention)
+    candidates = [p for p in found_all if not p.packed and p.shared_input]
     for (_, layer), group in by_layer(candidates, lambda p: p.attention, lambda p: p.layer):
         for found in group:
             projections = found.separate
@@ -305,7 +311,8 @@ def swiglu_not_fused(ctx: RuleContext):
     unfused = [m for m in gated_mlps(graph) if not m.fused_activation]
     for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer):
         yield ctx.finding(
-            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} {layer_text(layer)} compute SiLU(gate) * up as "
+            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} {layer_text(layer)} "
+            f"compute{'' if len(group) > 1 else 's'} SiLU(gate) * up as "
             f"Sigmoid -> Mul -> Mul; {why}",
             node=group[0].activation[0], graph=graph, layer=layer,
             related=[n for m in group for n in (*m.activation, m.product)], fix=SWIGLU_FIX,

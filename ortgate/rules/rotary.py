@@ -58,7 +58,7 @@ def rotary_not_fused(ctx: RuleContext):
         trig = "Sin/Cos computed in the graph" if any(r.trig for r in group) else "cached cos/sin tables"
         ops = sorted({n.op_type for r in group for n in r.nodes})
         yield ctx.finding(
-            f"rotary embedding applied to {len(group)} tensor{'s' if len(group) > 1 else ''} (q/k) in "
+            f"rotary embedding applied to {len(group)} tensor{'s' if len(group) > 1 else ''} (q/k) "
             f"{layer_text(layer)} with {', '.join(ops)} ({trig}){where} instead of com.microsoft RotaryEmbedding or "
             f"GroupQueryAttention do_rotary=1; ORT {fusions_version()} has no pass that fuses it",
             node=group[0].neg, graph=graph, layer=layer,

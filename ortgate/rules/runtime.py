@@ -206,23 +206,23 @@ def free_dim_unresolved(ctx: RuleContext):
 
     ## Why it costs throughput
     A pinned dim lets ORT fold shape computations, plan memory statically and select kernels for the real
-    shape; CUDA graph capture needs fixed shapes. An override that matches nothing (a typo such as
-    `batch: 1` for a model whose dim is `batch_size`) pins nothing, and the policy only looks fixed.
+    shape; CUDA graph capture needs fixed shapes. A dim the session still reports symbolic was not pinned,
+    whatever the policy says, and the policy only looks fixed.
 
     ## Bad
-    ```yaml
-    session:
-      free_dimension_overrides: {batch: 1, seq_len: 1}     # the model's dims: batch_size, sequence_length
+    ```
+    policy:               free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    session.get_inputs(): input_ids ['batch_size', 1]
     ```
 
     ## Good
-    ```yaml
-    session:
-      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+    session.get_inputs(): input_ids [1, 1]
     ```
 
     ## Fix
-    Use the dim names of the model's inputs (`ortgate run` lists the session's input shapes in its report).
+    Use the dim names of the model's inputs (`ortgate run` lists the session's input shapes in its JSON
+    report), and check that no `free_dimension_overrides_by_denotation` entry conflicts with the override.
     """
     run = run_evidence(ctx)
     if run is None:

@@ -47,16 +47,26 @@ def judged_graph(ctx: RuleContext) -> tuple[Graph, bool]:
     return (ctx.optimized, True) if ctx.optimized is not None else (ctx.model, False)
 
 
-def ort_pass_note(pass_name: str, tgt: Target, repaired: bool) -> str:
-    """One sentence: does ORT's optimizer pass `pass_name` run (and repair the pattern) for this target."""
+def _short(providers: Iterable[str]) -> str:
+    return "/".join(_SHORT_PROVIDER.get(p, p) for p in providers) or "no provider"
+
+
+def ort_pass_note(pass_name: str, tgt: Target, repaired: bool, form_providers: Iterable[str] | None = None) -> str:
+    """One sentence: does ORT's optimizer pass `pass_name` run (and repair the pattern) for this target.
+
+    form_providers: the providers for which the pass matches this particular form (None: not form-specific)."""
     info = optimizer_pass(pass_name)
-    providers = "/".join(_SHORT_PROVIDER.get(p, p) for p in info.get("providers", ())) or "no provider"
+    providers = _short(info.get("providers", ()))
     where = f"{tgt.provider_label} at {tgt.level}"
     if repaired:
         return (f"ORT's {pass_name} ({info['level']} and above, {providers}; ORT {fusions_version()}) is expected to "
                 f"rewrite it at session creation for {where}: confirm with an optimized dump (--optimized)")
     if not pass_applies(pass_name, tgt.provider, tgt.level):
         return f"ORT's {pass_name} ({info['level']}+, {providers}) does not run for {where}"
+    others = sorted(set(form_providers or ()))
+    if others:
+        return (f"ORT's {pass_name} (ORT {fusions_version()}) matches this form only on {_short(others)}, not on "
+                f"{tgt.provider_label}, so it runs as exported")
     return f"ORT's {pass_name} (ORT {fusions_version()}) does not match this form, so it runs as exported"
 
 

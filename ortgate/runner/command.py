@@ -199,6 +199,12 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
     dims, step = ri.resolve_dims(signature, settings, overrides,
                                  window=ri.sliding_window(inputs.model, inputs.genai),
                                  head=ri.head_size(policy, inputs.genai), policy_file=str(policy.path))
+    context = inputs.genai.data["model"].get("context_length") if inputs.genai else None
+    if isinstance(context, int) and not isinstance(context, bool) and step.total_sequence_length > context:
+        loc = settings.where("past_sequence_length") or settings.where("sequence_length")
+        raise InputError(f"past {step.past_sequence_length} + {step.sequence_length} new tokens exceed the model's "
+                         f"context_length {context} (genai_config.json): lower runner.past_sequence_length",
+                         loc.file if loc else policy.path, line=loc.line if loc else None)
     feeds = ri.synthesize(signature, dims, step, ri.token_inputs(inputs.model, inputs.genai),
                           policy_file=str(policy.path))
     for spec in ri.session_signature(session):
@@ -218,6 +224,7 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
              iterations: int | None = None) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
     from ortgate.runner.measure import (BoundSession, device_info, latency_stats, plan_binding, timed_runs,
                                         tokens_per_second)
+    from ortgate.runner.session import captured_output
 
     plan = plan_binding(provider, effective)
     warmup = settings.warmup
@@ -229,7 +236,8 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
     bound = BoundSession(session, plan, feeds)
     deadline.enter(f"running the {label} session once", bound)
     try:
-        bound.discover_outputs()
+        with captured_output():  # the first run is where a bad input fails: ORT's log line must not leak
+            bound.discover_outputs()
     except Exception as exc:
         if deadline.expired:
             from ortgate.runner.measure import RunTimeout
@@ -266,16 +274,16 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
     from ortgate.runner import session as rs
     from ortgate.runner.compare import compare_outputs
     from ortgate.runner.evidence import Correctness
-    from ortgate.runner.measure import BoundSession, MemoryProbe, plan_binding
+    from ortgate.runner.measure import BoundSession, plan_binding
 
-    memory = MemoryProbe(plan_binding(provider, {}))
-    memory.start()
+    # No memory figure for the default session: it reuses memory the policy session freed, so its RSS growth
+    # would understate it.
     deadline.enter("creating ORT's default session")
     progress.note(f"creating ORT's default session on {provider}")
     default = rs.create_session(inputs.model.path, None, kind="default", provider=provider, libraries=libraries)
     effective = default.session.get_provider_options().get(provider, {})
     baseline, _, _ = _measure("default", default.session, provider, effective, feeds, settings, deadline, progress,
-                              memory, evidence)
+                              None, evidence)
     del default
 
     deadline.enter("creating the ORT_DISABLE_ALL reference session")
@@ -284,7 +292,8 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
     bound = BoundSession(reference.session, plan_binding(provider, {}), feeds)
     deadline.enter("running the ORT_DISABLE_ALL reference session", bound)
     try:
-        bound.discover_outputs()
+        with rs.captured_output():
+            bound.discover_outputs()
     except Exception as exc:
         raise InputError(f"the ORT_DISABLE_ALL reference session failed to run: {_one_line(exc)}",
                          evidence.model) from None

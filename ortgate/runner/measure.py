@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -194,7 +194,10 @@ class Deadline:
             current.terminate()
         if self._done.wait(self.grace_s) or not self.hard_exit:
             return
-        os.write(2, f"ortgate: error: run exceeded --timeout {self.limit_s:g}s while {self.phase}\n".encode())
+        from ortgate.runner.session import original_stderr_fd
+
+        message = f"ortgate: error: run exceeded --timeout {self.limit_s:g}s while {self.phase}\n"
+        os.write(original_stderr_fd(), message.encode())
         os._exit(self.exit_code)
 
 
@@ -302,8 +305,6 @@ class MemoryProbe:
     plan: BindingPlan
     before: int | None = None
     reset: bool = False
-    source: str | None = None
-    _samples: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         if self.plan.device_type == "cuda":

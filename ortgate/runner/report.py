@@ -13,6 +13,7 @@ from ortgate.lint.engine import LintResult
 from ortgate.runner.evidence import Measurement, RunEvidence
 
 FORMATS = ("text", "json")
+MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
 
 
 def render_run(fmt: str, result: LintResult, evidence: RunEvidence) -> str:
@@ -74,7 +75,8 @@ def _write(console: Console, ev: RunEvidence) -> None:
         _measurement(console, "default", ev.baseline, cpu)
         if ev.speedup_vs_default is not None:
             _line(console, "speedup", f"{ev.speedup_vs_default:.3f}x policy vs ORT's default session "
-                                      f"(p50 {ev.baseline.stats.p50_ms:.4g} ms / {ev.measurement.stats.p50_ms:.4g} ms){cpu}")
+                                      f"(p50 {_ms(ev.baseline.stats.p50_ms)} ms / {_ms(ev.measurement.stats.p50_ms)} ms)"
+                                      f"{cpu}")
     if ev.correctness is not None:
         worst = [o for o in ev.correctness.outputs if not o.ok]
         diffs = ", ".join(f"{o.output} {o.max_abs_diff:.2g}" for o in ev.correctness.outputs[:4]
@@ -83,17 +85,23 @@ def _write(console: Console, ev: RunEvidence) -> None:
         _line(console, "outputs", f"vs {ev.correctness.reference}: {verdict} (max |diff|: {diffs or 'n/a'})")
     for note in ev.notes:
         _line(console, "note", note)
+    for message in s.ort_messages[:MAX_ORT_LINES]:
+        _line(console, "ort said", message)
     if ev.profile is not None:
         _profile(console, ev, cpu)
+
+
+def _ms(value: float) -> str:
+    return f"{value:.4f}" if value < 1 else f"{value:.3f}" if value < 100 else f"{value:,.1f}"
 
 
 def _measurement(console: Console, label: str, m: Measurement, cpu: str) -> None:
     st = m.stats
     mode = "IOBinding" + (" + CUDA graph replay" if m.cuda_graph else "")
-    _line(console, label, f"{m.provider} on {m.device}: p50 {st.p50_ms:.4g} ms, p90 {st.p90_ms:.4g} ms, "
-                          f"p99 {st.p99_ms:.4g} ms, mean {st.mean_ms:.4g} ms ({m.warmup} warm-up + {st.iterations} "
-                          f"timed runs, {mode}){cpu}")
-    _line(console, "", f"{m.tokens_per_second:.4g} tokens/s (batch {m.batch_size} x {m.new_tokens} new "
+    _line(console, label, f"{m.provider} on {m.device}: p50 {_ms(st.p50_ms)} ms, p90 {_ms(st.p90_ms)} ms, "
+                          f"p99 {_ms(st.p99_ms)} ms, mean {_ms(st.mean_ms)} ms ({m.warmup} warm-up + "
+                          f"{st.iterations} timed runs, {mode}){cpu}")
+    _line(console, "", f"{m.tokens_per_second:,.1f} tokens/s (batch {m.batch_size} x {m.new_tokens} new "
                        f"token{'s' if m.new_tokens != 1 else ''} / p50){cpu}")
     if m.peak_memory_bytes is not None:
         _line(console, "", f"{m.peak_memory_bytes / 2**20:.1f} MiB {m.memory_source}")

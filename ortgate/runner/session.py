@@ -55,6 +55,14 @@ class CapturedOutput:
         return ort_messages(self.text)
 
 
+_SAVED_STDERR: list[int] = []  # the real stderr while captured_output() redirects fd 2
+
+
+def original_stderr_fd() -> int:
+    """Where a message must go to reach the user even while ORT's output is being captured."""
+    return _SAVED_STDERR[0] if _SAVED_STDERR else 2
+
+
 @contextlib.contextmanager
 def captured_output() -> Iterator[CapturedOutput]:
     """Capture what ORT writes while the block runs: native stdout/stderr (its logger) and Python prints
@@ -73,12 +81,16 @@ def captured_output() -> Iterator[CapturedOutput]:
                 os.dup2(tmp.fileno(), fd)
             except OSError:
                 pass
+        if 2 in saved:
+            _SAVED_STDERR.append(saved[2])
         with contextlib.redirect_stdout(python_out):
             yield holder
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        if 2 in saved and saved[2] in _SAVED_STDERR:
+            _SAVED_STDERR.remove(saved[2])
         for fd, dup in saved.items():
             os.dup2(dup, fd)
             os.close(dup)
@@ -136,7 +148,7 @@ def provider_availability(provider: str) -> tuple[bool, str | None]:
     so = ort.SessionOptions()
     with captured_output() as out:
         if provider in CUDA_LIBRARY_PROVIDERS and hasattr(ort, "preload_dlls"):
-            # CUDA / cuDNN from pip (nvidia-*-cu13) are not on the loader path; ORT's own helper loads them.
+            # CUDA / cuDNN from pip (nvidia-*-cu13) are not on the loader path; onnxruntime.preload_dlls loads them.
             with contextlib.suppress(Exception):
                 ort.preload_dlls()
         try:

@@ -59,7 +59,7 @@ class Upstream:
 
 def trace_to_projections(graph: Graph, value: str, budget: int = _UPSTREAM_BUDGET) -> Upstream:
     """Walk upstream from `value` to the linear projections it is computed from (stopping at each)."""
-    inputs = {i.name for i in graph.inputs}
+    inputs = graph.input_names
     norms = norm_by_output(graph)
     rotaries = rotary_by_output(graph)
     found: dict[int, Node] = {}
@@ -117,6 +117,7 @@ class QkvProjections:
     shared_input: bool  # the separate projections read the same hidden state
     fused: bool  # a fused attention op (else a decomposed core)
     related: list[Node] = field(default_factory=list)
+    traced: bool = True  # each of q, k, v led to exactly one projection
 
     @property
     def separate(self) -> list[Node]:
@@ -144,7 +145,7 @@ def _find_qkv(graph: Graph) -> list[QkvProjections]:
         q_in, k_in, v_in = node.input(0), node.input(1), node.input(2)
         if not k_in and not v_in:  # packed QKV input (GroupQueryAttention, Attention)
             q = _one(graph, q_in)
-            out.append(QkvProjections(node, node.layer, q, q, q, True, False, True))
+            out.append(QkvProjections(node, node.layer, q, q, q, True, False, True, traced=q is not None))
             continue
         out.append(_judge(graph, node, node.layer, q_in, k_in, v_in, fused=True))
     for core in attention_cores(graph):
@@ -159,7 +160,8 @@ def _judge(graph: Graph, attention: Node, layer: int | None, q_in: str, k_in: st
     distinct = {n.index: n for n in (q, k, v) if n is not None}
     packed = len(distinct) == 1 and None not in (q, k, v)
     shared = len(distinct) > 1 and None not in (q, k, v) and len({_source(graph, n) for n in distinct.values()}) == 1
-    return QkvProjections(attention, layer, q, k, v, packed, shared, fused, list(distinct.values()))
+    return QkvProjections(attention, layer, q, k, v, packed, shared, fused, list(distinct.values()),
+                          traced=None not in (q, k, v))
 
 
 @dataclass
