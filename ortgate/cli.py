@@ -116,8 +116,9 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return cmd_explain(args)
     if args.command == "policy" and args.policy_command == "validate":
         return cmd_policy_validate(args)
-    parser.print_help(sys.stderr)
-    return EXIT_INPUT
+    if args.command == "policy":
+        raise InputError("policy: a subcommand is required: validate (see `ortgate policy --help`)")
+    raise InputError("a command is required: lint, run, rules, explain or policy (see `ortgate --help`)")
 
 
 def version_text() -> str:

@@ -82,6 +82,8 @@ def test_dynamo_export_reports_every_layer(dump):
     folder = EXPORTED / "dynamo-qwen3_moe"
     found = lint_findings(folder / "model.onnx", optimized=folder / dump if dump else None, select=GRAPH_RULES)
     assert _layers(found, "moe-not-fused") == [0, 1]
+    # 4 experts x (merged gate_up Gemm on Gather(W, e) + down Gemm)
+    assert {dict(f.properties)["expert_projections"] for f in found if f.rule == "moe-not-fused"} == {8}
     assert _layers(found, "gqa-not-fused") == [0, 1]
     assert _layers(found, "rmsnorm-not-fused") == [0, 1, None]  # None: the final norm
     assert _layers(found, "rotary-not-fused") == [0, 1]

@@ -286,6 +286,14 @@ def _subgraph_output(node: "Node", output: str) -> str | None:
 _BOOL_OUTPUT_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf",
 }
+# Every op type that Graph._dtype_inputs or Graph._infer_output_dtype treats specially. All others take the
+# dtype of their first input whose dtype is known (the fast path: dtype propagation visits every value).
+_DTYPE_SPECIAL_OPS = frozenset(
+    {"Cast", "CastLike", "Constant", "ConstantOfShape", "DequantizeLinear", "QuantizeLinear", "Where", "Unique",
+     "TopK"}
+    | _INT64_OUTPUT_OPS | _BOOL_OUTPUT_OPS | set(_SUBGRAPH_OUTPUT_OFFSET)
+    | {op for _, op in _FIXED_OUTPUT_DTYPES} | {op for _, op in _DTYPE_FROM_INPUT}
+)
 
 
 class Graph:
@@ -347,6 +355,9 @@ class Graph:
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
         unordered = self.unordered_nodes
         op_types = {}.setdefault  # one str per op type (a 50k-node graph has a few dozen)
+        # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
+        # every later lookup by name compares identical objects instead of equal strings.
+        share = {}.setdefault
         stack: list[tuple[str | None, list[set[str]], Iterator[onnx.NodeProto]]] = [(path, [visible], iter(g.node))]
         while stack:
             gpath, scopes, it = stack[-1]
@@ -359,8 +370,8 @@ class Graph:
                     domain = canonical_domain(domain)
                 op_type = proto.op_type
                 op_type = op_types(op_type, op_type)
-                inputs = tuple(proto.input)
-                outputs = tuple(proto.output)
+                inputs = tuple([share(name, name) for name in proto.input])
+                outputs = tuple([share(name, name) for name in proto.output])
                 node = Node(proto, len(nodes), gpath, proto.name, op_type, domain, inputs, outputs)
                 nodes.append(node)
                 by_op[(domain, op_type)].append(node)
@@ -502,9 +513,9 @@ class Graph:
                 open_values.discard(current)
                 stack.pop()
                 continue
-            declared = self.value(current)
-            if declared is not None and declared.dtype:
-                cache[current] = declared.dtype
+            declared = self._declared_dtype(current)
+            if declared:
+                cache[current] = declared
                 stack.pop()
                 continue
             if node is None:
@@ -516,7 +527,19 @@ class Graph:
                          if i and i not in cache and i not in open_values)
         return cache[name]
 
-    def _dtype_inputs(self, node: Node, output: str) -> list[str]:
+    def _declared_dtype(self, name: str) -> str | None:
+        info = self._values.get(name)
+        if info is not None:
+            if info.__class__ is not ValueInfo:
+                info = self._values[name] = _value_info(info)
+            return info.dtype
+        init = self.initializers.get(name)
+        return init.dtype if init is not None else None
+
+    def _dtype_inputs(self, node: Node, output: str) -> tuple[str, ...] | list[str]:
+        """The inputs whose dtypes decide `output`'s (may hold "" for omitted inputs)."""
+        if node.op_type not in _DTYPE_SPECIAL_OPS:
+            return node.inputs
         if node.op_type in ("Cast", "Constant", "ConstantOfShape") or node.op_type in _INT64_OUTPUT_OPS:
             return []
         if (node.domain, node.op_type) in _FIXED_OUTPUT_DTYPES:
@@ -538,6 +561,14 @@ class Graph:
 
     def _infer_output_dtype(self, node: Node, output: str) -> str | None:
         op = node.op_type
+        if op not in _DTYPE_SPECIAL_OPS:
+            cache = self._dtype_cache
+            for i in node.inputs:
+                if i:
+                    found = cache.get(i)
+                    if found:
+                        return found
+            return None
         if op == "Cast":
             return dtype_name(node.attr("to", 0) or 0)
         if op in _INT64_OUTPUT_OPS:

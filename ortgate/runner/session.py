@@ -287,7 +287,10 @@ def create_session(model_path: str, setup: SessionSetup | None, *, kind: str = "
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
     for library in libraries:
-        so.register_custom_ops_library(library)
+        try:
+            so.register_custom_ops_library(library)
+        except Exception as exc:  # not a loadable library: the policy named the wrong file
+            raise InputError(f"custom-op library could not be loaded: {' '.join(str(exc).split())}", library) from None
     if dump_path:
         so.optimized_model_filepath = dump_path
         if large_model:

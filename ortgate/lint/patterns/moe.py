@@ -150,9 +150,16 @@ def _expert_linears(graph: Graph, block: MoeBlock, hidden: str) -> list[Node]:
 
 
 def _linears_by_layer(graph: Graph) -> dict[int, list[Node]]:
+    from ortgate.lint.patterns.projections import projection_dims
+
     def compute(g: Graph) -> dict[int, list[Node]]:
         out: dict[int, list[Node]] = defaultdict(list)
-        for n in linear_nodes(g):
+        found = {n.index: n for n in linear_nodes(g)}
+        # torch exports a loop over stacked 3-D expert weights as Gemm(x, Gather(W, e)): a projection too
+        for n in g.by_op_type("MatMul", "Gemm"):
+            if n.index not in found and projection_dims(g, n) is not None:
+                found[n.index] = n
+        for n in sorted(found.values(), key=lambda n: n.index):
             if n.layer is not None:
                 out[n.layer].append(n)
         return out

@@ -156,9 +156,7 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     add = _single(graph, rm.outputs[0], "Add")
     if add is None:
         return None
-    epsilon = _constant_scalar(graph, _other_input(add, rm.outputs[0]))
-    if epsilon is None:
-        return None
+    epsilon = _constant_scalar(graph, _other_input(add, rm.outputs[0]))  # None: computed, still an RMSNorm
     nodes = [square, rm, add]
     root = graph.consumers(add.outputs[0])
     sqrt = next((c for c in root if is_op(c, "Sqrt")), None)
