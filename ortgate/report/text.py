@@ -31,7 +31,12 @@ def write(console: Console, result: LintResult) -> None:
     for file, layers in by_file.items():
         console.print(Text(file, style="bold underline"))
         for layer in sorted(layers, key=lambda x: (x is not None, x if x is not None else -1)):
-            heading = f"  layer {layer}" if layer is not None else "  model / config"
+            if layer is not None:
+                heading = f"  layer {layer}"
+            elif any(f.node for f in layers[layer]):
+                heading = "  outside the decoder layers"
+            else:
+                heading = "  configuration"
             console.print(Text(heading, style="bold"))
             for f in layers[layer]:
                 _write_finding(console, f, show_fix=bool(f.fix) and f.fix not in shown_fixes)
