@@ -103,7 +103,7 @@ def unknown_provider_option(ctx: RuleContext):
     ## Why it costs throughput
     ORT's CUDA, TensorRT and CANN providers reject unknown keys. Python's `InferenceSession` catches that
     error, prints "EP Error ... Falling back to ['CPUExecutionProvider']" and builds a CPU session: the
-    model runs, 10-100x slower, and nothing fails. (onnxruntime-genai fails to create the session instead.)
+    model runs, on the CPU, and nothing fails. (onnxruntime-genai fails to create the session instead.)
 
     ## Bad
     ```yaml

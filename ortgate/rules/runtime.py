@@ -53,7 +53,7 @@ def ep_unavailable(ctx: RuleContext):
 
     ## Why it costs throughput
     Asked for an unavailable provider, ORT logs an error and builds a CPU session: a CI job that "passes"
-    there measured CPU, and a server deployed that way runs 10-100x slower while reporting no failure.
+    there measured CPU, and a server deployed that way runs on the CPU while reporting no failure.
 
     ## Bad
     ```

@@ -416,7 +416,7 @@ def cpu_fallback_allowed(ctx: RuleContext):
     ## Why it costs throughput
     A node no registered provider has a kernel for runs on the CPU provider, which ORT adds implicitly, with
     Memcpy nodes around it; the only trace is a log warning. A model that ran at GPU speed yesterday can run
-    10x slower after an export change and every check stays green.
+    far slower after an export change and every check stays green.
 
     ## Bad
     ```yaml
