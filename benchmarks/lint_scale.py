@@ -96,8 +96,10 @@ def _child_rss(mode: str, path: str, report: str, policy: str) -> dict:
 
         code = main(_lint_argv(path, report, policy))
         data_opened = sorted({p for p in opened if p.endswith(".data")})
-        findings = len(json.loads(Path(report).read_text()).get("findings", [])) if code in (0, 1) else None
-        return {"rss": _peak_rss_bytes(), "exit_code": code, "data_opened": data_opened, "findings": findings}
+        findings = json.loads(Path(report).read_text()).get("findings", []) if code in (0, 1) else []
+        crashed = sorted({f["code"] for f in findings if "internal error" in f.get("message", "")})
+        return {"rss": _peak_rss_bytes(), "exit_code": code, "data_opened": data_opened, "findings": len(findings),
+                "crashed_rules": crashed}
     if mode == "load":
         import onnx
 
@@ -169,6 +171,7 @@ def _tiny_model(path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from benchmarks.scale_models import headline_specs, scaled_unfused, write_model
 
+    load_before = os.getloadavg()[0]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="ortgate-scale-"))
     report = str(workdir / "report.json")
     try:
@@ -185,17 +188,20 @@ def run(args: argparse.Namespace) -> int:
         baseline = _run_child("rss", "lint", str(tiny), report, "-")["rss"]
         rows = []
         for m in models:
-            repeat = 1 if m.nodes >= MILLION else args.repeat
+            repeat = 1 if m.nodes >= MILLION // 2 else args.repeat  # the 1M-node graph: once
             policy = str(_policy_for(m.name))
             _log(f"measuring {m.name} ({m.nodes:,} nodes, {repeat}x)")
             t = _run_child("time", str(m.path), str(repeat), report, policy)
+            start = time.perf_counter()
             rss_lint = _run_child("rss", "lint", str(m.path), report, policy)
+            cold = time.perf_counter() - start  # a fresh process: interpreter start, imports, one lint
             rss_load = _run_child("rss", "load", str(m.path), report, policy)["rss"]
             load, lint, walk = (statistics.median(t[k]) for k in ("load", "lint", "walk"))
             rows.append({
                 "model": m, "policy": Path(policy).name, "load": load, "lint": lint, "walk": walk,
-                "exit_codes": t["exit_codes"], "rss_lint": rss_lint["rss"], "rss_load": rss_load,
+                "exit_codes": t["exit_codes"], "rss_lint": rss_lint["rss"], "rss_load": rss_load, "cold": cold,
                 "data_opened": rss_lint["data_opened"], "findings": rss_lint["findings"],
+                "crashed_rules": rss_lint["crashed_rules"],
                 "budget": RSS_FILE_FACTOR * m.file_bytes + baseline,
             })
     finally:
@@ -205,28 +211,30 @@ def run(args: argparse.Namespace) -> int:
     flags = f"--repeat {args.repeat}{' --million' if args.million else ''}"
     out = [
         f"Command: `python benchmarks/lint_scale.py {flags}`  ",
-        f"Machine: {_machine()}  ",
+        f"Machine: {_machine()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after  ",
         f"Medians of {args.repeat} runs in one process (`ortgate.cli.main(['lint', MODEL, '--policy', POLICY, "
         "'--format', 'json', '--output', FILE])`, all rules); each peak RSS from a fresh process. Interpreter: "
         f"{_mib(baseline)} MiB (`ortgate lint` of a one-node model; an empty Python is {_mib(baseline_empty)} MiB).",
         "",
         "| model | nodes | .onnx | declared weights | .data file | findings | onnx.load ms | node walk ms "
-        "| ortgate lint ms | lint / load | lint ms per 1k nodes | peak RSS lint MiB | budget MiB | onnx.load RSS MiB |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ortgate lint ms | lint / load | lint ms per 1k nodes | fresh process s | peak RSS lint MiB | budget MiB "
+        "| onnx.load RSS MiB |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["model"]
         out.append(
             f"| {m.name} | {m.nodes:,} | {_size(m.file_bytes)} | {_size(m.declared_weight_bytes)} | {m.data_file} "
             f"| {r['findings']} | {r['load'] * 1e3:.1f} | {r['walk'] * 1e3:.1f} | {r['lint'] * 1e3:.1f} "
-            f"| {r['lint'] / r['load']:.0f}x | {r['lint'] * 1e6 / m.nodes:.2f} | {_mib(r['rss_lint'])} "
+            f"| {r['lint'] / r['load']:.0f}x | {r['lint'] * 1e6 / m.nodes:.2f} | {r['cold']:.2f} | {_mib(r['rss_lint'])} "
             f"| {_mib(r['budget'])} | {_mib(r['rss_load'])} |"
         )
     out += [
         "",
         "Policies: qwen3.6-* with policies/qwen3.6-35b-a3b-h100.yaml, the others with "
         "policies/qwen3-30b-a3b-cuda.yaml. node walk: onnx.load plus reading every node's name, op_type, domain, "
-        "inputs and outputs once in Python, the least any Python index of the graph costs. budget: "
+        "inputs and outputs once in Python, the least any Python index of the graph costs. fresh process: "
+        "wall time of one `ortgate lint` in a new interpreter (start-up and imports included). budget: "
         f"{RSS_FILE_FACTOR:g}x the .onnx size + the interpreter. onnx.load RSS: a fresh process that only runs "
         "onnx.load(path, load_external_data=False).",
         "",
@@ -257,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     opened = sorted({p for r in rows for p in r["data_opened"]})
     verdicts.append((not opened, "no external data file opened (audit hook in each lint process)"
                      + (f": opened {opened}" if opened else "")))
+    crashed = sorted({f"{r['model'].name}: {code}" for r in rows for code in r["crashed_rules"]})
+    verdicts.append((not crashed, "no rule failed with an internal error" + (f": {crashed}" if crashed else "")))
     bad_exit = [r["model"].name for r in rows if set(r["exit_codes"]) - {0, 1}]
     verdicts.append((not bad_exit, "every lint ended with a verdict (exit 0 or 1)"
                      + (f": not {bad_exit}" if bad_exit else "")))

@@ -198,9 +198,13 @@ def _progress(enabled: bool, delay: float | None = None) -> Iterator:
                 status.start()
                 state["shown"] = True
 
-    timer = threading.Timer(PROGRESS_DELAY_S if delay is None else delay, show)
+    delay = PROGRESS_DELAY_S if delay is None else delay
+    timer = threading.Timer(delay, show)
     timer.daemon = True
-    timer.start()
+    if delay > 0:
+        timer.start()
+    else:
+        show()
     try:
         yield lambda msg: status.update(f"ortgate: {msg}")
     finally:

@@ -1,4 +1,5 @@
-"""Property-based tests: mutated models, policies and genai configs never crash the CLI.
+"""Property-based tests: mutated models, policies and genai configs never crash `ortgate lint` (nor
+`ortgate run`, on a few graph-edited models).
 
 For any input, `ortgate` either reports (exit 0 or 1, nothing on stderr) or refuses it with exactly one line
 `ortgate: error: FILE...: problem` on stderr and exit 2. Never exit 3 (internal error), never a traceback.
@@ -130,7 +131,7 @@ def apply_byte_edits(data: bytes, edits) -> bytes:
     return bytes(buf)
 
 
-@fuzz_settings(100)
+@fuzz_settings(150)
 @given(seed=st.sampled_from(sorted(SEED_SPECS)), edits=st.lists(byte_edit, min_size=1, max_size=6),
        fmt=st.sampled_from(FORMATS))
 def test_byte_mutated_models_are_reported_or_refused_in_one_line(workdir, seed, edits, fmt):
@@ -287,7 +288,7 @@ def genai_config_path() -> Path:
     return EXAMPLES / "qwen3-moe-tiny-fused" / "genai_config.json"
 
 
-@fuzz_settings(120)
+@fuzz_settings(200)
 @given(seed=st.sampled_from(sorted(SEED_SPECS)), edits=st.lists(graph_edit, min_size=1, max_size=8),
        fmt=st.sampled_from(FORMATS), with_policy=st.booleans(), with_optimized=st.booleans())
 def test_graph_edited_models_are_linted_without_crashing(workdir, seed, edits, fmt, with_policy, with_optimized):
@@ -304,6 +305,20 @@ def test_graph_edited_models_are_linted_without_crashing(workdir, seed, edits, f
     if code == 2 and "the ONNX graph has no nodes" in err:  # every node deleted: refused as unreadable
         return
     assert_clean_outcome(code, out, err, readable=True)
+
+
+@fuzz_settings(30)
+@given(seed=st.sampled_from(["fused", "unfused"]), edits=st.lists(graph_edit, max_size=3))
+def test_graph_edited_models_are_run_or_refused_in_one_line(workdir, seed, edits):
+    """`ortgate run` builds a real ORT session: whatever ORT refuses is one error line, never a crash."""
+    model = apply_graph_edits(seed_model(seed), edits)
+    path = workdir / "run.onnx"
+    path.write_bytes(model.SerializeToString())
+    policy = workdir / "run-policy.yaml"
+    policy.write_text("name: cpu\nextends: builtin:cpu\n"
+                      "runner: {batch_size: 1, sequence_length: 1, warmup: 1, iterations: 1}\n")
+    code, out, err = run_cli("run", path, "--policy", policy, "--timeout", "120")
+    assert_clean_outcome(code, out, err)
 
 
 # ---- policies --------------------------------------------------------------------------------------------

@@ -317,6 +317,34 @@ def test_wide_policy_extending_a_wide_parent_loads_in_linear_time(tmp_path):
     assert time.perf_counter() - started < 10  # quadratic merging took minutes here
 
 
+def test_billion_element_shapes_allocate_nothing():
+    """Inputs of 10^27 elements, a 2^40 x 2^40 initializer, a Constant of 10^18: metadata only."""
+    import tracemalloc
+
+    run_cli("lint", BASE)  # imports outside the measurement
+    tracemalloc.start()
+    try:
+        code, out, err = run_cli("lint", CORPUS / "models" / "huge-dims.onnx", "--format", "json")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (code, err) == (1, "")
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_run_refuses_to_synthesise_an_input_of_a_hostile_size(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [100_000, 100_000, 1000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [100_000, 100_000, 1000])])
+    model = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), model)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("name: cpu\nextends: builtin:cpu\nrunner: {batch_size: 1, warmup: 1, iterations: 1}\n")
+    code, out, err = run_cli("run", model, "--policy", policy)
+    assert_one_line_error(code, out, err, names=policy,
+                          contains="input 'x' would have shape [100000, 100000, 1000]: more than 16 GiB")
+
+
 def test_long_chain_graph_is_linted_without_recursion(tmp_path):
     n = 20_000
     nodes = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"], name=f"/model/layers.{i // 1000}/relu{i}")
@@ -377,6 +405,12 @@ MISSING = "no-such-file.onnx"
     (["lint", str(BASE), "--output", str(BASE)], "refusing to write the report over an input file"),
     (["lint", str(BASE), "--output", str(CORPUS)], "is a directory"),
     (["lint", str(BASE), "--output", "no-such-folder/report.txt"], "its folder does not exist"),
+    (["lint", str(BASE), "--output", "/dev/full"], "/dev/full: cannot write: No space left on device"),
+    (["lint", str(BASE), "--output", "same.sarif", "--sarif", "same.sarif"], "two outputs would be written to the same"),
+    (["lint", str(BASE), "--baseline", MISSING], f"{MISSING}: no such file"),
+    (["lint", str(BASE), "--baseline", str(BASE)], "not a UTF-8 text file"),
+    (["lint", str(BASE), "--baseline", str(CORPUS / "configs" / "nan.json")], "not an ortgate baseline"),
+    (["lint", str(BASE), "--write-baseline", str(BASE)], "refusing to write the baseline over an input file"),
     (["rules", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
     (["explain"], "the following arguments are required: CODE|NAME"),
     (["explain", "moe-not-fussed"], "unknown rule 'moe-not-fussed'; did you mean 'moe-not-fused'?"),
@@ -389,6 +423,8 @@ MISSING = "no-such-file.onnx"
     (["run", str(BASE), "--policy", str(CORPUS / "policies" / "alias-bomb.yaml")], "YAML aliases"),
     (["run", str(BASE), "--policy", str(POLICIES / "tiny-moe-cpu.yaml"), "--timeout", "soon"],
      "argument --timeout: invalid float value: 'soon'"),
+    (["run", str(BASE), "--policy", str(POLICIES / "tiny-moe-cpu.yaml"), "--dump", str(BASE)],
+     "refusing to write the report over an input file"),
 ])
 def test_every_command_line_error_is_one_line(argv, contains):
     before = _digest(BASE)
@@ -397,6 +433,14 @@ def test_every_command_line_error_is_one_line(argv, contains):
     assert err.startswith("ortgate: error: ") and err.count("\n") == 1, err
     assert contains in err, err
     assert _digest(BASE) == before
+
+
+def test_write_baseline_never_overwrites_a_file_that_is_not_a_baseline(tmp_path):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}\n')
+    code, out, err = run_cli("lint", BASE, "--write-baseline", notes)
+    assert_one_line_error(code, out, err, names=notes, contains="the file exists and is not an ortgate baseline")
+    assert notes.read_text() == '{"mine": true}\n'
 
 
 # ---- custom-op libraries and --timeout (ortgate run) -----------------------------------------------------

@@ -168,3 +168,23 @@ def test_billion_element_declarations_are_metadata_only(tmp_path):
         lint_json(path, tmp_path / "report.json")
     assert str((tmp_path / "model.onnx.data").resolve()) not in opened
     assert math.prod(index.shape("x")) == billion * billion
+
+
+def test_weight_sized_attribute_list_is_not_decoded(tmp_path):
+    import numpy as np
+
+    values = np.arange(2_000_000, dtype=np.float32)  # 8 MB of floats in a Constant's value_floats
+    constant = helper.make_node("Constant", [], ["w"], name="blocks.0/Constant")
+    constant.attribute.append(helper.make_attribute("value_floats", values.tolist()))
+    small = helper.make_node("Constant", [], ["s"], name="blocks.0/Scale", value_floats=[0.5, 2.0])
+    nodes = [constant, small, helper.make_node("Mul", ["w", "s"], ["y"], name="blocks.0/Mul")]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2_000_000])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+    path = tmp_path / "model.onnx"
+    onnx.save_model(model, path)
+
+    index = Graph(model, str(path))
+    assert index.constant_value("s") == (0.5, 2.0)
+    assert index.constant_value("w") is None
+    assert index.dtype("w") == "float"
+    lint_json(path, tmp_path / "report.json")

@@ -26,6 +26,8 @@ MS_DOMAIN = "com.microsoft"
 _SMALL_CONSTANT_ELEMENTS = 64
 # ... nor tensors whose protobuf is larger than this (a malformed dims field must not make us copy a huge blob).
 _SMALL_CONSTANT_BYTES = 64 * 1024
+# Attribute lists longer than this (a Constant's value_floats holding a weight) are not decoded.
+_MAX_ATTRIBUTE_ELEMENTS = 1 << 20
 # The only ONNX ops with graph attributes; nodes of other domains are checked attribute by attribute.
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -169,7 +171,12 @@ class Node:
         return self._attrs
 
     def attr(self, name: str, default: Any = None) -> Any:
-        return self.attributes.get(name, default)
+        """The attribute's value, else `default`. With a default, a value of another kind (text where the
+        default is a number, a number where it is a list, ...) counts as absent: hostile graphs write those."""
+        value = self.attributes.get(name, default)
+        if default is None or value is default or _kind(value) == _kind(default):
+            return value
+        return default
 
     def int_attr(self, name: str, default: int | None = None) -> int | None:
         """An INT attribute's value; `default` when absent or of another type (a hostile graph may write
@@ -195,6 +202,8 @@ def _attribute_value(attr: onnx.AttributeProto) -> Any:
         return [f"<graph {g.name}>" for g in attr.graphs]
     if attr.type == onnx.AttributeProto.TENSOR:
         return _tensor_summary(attr.t)
+    if max(len(attr.ints), len(attr.floats), len(attr.strings)) > _MAX_ATTRIBUTE_ELEMENTS:
+        return None  # a weight smuggled into an attribute list: never decoded into Python objects
     try:
         value = helper.get_attribute_value(attr)
     except Exception:  # malformed attribute: report its absence rather than crash
@@ -204,6 +213,14 @@ def _attribute_value(attr: onnx.AttributeProto) -> Any:
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8", errors="replace") for v in value]
     return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (int, float)):  # bool included: attr("flag", False) reads an INT attribute
+        return "number"
+    if not isinstance(value, (str, list, tuple)):
+        return type(value).__name__
+    return "text" if isinstance(value, str) else "list"
 
 
 @dataclass(frozen=True)
@@ -315,6 +332,7 @@ class Graph:
         self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
         self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
         self._dtype_cache: dict[str, str | None] = {}
+        self._dtypes_filled = False
 
         g = model.graph
         self.input_infos: list[ValueInfo] = []
@@ -476,7 +494,7 @@ class Graph:
                     return (attrs[key],)
             for key in ("value_ints", "value_floats"):
                 if key in attrs:
-                    return tuple(attrs[key])
+                    return tuple(attrs[key]) if attrs[key] is not None else None
             return None
         init = self.initializers.get(name)
         return init.small_values() if init is not None else None  # small and inline: reads no weights
@@ -497,6 +515,40 @@ class Graph:
         found = cache.get(name, _UNKNOWN)
         if found is not _UNKNOWN:
             return found
+        if not self._dtypes_filled:
+            # One value's dtype can hang on the whole graph above it (an activation's comes from the embedding
+            # table), and rules ask for most values: settle every node output at once.
+            self._dtypes_filled = True
+            self._fill_dtypes()
+            found = cache.get(name, _UNKNOWN)
+            if found is not _UNKNOWN:
+                return found
+        return self._walk_dtype(name)
+
+    def _fill_dtypes(self) -> None:
+        """Every node output's dtype in one pass in graph order (in a valid graph producers come first); what the
+        order does not settle (an If/Loop output from its body, a value used before it is produced) is walked."""
+        cache, producers = self._dtype_cache, self._producer
+        declared_dtype, dtype_inputs, infer = self._declared_dtype, self._dtype_inputs, self._infer_output_dtype
+        for node in self.nodes:
+            for out in node.outputs:
+                if not out or out in cache:
+                    continue
+                declared = declared_dtype(out)
+                if declared:
+                    cache[out] = declared
+                    continue
+                for i in dtype_inputs(node, out):
+                    if i and i not in cache:
+                        if i in producers:
+                            self._walk_dtype(i)
+                        else:  # a graph input or a weight: declared or unknown
+                            cache[i] = declared_dtype(i) or None
+                if out not in cache:  # the walk reaches it first when it sits on a cycle
+                    cache[out] = infer(node, out)
+
+    def _walk_dtype(self, name: str) -> str | None:
+        cache = self._dtype_cache
         # Iterative depth-first post-order walk: deep graphs must not hit Python's recursion limit. A value is
         # "open" from its first visit until its inputs are done; an input that is open is a cycle (that edge is
         # given up). Sets, not lists: the walk can be as deep as the graph.
@@ -522,9 +574,13 @@ class Graph:
                 cache[current] = None
                 stack.pop()
                 continue
+            needed = [i for i in self._dtype_inputs(node, current) if i and i not in cache and i not in open_values]
+            if not needed:  # the usual case when values are asked for in graph order
+                cache[current] = self._infer_output_dtype(node, current)
+                stack.pop()
+                continue
             open_values.add(current)
-            stack.extend(i for i in self._dtype_inputs(node, current)
-                         if i and i not in cache and i not in open_values)
+            stack.extend(needed)
         return cache[name]
 
     def _declared_dtype(self, name: str) -> str | None:

@@ -85,8 +85,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
                 f"file is {size / 2**30:.1f} GiB; an ONNX protobuf cannot exceed 2 GiB, so its weights must be "
                 "saved as external data (onnx.save(..., save_as_external_data=True))", p)
         with open(p, "rb") as f:
-            data = f.read(PROTOBUF_LIMIT + 1)  # the file may grow between stat and read
-        if len(data) > PROTOBUF_LIMIT:
+            data = f.read()  # sized from fstat; read(LIMIT + 1) would reserve 2 GiB for any model
+        if len(data) > PROTOBUF_LIMIT:  # the file grew between stat and read
             raise InputError("file is over 2 GiB; an ONNX protobuf cannot exceed 2 GiB", p)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", p) from None

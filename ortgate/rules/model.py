@@ -33,6 +33,15 @@ def _layers(nodes: list[Node]) -> str:
     return f" in layers {', '.join(map(str, layers))}" if layers else ""
 
 
+def _int(value: Any) -> int | None:
+    """An integer attribute; None for anything else (a hostile graph may write k as text or a list)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-3 * max(abs(a), abs(b), 1e-9)
 
@@ -120,14 +129,14 @@ def moe_routing_mismatch(ctx: RuleContext):
         return value if value is not None else attribute_default(MS_DOMAIN, node.op_type, attr)
 
     for node in nodes:
-        k = default(node, "k")
+        k = _int(default(node, "k"))
         if top_k is not None and k is not None and int(k) != int(top_k.value):
             mismatch("k", node, int(k), int(top_k.value), top_k.describe() + " (model.top_k)")
-        sparse = int(default(node, "use_sparse_mixer") or 0)
+        sparse = _int(default(node, "use_sparse_mixer")) or 0
         if family is not None and family.use_sparse_mixer and sparse != family.use_sparse_mixer:
             mismatch("use_sparse_mixer", node, sparse, family.use_sparse_mixer,
                      f"{fam_label} routes with a sparse mixer ({family.source('use_sparse_mixer')})")
-        normalize = int(default(node, "normalize_routing_weights") or 0)
+        normalize = _int(default(node, "normalize_routing_weights")) or 0
         if norm is not None and norm[0] is not None and not sparse and bool(normalize) != bool(norm[0]):
             mismatch("normalize_routing_weights", node, normalize, int(bool(norm[0])), norm[1])
         act = str(default(node, "activation_type") or "relu")
@@ -136,10 +145,10 @@ def moe_routing_mismatch(ctx: RuleContext):
             mismatch("activation_type", node, act, want_act[0], want_act[1])
         if family is not None and act == "swiglu" and family.moe_activation == "swiglu":
             for attr, want in (("activation_alpha", family.swiglu_alpha), ("activation_beta", family.swiglu_beta)):
-                have = default(node, attr)
+                have = _float(default(node, attr))
                 if want is not None and have is not None and not _close(float(have), float(want)):
                     mismatch(attr, node, float(have), want, f"{fam_label} uses {want:g} ({family.source('swiglu_alpha')})")
-            limit = node.attr("swiglu_limit")
+            limit = _float(node.attr("swiglu_limit"))
             if (limit is None) != (family.swiglu_limit is None) or (
                     limit is not None and family.swiglu_limit is not None and not _close(float(limit), family.swiglu_limit)):
                 mismatch("swiglu_limit", node, limit, family.swiglu_limit,
@@ -268,7 +277,7 @@ def gqa_config_mismatch(ctx: RuleContext):
                 if result == Support.NO:
                     fp32.append((node, result.reason))
         if window_size is not None and sliding and node.layer is not None:
-            have = node.attr("local_window_size", -1)
+            have = _int(node.attr("local_window_size", -1))
             want = int(window_size) if node.layer in sliding else -1
             if have is not None and int(have) != want:
                 kind = "a sliding-window layer" if want != -1 else "a full-attention layer"

@@ -275,6 +275,9 @@ def _explicit_value(dim: str, settings: RunnerSettings,
 # ---- values ------------------------------------------------------------------------------------------------
 
 
+MAX_FEED_BYTES = 16 * 2**30  # one synthesised input; a hostile shape must not allocate (or overcommit) more
+
+
 def synthesize(signature: list[InputSpec], dims: dict[str, int], step: StepShape, vocab: dict[str, int],
                *, policy_file: str | None = None) -> Feeds:
     rng = np.random.default_rng(SEED)
@@ -300,6 +303,13 @@ def _concrete_shape(spec: InputSpec, dims: dict[str, int], policy_file: str | No
         else:
             raise InputError(f"input {spec.name!r}: axis {axis} has neither a size nor a dim name; "
                              "cannot synthesise it", policy_file)
+    numel = 1
+    for d in out:
+        numel *= d
+    if any(d < 0 for d in out) or numel * 8 > MAX_FEED_BYTES:  # 8: the widest element synthesised
+        raise InputError(f"input {spec.name!r} would have shape {list(out)}: "
+                         f"{'a negative size' if any(d < 0 for d in out) else 'more than 16 GiB'}; "
+                         "set smaller runner dims in the policy", policy_file)
     return tuple(out)
 
 

@@ -104,9 +104,9 @@ def matmul_weight(graph: Graph, node: Node) -> tuple[int, ...] | None:
             return (dims[1], dims[0])
         return dims
     if node.domain == "com.microsoft" and node.op_type in ("MatMulNBits", "FusedMatMul"):
-        k, n = node.attr("K"), node.attr("N")
+        k, n = node.int_attr("K"), node.int_attr("N")
         if k and n:
-            return (int(k), int(n))
+            return (k, n)
         return weight_dims(graph, node.input(1))
     return None
 
