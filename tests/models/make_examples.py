@@ -10,6 +10,8 @@
   writes for CUDA: com.microsoft MoE (SwiGLU, interleaved), GroupQueryAttention with packed QKV,
   RotaryEmbedding fed by a position_ids input, SkipSimplifiedLayerNormalization, genai names
   (/model/layers.{i}/attn/...), float16, and a genai_config.json that turns on CUDA graphs.
+- examples/qwen3-moe-tiny-fused-cpu/model.onnx (+ genai_config.json): the same fused graph in float32 with a
+  genai_config.json for the CPU provider: what the builder writes with -p fp32 -e cpu.
 
 Both are 2-layer, 4-expert models with the same logical weights: the fused model computes the same
 logits as the unfused one (up to float16 rounding).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from tests.models.qwen_moe import ModelSpec, build_model, save_model
@@ -50,13 +53,23 @@ FUSED = ModelSpec(
     position_ids="input",
 )
 
+# The fused model as the builder writes it for CPU: float32 (GroupQueryAttention's CUDA kernels are fp16/bf16
+# only, its CPU kernel takes float32) and no provider options, so genai runs it on the CPU provider.
+FUSED_CPU = replace(FUSED, dtype="float32")
+
 EXAMPLES = {
     "qwen3-moe-tiny-unfused": UNFUSED,
     "qwen3-moe-tiny-fused": FUSED,
+    "qwen3-moe-tiny-fused-cpu": FUSED_CPU,
+}
+PROVIDER_OPTIONS = {
+    "qwen3-moe-tiny-fused": [{"cuda": {"enable_cuda_graph": "1"}}],
+    "qwen3-moe-tiny-fused-cpu": [],
 }
 
 
-def genai_config(spec: ModelSpec, *, filename: str = "model.onnx") -> dict:
+def genai_config(spec: ModelSpec, *, filename: str = "model.onnx",
+                 provider_options: list | None = None) -> dict:
     """genai_config.json in the layout onnxruntime-genai's builder writes (Model.make_genai_config)."""
     return {
         "model": {
@@ -65,7 +78,8 @@ def genai_config(spec: ModelSpec, *, filename: str = "model.onnx") -> dict:
             "decoder": {
                 "session_options": {
                     "log_id": "onnxruntime-genai",
-                    "provider_options": [{"cuda": {"enable_cuda_graph": "1"}}],
+                    "provider_options": [{"cuda": {"enable_cuda_graph": "1"}}] if provider_options is None
+                    else provider_options,
                 },
                 "filename": filename,
                 "head_size": spec.head_dim,
@@ -116,9 +130,10 @@ def write_examples(out_dir: Path) -> list[Path]:
     for name, spec in EXAMPLES.items():
         model_path = save_model(build_model(spec), out_dir / name / "model.onnx")
         written.append(model_path)
-        if spec is FUSED:
+        if name in PROVIDER_OPTIONS:
             config_path = model_path.with_name("genai_config.json")
-            config_path.write_text(json.dumps(genai_config(spec), indent=4) + "\n")
+            config = genai_config(spec, provider_options=PROVIDER_OPTIONS[name])
+            config_path.write_text(json.dumps(config, indent=4) + "\n")
             written.append(config_path)
     return written
 
