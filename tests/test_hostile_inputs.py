@@ -480,3 +480,48 @@ def test_run_timeout_stops_with_one_line(run_folder):
                              "--timeout", "0.000001")
     assert code == 1 and out == ""
     assert err.startswith("ortgate: error: run exceeded --timeout 1e-06s") and err.count("\n") == 1, err
+
+
+def test_escaping_location_in_a_tensor_attribute_is_found_beside_valid_initializer_locations(tmp_path):
+    """The search may stop after the initializers only when they hold every "location" in the file."""
+    from onnx import TensorProto, helper
+
+    from ortgate.lint.load import load_model
+
+    def external(name: str, location: str) -> TensorProto:
+        t = helper.make_tensor(name, TensorProto.FLOAT, [4], [0.0] * 4)
+        t.ClearField("float_data")
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=location)
+        return t
+
+    constant = helper.make_node("Constant", [], ["c"], value=external("c_value", "../../etc/passwd"))
+    add = helper.make_node("Add", ["w", "c"], ["y"])
+    graph = helper.make_graph([constant, add], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              initializer=[external("w", "model.onnx.data")])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(graph, ir_version=10).SerializeToString())
+    with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
+        load_model(path)
+
+
+def test_op_types_and_value_names_cannot_forge_report_lines(tmp_path, write_policy):
+    """Messages quote op types and value names from the model: control characters come out escaped."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import lint_findings
+
+    evil = "Op\x1b[2J\r::error::forged"
+    node = helper.make_node(evil, ["x"], ["y\x07"], domain="custom.domain")
+    relu = helper.make_node("Relu", ["y\x07"], ["z"])
+    graph = helper.make_graph([node, relu], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("custom.domain", 1)]).SerializeToString())
+    policy = write_policy("name: p\nexecution_provider: {name: CUDAExecutionProvider}\n")
+    found = lint_findings(path, policy)
+    quoting = [f for f in found if "forged" in f.message or (f.op_type and "forged" in f.op_type)]
+    assert quoting, "some finding names the custom op"
+    for f in found:
+        assert f.message.isprintable() and (f.op_type or "").isprintable() and (f.fix or "").isprintable()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ortgate.errors import printable
 from ortgate.lint.deployment import Deployment
 from ortgate.lint.expectations import Expectations
 from ortgate.lint.findings import Finding, Location, Severity
@@ -93,13 +94,13 @@ class RuleContext:
             code=self.rule.code,
             rule=self.rule.name,
             severity=severity or self.rule.severity,
-            message=" ".join(message.split()),
+            message=printable(" ".join(message.split())),
             location=location,
             node=node.display_name if node is not None else None,
-            op_type=node.key if node is not None else None,
+            op_type=printable(node.key) if node is not None else None,
             layer=layer if layer is not None else (node.layer if node is not None else None),
             graph=node.graph if node is not None else None,
-            fix=" ".join(fix.split()) if fix else None,
+            fix=printable(" ".join(fix.split())) if fix else None,
             related_nodes=related_names,
             properties=tuple(sorted((properties or {}).items())),
         )

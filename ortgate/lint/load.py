@@ -110,6 +110,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise InputError(f"not an ONNX model ({reason})", p) from None
     except MemoryError:
         raise InputError(f"out of memory parsing {size} bytes of protobuf", p) from None
+    # Every external-data location is a "location" entry: how many the bytes hold bounds the search below.
+    locations_in_bytes = data.count(b"location")
     del data
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise InputError("not an ONNX model (no IR version or graph in the protobuf)", p)
@@ -118,7 +120,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     bad_text = None if utf8_ok else first_non_utf8_text(model)
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
-    escaping = check_external_data_locations(model, p)
+    escaping = check_external_data_locations(model, locations_in_bytes)
     if escaping:
         raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
                          "'..'); ONNX Runtime refuses such a model and ortgate never opens it", p)
@@ -218,22 +220,42 @@ def _escapes(location: str) -> bool:
     return normal == ".." or normal.startswith("../") or normal.startswith("/")
 
 
-def check_external_data_locations(model: onnx.ModelProto, model_path: Path | None = None) -> list[str]:
-    """External data locations that would escape the model's folder (absolute or '..'). Never opened."""
-    bad = set()
-    for tensor in _all_tensors(model):
+def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None) -> list[str]:
+    """External data locations that would escape the model's folder (absolute or '..'). Never opened.
+
+    `locations_in_bytes`, the count of b"location" in the serialized model, lets the search stop at the
+    initializers when they account for every occurrence (the usual case), instead of visiting every node's
+    attributes for tensors."""
+    bad: set[str] = set()
+    seen: dict[str, bool] = {}
+    found = 0
+    for tensor in _all_tensors(model, initializers_first=True):
+        if tensor is None:  # the initializers are done
+            if locations_in_bytes is not None and found >= locations_in_bytes:
+                break
+            continue
         for entry in tensor.external_data:
-            if entry.key == "location" and _escapes(entry.value):
-                bad.add(entry.value)
+            if entry.key == "location":
+                found += 1
+                value = entry.value
+                if value not in seen:
+                    seen[value] = _escapes(value)
+                if seen[value]:
+                    bad.add(value)
     return sorted(bad)
 
 
-def _all_tensors(model: onnx.ModelProto):
-    """Initializers, sparse initializers and tensor attributes of the graph and every subgraph."""
+def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
+    """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
+    `initializers_first`, the main graph's initializers come first, then a None marker, then the rest."""
+    if initializers_first:
+        yield from model.graph.initializer
+        yield None
     stack = [model.graph]
     while stack:
         g = stack.pop()
-        yield from g.initializer
+        if not (initializers_first and g is model.graph):
+            yield from g.initializer
         for sparse in g.sparse_initializer:
             yield sparse.values
             yield sparse.indices
