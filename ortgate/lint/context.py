@@ -108,3 +108,16 @@ class RuleContext:
     def undecided(self, reason: str, *, graph: Graph | None = None, node: Node | None = None) -> Finding:
         """The rule cannot decide on this input: said as an info finding, never a crash or a silent pass."""
         return self.finding(f"could not decide: {reason}", graph=graph, node=node, severity=Severity.INFO)
+
+
+def layers_text(nodes: Iterable[Node]) -> str:
+    """'in layer 3', 'in layers 0-39', 'in layers 0, 4, 8', or '' when no node has a layer."""
+    layers = sorted({n.layer for n in nodes if n.layer is not None})
+    if not layers:
+        return ""
+    if len(layers) == 1:
+        return f"in layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"in layers {layers[0]}-{layers[-1]}"
+    shown = ", ".join(str(layer) for layer in layers[:12])
+    return f"in layers {shown}{', ...' if len(layers) > 12 else ''}"

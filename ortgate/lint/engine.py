@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 from ortgate.errors import InputError
 from ortgate.lint.context import LintInputs, RuleContext
 from ortgate.lint.deployment import build_deployment
-from ortgate.lint.expectations import resolve_expectations
+from ortgate.lint.expectations import decoder_layer_count, resolve_expectations
 from ortgate.lint.findings import Finding, Location, Severity
 from ortgate.lint.gate import Verdict
 from ortgate.lint.genai import GenaiConfig, load_genai_config
@@ -101,6 +101,6 @@ def summarize(inputs: LintInputs) -> dict:
         "genai_config": str(inputs.genai.path) if inputs.genai else None,
         "provider": inputs.deployment.provider,
         "nodes": len(model.nodes),
-        "layers": inputs.expect.value("layers"),
+        "layers": decoder_layer_count(model),  # found in the graph, whatever the policy expects
         "layer_attribution": model.layer_source,
     }

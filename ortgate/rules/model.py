@@ -8,7 +8,7 @@ from typing import Any
 from ortgate.knowledge import Support, kernel_table
 from ortgate.knowledge.families import family_names
 from ortgate.knowledge.fusions import attribute_default
-from ortgate.lint.context import RuleContext
+from ortgate.lint.context import RuleContext, layers_text
 from ortgate.lint.expectations import Expected
 from ortgate.lint.findings import Location, Severity
 from ortgate.lint.graph import MS_DOMAIN, Graph, Node
@@ -29,8 +29,8 @@ MOE_ROUTING_FIX = (
 
 
 def _layers(nodes: list[Node]) -> str:
-    layers = sorted({n.layer for n in nodes if n.layer is not None})
-    return f" in layers {', '.join(map(str, layers))}" if layers else ""
+    text = layers_text(nodes)
+    return f" {text}" if text else ""
 
 
 def _int(value: Any) -> int | None:

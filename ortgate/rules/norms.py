@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ortgate.knowledge.families import ModelFamily, model_family
 from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
-from ortgate.lint.context import RuleContext
+from ortgate.lint.context import RuleContext, layers_text
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import Node
 from ortgate.lint.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
@@ -225,8 +225,7 @@ def norm_epsilon_default(ctx: RuleContext):
                 continue
             groups.setdefault((node.key, absent, float(value)), []).append(node)
     for (key, absent, value), nodes in groups.items():
-        layers = sorted({n.layer for n in nodes if n.layer is not None})
-        where = f" (layers {', '.join(map(str, layers))})" if layers else ""
+        where = f" ({layers_text(nodes)})" if any(n.layer is not None for n in nodes) else ""
         if absent:
             what = (f"{len(nodes)} {key} node{'s' if len(nodes) > 1 else ''}{where} without an epsilon attribute: "
                     f"ORT {fusions_version()} uses its default {value:g}")

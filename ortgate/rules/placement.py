@@ -19,7 +19,7 @@ from ortgate.knowledge import (
     kernel_table,
     tensorrt_untaken_domain,
 )
-from ortgate.lint.context import RuleContext
+from ortgate.lint.context import RuleContext, layers_text
 from ortgate.lint.findings import Severity
 from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
 from ortgate.lint.patterns.common import cached
@@ -71,18 +71,6 @@ def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
     """Nodes the kernel table says `provider` has no kernel for: ORT gives them to the CPU provider."""
     return [p for p in placements(graph, provider) if p.result.status is Support.NO]
 
-
-def layers_text(nodes: list[Node]) -> str:
-    """'in layer 3', 'in layers 0-39', 'in layers 0, 4, 8', or '' when no node has a layer."""
-    layers = sorted({n.layer for n in nodes if n.layer is not None})
-    if not layers:
-        return ""
-    if len(layers) == 1:
-        return f"in layer {layers[0]}"
-    if layers == list(range(layers[0], layers[-1] + 1)):
-        return f"in layers {layers[0]}-{layers[-1]}"
-    shown = ", ".join(str(layer) for layer in layers[:12])
-    return f"in layers {shown}{', ...' if len(layers) > 12 else ''}"
 
 
 def _count(nodes: list[Node]) -> str:
