@@ -36,3 +36,9 @@ def run_cli_json(*args: str | Path) -> tuple[int, dict]:
     code, out, err = run_cli(*args, "--format", "json")
     assert not err, err
     return code, json.loads(out)
+
+
+def rule_findings(model, rule: str, policy=None, optimized=None, config=None) -> list[Finding]:
+    """One rule's findings in layer order, the ones outside the decoder layers last."""
+    found = by_rule(lint_findings(model, policy, optimized=optimized, config=config, select=[rule]), rule)
+    return sorted(found, key=lambda f: (f.layer is None, f.layer or 0))

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from ortgate.lint.findings import Severity
 from tests.conftest import EXPORTED
-from tests.helpers import by_rule, lint_findings
+from tests.helpers import rule_findings
 from tests.models.qwen_moe import make_feeds
 
 RMS = "rmsnorm-not-fused"
@@ -23,10 +23,7 @@ SKIP = "skip-rmsnorm-not-fused"
 EPS = "norm-epsilon-default"
 
 
-def findings(model, rule, policy=None, optimized=None):
-    """The rule's findings in layer order, the ones outside the decoder layers last."""
-    found = by_rule(lint_findings(model, policy, optimized=optimized, select=[rule]), rule)
-    return sorted(found, key=lambda f: (f.layer is None, f.layer or 0))
+findings = rule_findings
 
 
 def ort_dump(model: Path, level: str = "ORT_ENABLE_ALL") -> Path:

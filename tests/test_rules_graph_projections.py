@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from ortgate.lint.findings import Severity
 from tests.conftest import EXPORTED
-from tests.helpers import by_rule, lint_findings
+from tests.helpers import rule_findings
 from tests.models.qwen_moe import make_feeds
 
 QKV = "qkv-not-packed"
@@ -20,9 +20,7 @@ CPU_POLICY = "name: p\nexecution_provider:\n  name: CPUExecutionProvider\n"
 BASIC_POLICY = "name: p\nsession:\n  graph_optimization_level: ORT_ENABLE_BASIC\n"
 
 
-def findings(model, rule, policy=None, optimized=None):
-    found = by_rule(lint_findings(model, policy, optimized=optimized, select=[rule]), rule)
-    return sorted(found, key=lambda f: (f.layer is None, f.layer or 0))
+findings = rule_findings
 
 
 # qkv-not-packed ------------------------------------------------------------------------------------------
