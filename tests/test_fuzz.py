@@ -340,7 +340,6 @@ model:
   norm_topk_prob: true
   activation: swiglu
   rms_norm_eps: 1.0e-6
-  dtype: float32
   required_ops: {com.microsoft.MoE: 2, com.microsoft.GroupQueryAttention: 2}
   forbidden_ops: [ScatterND]
 session:

@@ -59,7 +59,6 @@ class Expectations:
     activation: Expected | None = None
     rms_norm_eps: Expected | None = None
     tensor_parallel: Expected | None = None
-    dtype: Expected | None = None
     required_ops: dict[str, Expected] | None = None
     forbidden_ops: list[str] | None = None
 
@@ -81,7 +80,7 @@ class Expectations:
 _SIMPLE_POLICY_KEYS = (
     "family", "layers", "moe_layers", "attention_layers", "experts", "top_k", "num_heads", "kv_num_heads",
     "head_size", "hidden_size", "moe_intermediate_size", "norm_topk_prob", "activation", "rms_norm_eps",
-    "tensor_parallel", "dtype",
+    "tensor_parallel",
 )
 _GENAI_KEYS = {
     "layers": "num_hidden_layers",
