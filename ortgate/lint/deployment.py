@@ -153,9 +153,6 @@ class Deployment:
         primary = self.primary
         return primary.provider_name if primary else None
 
-    @property
-    def targets_gpu(self) -> bool:
-        return self.provider not in (None, "CPUExecutionProvider")
 
 
 def setup_from_policy(policy: Policy) -> SessionSetup:

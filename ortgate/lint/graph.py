@@ -453,9 +453,6 @@ class Graph:
     def count(self, domain: str, op_type: str) -> int:
         return len(self.by_op(domain, op_type))
 
-    def op_counts(self) -> dict[str, int]:
-        return {op_key(d, o): len(ns) for (d, o), ns in sorted(self._by_op.items()) if ns}
-
     def producer(self, value: str) -> Node | None:
         return self._producer.get(value)
 
@@ -472,9 +469,6 @@ class Graph:
         if init is not None:
             return ValueInfo(name, init.dtype, init.dims)
         return None
-
-    def is_initializer(self, name: str) -> bool:
-        return name in self.initializers
 
     def is_constant(self, name: str) -> bool:
         if name in self.initializers:

@@ -136,19 +136,15 @@ def _propagate(graph: "Graph", fixed: set[int]) -> None:
 # ---- the residual stream ------------------------------------------------------------------------------
 
 
-def residual_steps(graph: "Graph") -> list["Node"]:
-    """The residual-stream additions in order: Add or Skip(Simplified)LayerNormalization nodes.
+def _walk_stream(graph: "Graph") -> tuple[list["Node"], list["Node"]]:
+    """(residual steps, nodes the stream passed through unchanged).
 
-    Starts at the token embedding (a Gather from a 2-D initializer) and follows the stream: at each
+    The residual steps are the stream's additions in order: Add or Skip(Simplified)LayerNormalization nodes.
+    The walk starts at the token embedding (a Gather from a 2-D initializer) and follows the stream: at each
     value, the residual step is the Skip*LayerNormalization it feeds (whose 4th output, input + skip, carries
     the stream on) or the consuming Add of two computed tensors (the latest one in graph order). A value
     that only passes through an If (a prompt/decode branch) or an Identity/Cast is followed through it.
     """
-    return _walk_stream(graph)[0]
-
-
-def _walk_stream(graph: "Graph") -> tuple[list["Node"], list["Node"]]:
-    """(residual steps, nodes the stream passed through unchanged)."""
     start = _embedding_output(graph)
     if start is None:
         return [], []

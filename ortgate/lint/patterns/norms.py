@@ -23,10 +23,6 @@ FUSED_RMSNORM_OPS = (
     (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
     (DEFAULT_DOMAIN, "RMSNormalization"),  # ONNX opset 23
 )
-SKIP_NORM_OPS = (
-    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"),
-    (MS_DOMAIN, "SkipLayerNormalization"),
-)
 # Fused norms whose epsilon attribute matters (gated RMSNorm of linear-attention layers included).
 EPSILON_NORM_OPS = FUSED_RMSNORM_OPS + (
     (MS_DOMAIN, "SkipLayerNormalization"),

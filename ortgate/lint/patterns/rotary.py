@@ -45,12 +45,6 @@ class DecomposedRotary:
     nodes: list[Node] = field(default_factory=list)
 
 
-def fused_rotary_nodes(graph: Graph) -> list[Node]:
-    nodes = [n for d, o in FUSED_ROTARY_OPS for n in graph.by_op(d, o)]
-    nodes += [n for n in graph.by_op(MS_DOMAIN, "GroupQueryAttention") if n.attr("do_rotary", 0)]
-    return sorted(nodes, key=lambda n: n.index)
-
-
 def decomposed_rotaries(graph: Graph) -> list[DecomposedRotary]:
     return cached(graph, "decomposed_rotaries", _find)
 
