@@ -23,14 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ortgate.knowledge import ort_facts
 from ortgate.runner.evidence import Stats
 from ortgate.runner.inputs import Feeds
 
 GPU_GRAPH_ID_KEY = "gpu_graph_id"  # run config key (onnxruntime_run_options_config_keys.h)
 GRAPH_ID_SKIP = -1  # this run neither captures nor replays
 CAPTURE_GRAPH_ID = 1  # the annotation id the measured runs capture and replay
-# CUDA EP: min_num_runs_before_cuda_graph_capture_ = 2 regular runs, capture on the next (cuda_execution_provider.h).
-RUNS_BEFORE_CAPTURE = 2
+# The CUDA EP captures a graph only after this many regular runs (knowledge/ort_facts.json).
+RUNS_BEFORE_CAPTURE = ort_facts()["cuda_graph_capture"]["runs_before_capture"]["value"]
 MIN_GRAPH_WARMUP = RUNS_BEFORE_CAPTURE + 1  # the first timed run is then a replay
 
 # Providers whose inputs/outputs live in CUDA device memory, and the option naming their device.
