@@ -1067,7 +1067,7 @@ def _moe_attributes(spec: ModelSpec) -> dict:
     attrs = {
         "k": spec.top_k,
         "activation_type": spec.moe_activation,
-        "activation_alpha": 1.0,  # ORT's SwiGLU defaults (1.702, 1.0) are GPT-OSS's; genai writes 1.0 / 0.0
+        "activation_alpha": 1.0,  # explicit, as genai writes for Qwen (1.0 / 0.0); GPT-OSS uses 1.702 / 1.0
         "activation_beta": 0.0,
         "normalize_routing_weights": spec.normalize_routing_weights,
         "use_sparse_mixer": 0,
