@@ -74,7 +74,9 @@ def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
 
 
 def _count(nodes: list[Node]) -> str:
-    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    """'3 nodes in layers 0-2', '1 node', ..."""
+    where = layers_text(nodes)
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}{f' {where}' if where else ''}"
 
 
 def _group(items: list[Placement]) -> dict[tuple[str, str], list[Placement]]:
@@ -154,9 +156,8 @@ def op_not_on_ep(ctx: RuleContext):
         for (key, reason), group in _group([p for p in items if p.result.status is Support.NO]).items():
             nodes = [p.node for p in group]
             computes = any(p.computes for p in group)
-            where = layers_text(nodes)
             yield ctx.finding(
-                f"{reason}: {_count(nodes)}{f' {where}' if where else ''} run on {CPU} instead, with Memcpy to "
+                f"{reason}: {_count(nodes)} run on {CPU} instead, with Memcpy to "
                 f"and from the GPU around them (the {_target(labels, provider)})",
                 node=nodes[0],
                 graph=graph,
@@ -169,13 +170,12 @@ def op_not_on_ep(ctx: RuleContext):
         unknown = [p for p in items if p.result.status in (Support.UNKNOWN_OP, Support.UNKNOWN_TYPE)]
         for (key, reason), group in _group(unknown).items():
             nodes = [p.node for p in group]
-            where = layers_text(nodes)
             status = group[0].result.status
             what = (f"{key} is not in the kernel table ({table.ort_version}), so ortgate cannot tell whether "
                     f"{provider} has a kernel for it" if status is Support.UNKNOWN_OP else
                     f"could not decide whether {provider} runs {key}: {reason}")
             yield ctx.finding(
-                f"{what} ({_count(nodes)}{f' {where}' if where else ''})",
+                f"{what} ({_count(nodes)})",
                 node=nodes[0],
                 graph=graph,
                 related=nodes[1:],
@@ -314,12 +314,11 @@ def cuda_graph_blocker(ctx: RuleContext):
         elif provider == TENSORRT:
             yield from _tensorrt_blockers(ctx, graph, provider, on)
         yield from _memcpy_blockers(ctx, provider, on)
-        for (key, _), group in _group_nodes(data_dependent_shape_nodes(graph)).items():
+        for key, group in _group_by_op(data_dependent_shape_nodes(graph)).items():
             nodes = [n for n, _ in group]
             driving = sorted({v for _, vs in group for v in vs})
-            where = layers_text(nodes)
             yield ctx.finding(
-                f"{on}, but {key} ({_count(nodes)}{f' {where}' if where else ''}) has an output shape that depends "
+                f"{on}, but {key} ({_count(nodes)}) has an output shape that depends "
                 f"on tensor values ({', '.join(driving[:4])}{', ...' if len(driving) > 4 else ''}): its kernel reads "
                 "them on the host during the step and a captured graph replays the sizes of the capture",
                 node=nodes[0], graph=graph, related=nodes[1:],
@@ -330,10 +329,10 @@ def cuda_graph_blocker(ctx: RuleContext):
             )
 
 
-def _group_nodes(items: list[tuple[Node, list[str]]]) -> dict[tuple[str, str], list[tuple[Node, list[str]]]]:
-    groups: dict[tuple[str, str], list[tuple[Node, list[str]]]] = defaultdict(list)
+def _group_by_op(items: list[tuple[Node, list[str]]]) -> dict[str, list[tuple[Node, list[str]]]]:
+    groups: dict[str, list[tuple[Node, list[str]]]] = defaultdict(list)
     for node, values in items:
-        groups[(node.key, "")].append((node, values))
+        groups[node.key].append((node, values))
     return groups
 
 
@@ -341,9 +340,8 @@ def _cpu_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
     for (key, reason), group in _group(cpu_bound(graph, provider)).items():
         nodes = [p.node for p in group]
         computes = any(p.computes for p in group)
-        where = layers_text(nodes)
         yield ctx.finding(
-            f"{on}, but {key} ({_count(nodes)}{f' {where}' if where else ''}) would run on CPU ({reason}): "
+            f"{on}, but {key} ({_count(nodes)}) would run on CPU ({reason}): "
             "ORT refuses to create a CUDA-graph session unless every compute node is on CUDA",
             node=nodes[0], graph=graph, related=nodes[1:],
             severity=None if computes else Severity.WARNING,
@@ -358,9 +356,8 @@ def _tensorrt_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
         if node.graph is None and tensorrt_untaken_domain(node.domain):
             by_key[node.key].append(node)
     for key, nodes in sorted(by_key.items(), key=lambda kv: kv[1][0].index):
-        where = layers_text(nodes)
         yield ctx.finding(
-            f"{on}, but TensorRT does not take {key} ({_count(nodes)}{f' {where}' if where else ''}): "
+            f"{on}, but TensorRT does not take {key} ({_count(nodes)}): "
             f"{tensorrt_untaken_domain(nodes[0].domain)}; a TensorRT CUDA graph needs every node on TensorRT, so "
             "session creation fails",
             node=nodes[0], graph=graph, related=nodes[1:],
