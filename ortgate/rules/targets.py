@@ -43,8 +43,8 @@ def target(ctx: RuleContext) -> Target:
 
 
 def judged_graph(ctx: RuleContext) -> tuple[Graph, bool]:
-    """(graph, is the optimized dump)."""
-    return (ctx.optimized, True) if ctx.optimized is not None else (ctx.model, False)
+    """(the graph ORT executes as far as we know, whether it is the optimized dump)."""
+    return ctx.executed, ctx.optimized is not None
 
 
 def _short(providers: Iterable[str]) -> str:
