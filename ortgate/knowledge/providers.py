@@ -249,6 +249,17 @@ def canonical_provider_name(name: str) -> str | None:
     return _alias_map().get(name.strip().lower())
 
 
+def normalize_option_value(value: Any) -> str:
+    """A provider option value as ORT parses it: the booleans 0/1/true/false/True/False become "0" or "1"."""
+    text = str(value).strip()
+    low = text.lower()
+    if low in ("true", "1"):
+        return "1"
+    if low in ("false", "0"):
+        return "0"
+    return text
+
+
 def provider_catalog(name: str) -> ProviderCatalog | None:
     """The option catalog of a provider (EP name or short name, case-insensitive), or None if the provider is
     unknown or has no catalog (only CUDA, TensorRT, CANN and CPU have one)."""

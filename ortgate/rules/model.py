@@ -17,7 +17,7 @@ from ortgate.lint.patterns.common import is_op, matmul_weight
 from ortgate.lint.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.lint.patterns.projections import gated_mlps, projection_dims
 from ortgate.rules.base import rule
-from ortgate.rules.norms import resolved_family
+from ortgate.rules.norms import close, resolved_family
 
 MOE_ROUTING_FIX = (
     "Re-export the MoE nodes with the model's routing: k = num_experts_per_tok, normalize_routing_weights = "
@@ -40,10 +40,6 @@ def _int(value: Any) -> int | None:
 
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-3 * max(abs(a), abs(b), 1e-9)
 
 
 def _expected_bool(ctx: RuleContext, key: str, family_value: Any, family_label: str) -> tuple[Any, str] | None:
@@ -146,11 +142,11 @@ def moe_routing_mismatch(ctx: RuleContext):
         if family is not None and act == "swiglu" and family.moe_activation == "swiglu":
             for attr, want in (("activation_alpha", family.swiglu_alpha), ("activation_beta", family.swiglu_beta)):
                 have = _float(default(node, attr))
-                if want is not None and have is not None and not _close(float(have), float(want)):
+                if want is not None and have is not None and not close(float(have), float(want)):
                     mismatch(attr, node, float(have), want, f"{fam_label} uses {want:g} ({family.source('swiglu_alpha')})")
             limit = _float(node.attr("swiglu_limit"))
             if (limit is None) != (family.swiglu_limit is None) or (
-                    limit is not None and family.swiglu_limit is not None and not _close(float(limit), family.swiglu_limit)):
+                    limit is not None and family.swiglu_limit is not None and not close(float(limit), family.swiglu_limit)):
                 mismatch("swiglu_limit", node, limit, family.swiglu_limit,
                          f"{fam_label} clamps at {family.swiglu_limit}" if family.swiglu_limit is not None
                          else f"{fam_label} does not clamp")

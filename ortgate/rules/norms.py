@@ -166,8 +166,9 @@ def resolved_family(ctx: RuleContext) -> ModelFamily | None:
     return model_family(expected.value) if expected is not None else None
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
+def close(a: float, b: float) -> bool:
+    """Equal within 0.1% (attribute floats round-trip through float32)."""
+    return abs(a - b) <= 1e-3 * max(abs(a), abs(b), 1e-9)
 
 
 @rule("OGM003", "norm-epsilon-default", Severity.WARNING)
@@ -219,7 +220,7 @@ def norm_epsilon_default(ctx: RuleContext):
             if not isinstance(value, (int, float)):
                 continue
             if expected is not None:
-                if _close(float(value), expected):
+                if close(float(value), expected):
                     continue
             elif not (absent and op_type == "SkipSimplifiedLayerNormalization"):
                 continue
@@ -240,7 +241,7 @@ def norm_epsilon_default(ctx: RuleContext):
             properties={"epsilon": value, "expected": expected, "absent": absent, "nodes": len(nodes)},
         )
     decomposed = [m for m in decomposed_rmsnorms(graph) if expected is not None and m.epsilon is not None
-                  and not _close(m.epsilon, expected)]
+                  and not close(m.epsilon, expected)]
     for eps in sorted({m.epsilon for m in decomposed}):
         group = [m for m in decomposed if m.epsilon == eps]
         yield ctx.finding(

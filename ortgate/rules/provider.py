@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ortgate.knowledge import graph_capture_option, provider_catalog
+from ortgate.knowledge import graph_capture_option, normalize_option_value, provider_catalog
 from ortgate.lint.context import RuleContext
 from ortgate.lint.deployment import SessionSetup
 from ortgate.lint.findings import Severity
@@ -25,7 +25,7 @@ CUDA_GRAPH_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "N
 
 def is_true(value: str | None) -> bool:
     """ORT's provider-option bool parsing: 1/true/True are true."""
-    return (value or "").strip().lower() in ("1", "true")
+    return value is not None and normalize_option_value(value) == "1"
 
 
 def cuda_graph_enabled(setup: SessionSetup) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ortgate.knowledge import ort_facts
+from ortgate.knowledge import normalize_option_value, ort_facts
 from ortgate.runner.evidence import Stats
 from ortgate.runner.inputs import Feeds
 
@@ -65,12 +65,11 @@ class BindingPlan:
 def plan_binding(provider: str, effective_options: dict[str, str]) -> BindingPlan:
     """The plan for a session on `provider` with the provider options ORT reports as effective."""
     from ortgate.knowledge import graph_capture_option
-    from ortgate.runner.session import normalize_option
 
     if provider in CUDA_DEVICE_PROVIDERS:
         device_id = int(effective_options.get(CUDA_DEVICE_PROVIDERS[provider], "0") or 0)
         capture_key = graph_capture_option(provider)
-        graph = capture_key is not None and normalize_option(effective_options.get(capture_key, "0")) == "1"
+        graph = capture_key is not None and normalize_option_value(effective_options.get(capture_key, "0")) == "1"
         return BindingPlan("cuda", device_id, graph, CAPTURE_GRAPH_ID if graph else GRAPH_ID_SKIP,
                            MIN_GRAPH_WARMUP if graph else 1)
     return BindingPlan("cpu", 0, False, GRAPH_ID_SKIP, 0)

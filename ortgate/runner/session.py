@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ortgate.errors import InputError
+from ortgate.knowledge import normalize_option_value
 from ortgate.lint.deployment import SessionSetup
 from ortgate.lint.graph import Graph
 from ortgate.runner.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
@@ -344,24 +345,13 @@ def provider_check(setup: SessionSetup | None, *, available: bool, reason: str |
     return ProviderCheck(requested, location, available, reason, tuple(ran_on), substituted, fallback_reason)
 
 
-def normalize_option(value: Any) -> str:
-    """Provider option values as ORT parses them: booleans 0/1/true/false/True/False compare equal."""
-    text = str(value).strip()
-    low = text.lower()
-    if low in ("true", "1"):
-        return "1"
-    if low in ("false", "0"):
-        return "0"
-    return text
-
-
 def option_checks(setup: SessionSetup, effective: dict[str, str]) -> list[OptionCheck]:
     """Each requested provider option against the effective options ORT reports for that provider."""
     checks = []
     for key, setting in sorted(setup.provider_options.items()):
         requested = str(setting.value)
         actual = effective.get(key)
-        applied = actual is not None and normalize_option(actual) == normalize_option(requested)
+        applied = actual is not None and normalize_option_value(actual) == normalize_option_value(requested)
         checks.append(OptionCheck(key, requested, actual, applied, setting.location))
     return checks
 
