@@ -34,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-cpu", action="store_true", help="run a GPU policy's config on CPU")
     args = parser.parse_args(argv)
 
-    from ortgate.lint.deployment import setup_from_policy
-    from ortgate.lint.engine import LintRequest, load_inputs
+    from ortgate.config.deployment import setup_from_policy
+    from ortgate.engine.pipeline import LintRequest, load_inputs
     from ortgate.runner import session as rs
-    from ortgate.runner.command import _feeds
+    from ortgate.runner.collect import _feeds
     from ortgate.runner.measure import GPU_GRAPH_ID_KEY, GRAPH_ID_SKIP, BoundSession, Deadline, plan_binding, timed_runs
     from ortgate.runner.settings import runner_settings
 

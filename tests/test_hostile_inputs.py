@@ -22,9 +22,10 @@ import yaml
 from onnx import TensorProto, helper
 
 import ortgate
+from ortgate.graph import build_graph
 from ortgate.errors import InputError
-from ortgate.lint.load import PROTOBUF_LIMIT, load_model
-from ortgate.policies.source import MAX_DOCUMENT_BYTES, MAX_NESTING
+from ortgate.graph.load import PROTOBUF_LIMIT, load_model
+from ortgate.config.source import MAX_DOCUMENT_BYTES, MAX_NESTING
 from tests.conftest import EXAMPLES, POLICIES, REPO
 from tests.helpers import run_cli
 
@@ -128,9 +129,9 @@ def test_policy(entry):
 
 def test_nested_subgraphs_are_indexed_without_recursion():
     """25 If levels parse; every level's nodes are in the index, each with its subgraph path."""
-    from ortgate.lint.graph import Graph
+    from ortgate.graph.index import Graph
 
-    graph = Graph(load_model(CORPUS / "models" / "nested-if-25.onnx"), "nested")
+    graph = build_graph(load_model(CORPUS / "models" / "nested-if-25.onnx"), "nested")
     ifs = graph.by_op("", "If")
     assert len(ifs) == 25
     deepest = max(graph.nodes, key=lambda n: (n.graph or "").count("/"))
@@ -486,7 +487,7 @@ def test_escaping_location_in_a_tensor_attribute_is_found_beside_valid_initializ
     """The search may stop after the initializers only when they hold every "location" in the file."""
     from onnx import TensorProto, helper
 
-    from ortgate.lint.load import load_model
+    from ortgate.graph.load import load_model
 
     def external(name: str, location: str) -> TensorProto:
         t = helper.make_tensor(name, TensorProto.FLOAT, [4], [0.0] * 4)

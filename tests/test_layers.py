@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ortgate.lint.graph import Graph
+from ortgate.graph.index import Graph
+from ortgate.graph import build_graph
 from tests.conftest import EXPORTED
 from tests.models.qwen_moe import ModelSpec, build_model
 
@@ -22,7 +23,7 @@ JUDGED_OPS = {"MatMul", "Gemm", "Softmax", "TopK", "MoE", "QMoE", "GroupQueryAtt
 
 
 def layers_by_position(spec: dict, naming: str) -> tuple[str, list[tuple[str, int | None]]]:
-    graph = Graph(build_model(ModelSpec(naming=naming, **spec)), naming)
+    graph = build_graph(build_model(ModelSpec(naming=naming, **spec)), naming)
     return graph.layer_source, [(n.op_type, n.layer) for n in graph.nodes]
 
 
@@ -41,7 +42,7 @@ def test_structure_finds_the_layers_names_would_give(spec, naming):
 
 
 def test_final_norm_and_lm_head_belong_to_no_layer_by_structure():
-    graph = Graph(build_model(ModelSpec(naming="none", layers=3)), "m")
+    graph = build_graph(build_model(ModelSpec(naming="none", layers=3)), "m")
     final_norm = [n for n in graph.by_op("com.microsoft", "SkipSimplifiedLayerNormalization")][-1]
     lm_head = graph.producer("logits")
     assert (final_norm.layer, lm_head.layer) == (None, None)
@@ -50,7 +51,7 @@ def test_final_norm_and_lm_head_belong_to_no_layer_by_structure():
 
 @pytest.mark.parametrize("naming", ["genai", "hf", "opaque"])
 def test_final_norm_is_outside_the_layers_in_every_naming(naming):
-    graph = Graph(build_model(ModelSpec(naming=naming, norm="decomposed", layers=2)), "m")
+    graph = build_graph(build_model(ModelSpec(naming=naming, norm="decomposed", layers=2)), "m")
     lm_head = graph.producer("logits")
     final_gamma_mul = graph.producer(lm_head.input(0))
     final_norm = [n for n in graph.nodes if n.op_type in ("Pow", "ReduceMean", "Sqrt")][-3:]
@@ -59,7 +60,7 @@ def test_final_norm_is_outside_the_layers_in_every_naming(naming):
 
 
 def test_prompt_branch_if_stays_outside_the_layers():
-    graph = Graph(build_model(ModelSpec(naming="opaque", control_flow=True)), "m")
+    graph = build_graph(build_model(ModelSpec(naming="opaque", control_flow=True)), "m")
     branch = graph.by_op_type("If")[0]
     inside = [n for n in graph.nodes if n.graph is not None]
     assert graph.layer_source == "structure"
@@ -69,7 +70,7 @@ def test_prompt_branch_if_stays_outside_the_layers():
 
 def test_genai_final_norm_pseudo_layer_is_not_a_layer():
     model = onnx.load(str(EXPORTED / "genai-qwen3_5_moe-fp32-cpu" / "model.onnx"), load_external_data=False)
-    graph = Graph(model, "qwen")
+    graph = build_graph(model, "qwen")
     final = next(n for n in graph.nodes if "final_norm_layernorm" in n.name)
     assert final.layer is None
     assert sorted(graph.layers) == [0, 1, 2, 3]
@@ -79,8 +80,8 @@ def test_ort_dump_without_metadata_is_attributed_by_structure():
     """ORT's dump drops node metadata and merges identical norm weights (all named model.layers.0...):
     initializer names would put every norm in layer 0; the residual stream does not."""
     folder = EXPORTED / "dynamo-qwen3_moe"
-    exported = Graph(onnx.load(str(folder / "model.onnx")), "model")
-    dump = Graph(onnx.load(str(folder / "model.optimized.onnx")), "dump")
+    exported = build_graph(onnx.load(str(folder / "model.onnx")), "model")
+    dump = build_graph(onnx.load(str(folder / "model.optimized.onnx")), "dump")
     assert (exported.layer_source, dump.layer_source) == ("names", "structure")
     truth = {n.name: n.layer for n in exported.nodes}
     judged = [n for n in dump.nodes if n.name in truth and n.op_type in JUDGED_OPS]
@@ -101,7 +102,7 @@ def test_initializer_names_are_the_last_resort():
     model = _tiny([helper.make_node("MatMul", ["x", w.name], ["y"])], [w],
                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
-    graph = Graph(model, "m")
+    graph = build_graph(model, "m")
     assert graph.layer_source == "initializers" and graph.nodes[0].layer == 3
 
 
@@ -109,5 +110,5 @@ def test_graph_without_names_or_stream_has_no_layers():
     model = _tiny([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], [],
                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])])
-    graph = Graph(model, "m")
+    graph = build_graph(model, "m")
     assert graph.layer_source == "none" and graph.layers == {}

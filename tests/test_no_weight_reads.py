@@ -21,7 +21,8 @@ from onnx import TensorProto, helper
 from tests.conftest import EXPORTED
 from tests.models.qwen_moe import ModelSpec, build_model, save_model
 from ortgate.cli import main
-from ortgate.lint.graph import Graph
+from ortgate.graph.index import Graph
+from ortgate.graph import build_graph
 
 
 class _OpenRecorder:
@@ -160,7 +161,7 @@ def test_billion_element_declarations_are_metadata_only(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save_model(model, path)
 
-    index = Graph(model, str(path))
+    index = build_graph(model, str(path))
     assert index.initializers["blocks.0.w_huge"].numel == billion * 4096
     assert index.constant_value("c") is None
     assert index.shape("y") == (billion, 4096)
@@ -183,7 +184,7 @@ def test_weight_sized_attribute_list_is_not_decoded(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save_model(model, path)
 
-    index = Graph(model, str(path))
+    index = build_graph(model, str(path))
     assert index.constant_value("s") == (0.5, 2.0)
     assert index.constant_value("w") is None
     assert index.dtype("w") == "float"

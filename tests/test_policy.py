@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ortgate.errors import InputError
-from ortgate.policies.loader import load_policy
+from ortgate.config.policy import load_policy
 from tests.conftest import POLICIES
 
 

@@ -14,6 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from ortgate import cli
+from ortgate.cli import output
 
 
 def _lint(model, tmp_path) -> int:
@@ -56,7 +57,7 @@ def terminal_env(monkeypatch):
 
 def test_lint_on_a_terminal_shows_a_spinner_naming_the_work(make_model, tmp_path, monkeypatch, terminal_env):
     model = make_model(layers=2, moe="dense_loop", experts=8)
-    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)  # as if the model took long to load
+    monkeypatch.setattr(output, "PROGRESS_DELAY_S", 0.0)  # as if the model took long to load
     terminal = _Terminal()
     with redirect_stderr(terminal.stream), redirect_stdout(io.StringIO()):
         code = _lint(model, tmp_path)
@@ -76,13 +77,13 @@ def test_quick_lint_on_a_terminal_shows_nothing(make_model, tmp_path, terminal_e
     took = time.perf_counter() - start
     shown = terminal.close()
     assert code in (0, 1)
-    if took < cli.PROGRESS_DELAY_S:  # a lint this small ends before the spinner is due
+    if took < output.PROGRESS_DELAY_S:  # a lint this small ends before the spinner is due
         assert shown == ""
 
 
 def test_lint_into_a_pipe_writes_no_progress_even_when_colour_is_forced(make_model, tmp_path, monkeypatch):
     model = make_model(layers=2, moe="dense_loop", experts=8)
-    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(output, "PROGRESS_DELAY_S", 0.0)
     monkeypatch.setenv("FORCE_COLOR", "1")  # CI workflows set it; rich then treats any stream as a terminal
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
@@ -101,7 +102,7 @@ def test_lint_into_a_pipe_writes_no_progress_even_when_colour_is_forced(make_mod
 
     with open(write_fd, "w", encoding="utf-8") as pipe:
         # Control: in this environment an enabled spinner does reach the pipe.
-        with redirect_stderr(pipe), cli._progress(True, delay=0.0) as note:
+        with redirect_stderr(pipe), output.progress(True, delay=0.0) as note:
             note("loading")
             time.sleep(0.1)
         pipe.flush()
@@ -120,9 +121,9 @@ def test_dumb_terminal_gets_no_spinner(monkeypatch):
     terminal = _Terminal()
     monkeypatch.setenv("TERM", "dumb")
     monkeypatch.setattr(sys, "stderr", terminal.stream)
-    wanted = cli._progress_wanted()
+    wanted = output.progress_wanted()
     monkeypatch.setenv("TERM", "xterm-256color")
-    wanted_on_xterm = cli._progress_wanted()
+    wanted_on_xterm = output.progress_wanted()
     monkeypatch.undo()
     terminal.close()
     assert (wanted, wanted_on_xterm) == (False, True)

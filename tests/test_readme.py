@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ortgate.policies.loader import load_policy
+from ortgate.config.policy import load_policy
 from tests.conftest import REPO
 from tests.helpers import run_cli
 

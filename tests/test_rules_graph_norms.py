@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortgate.lint.findings import Severity
+from ortgate.findings import Severity
 from tests.conftest import EXPORTED
 from tests.helpers import rule_findings
 from tests.models.qwen_moe import make_feeds

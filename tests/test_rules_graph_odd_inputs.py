@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ortgate.lint.findings import Severity
+from ortgate.findings import Severity
 from tests.helpers import lint_findings
 from tests.models.qwen_moe import ModelSpec, build_model
 

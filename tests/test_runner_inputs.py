@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from ortgate.errors import InputError
-from ortgate.lint.engine import LintRequest, load_inputs
+from ortgate.engine.pipeline import LintRequest, load_inputs
 from ortgate.runner import inputs as ri
 from ortgate.runner.settings import runner_settings
 from tests.conftest import EXPORTED

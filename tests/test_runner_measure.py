@@ -3,17 +3,18 @@ ORT's profile, on real sessions."""
 
 from __future__ import annotations
 
+from ortgate.evidence import DeviceInfo, device_matches
 import time
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortgate.lint.deployment import setup_from_policy
-from ortgate.lint.engine import LintRequest, load_inputs
+from ortgate.config.deployment import setup_from_policy
+from ortgate.engine.pipeline import LintRequest, load_inputs
 from ortgate.runner import measure as rm
 from ortgate.runner import session as rs
-from ortgate.runner.command import _feeds
+from ortgate.runner.collect import _feeds
 from ortgate.runner.compare import compare_one, compare_outputs, tolerance
 from ortgate.runner.profile import load_profile, summarize_profile
 from ortgate.runner.settings import runner_settings
@@ -129,7 +130,7 @@ def test_watchdog_terminates_a_running_session(write_policy):
     ("NVIDIA*", "cpu", "cpu: NVIDIA Grace", False),
 ])
 def test_throughput_device_match(pattern, kind, name, matches):
-    assert rm.device_matches(pattern, rm.DeviceInfo(kind, name)) is matches
+    assert device_matches(pattern, DeviceInfo(kind, name)) is matches
 
 
 def test_memory_probe_reports_peak_rss_growth_on_cpu():

@@ -6,10 +6,10 @@ session reports differently, nodes placed on CPU in a CUDA session) is written o
 
 from __future__ import annotations
 
-from ortgate.lint.engine import LintRequest, load_inputs, run_rules
-from ortgate.lint.findings import Location, Severity
+from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
+from ortgate.findings import Location, Severity
 from ortgate.rules import find_rule
-from ortgate.runner.evidence import (EVIDENCE_KEY, Correctness, DimCheck, DumpEvidence, Measurement, OptionCheck,
+from ortgate.evidence import (EVIDENCE_KEY, Correctness, DimCheck, DumpEvidence, Measurement, OptionCheck,
                                      OutputComparison, ProviderCheck, RunEvidence, SessionEvidence, Stats)
 from tests.conftest import EXPORTED
 
@@ -127,8 +127,8 @@ def test_placement_all_on_cuda_is_fine(write_policy):
 
 
 def test_cpu_only_placement_from_a_real_cpu_run_is_not_judged_as_gpu(write_policy):
-    from ortgate.lint.deployment import setup_from_policy
-    from ortgate.policies.loader import load_policy
+    from ortgate.config.deployment import setup_from_policy
+    from ortgate.config.policy import load_policy
     from ortgate.runner import session as rs
 
     setup = setup_from_policy(load_policy(write_policy("name: p\n", name="cpu.yaml")))

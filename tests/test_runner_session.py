@@ -7,10 +7,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from ortgate.errors import InputError
-from ortgate.lint.deployment import setup_from_policy
-from ortgate.lint.graph import Graph
-from ortgate.lint.load import load_model
-from ortgate.policies.loader import load_policy
+from ortgate.config.deployment import setup_from_policy
+from ortgate.graph.index import Graph
+from ortgate.graph import build_graph
+from ortgate.graph.load import load_model
+from ortgate.config.policy import load_policy
 from ortgate.runner import session as rs
 from ortgate.runner.inputs import graph_signature, session_signature
 from tests.conftest import EXPORTED
@@ -81,7 +82,7 @@ def test_options_compare_the_way_ort_parses_them(write_policy, requested, effect
 def test_overrides_pinned_or_matching_no_dim(write_policy):
     setup = setup_of(write_policy, "name: p\nsession:\n  free_dimension_overrides: {batch_size: 1, batch: 1}\n")
     built = rs.create_session(str(QWEN35), setup)
-    model = Graph(load_model(QWEN35), str(QWEN35))
+    model = build_graph(load_model(QWEN35), str(QWEN35))
     checks = {c.dim: c for c in rs.dim_checks(setup, graph_signature(model), session_signature(built.session))}
     assert checks["batch_size"].status == "pinned" and "input_ids[0]" in checks["batch_size"].inputs
     assert checks["batch"].status == "no-such-dim"
@@ -137,7 +138,7 @@ def custom_op_model(tmp_path):
                                                                    helper.make_opsetid("com.example.text", 1)])
     path = tmp_path / "custom.onnx"
     onnx.save(model, path)
-    return Graph(model, str(path))
+    return build_graph(model, str(path))
 
 
 def test_custom_ops_without_a_library_are_an_input_error(tmp_path, write_policy):
@@ -158,7 +159,7 @@ def test_custom_op_library_is_loaded_only_with_the_flag(tmp_path, write_policy):
 
 
 def test_builtin_contrib_domains_are_not_custom():
-    graph = Graph(load_model(QWEN35), str(QWEN35))  # com.microsoft MoE, GQA, LinearAttention, ...
+    graph = build_graph(load_model(QWEN35), str(QWEN35))  # com.microsoft MoE, GQA, LinearAttention, ...
     assert rs.custom_op_domains(graph) == {}
 
 

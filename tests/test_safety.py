@@ -56,7 +56,7 @@ def _call_name(node: ast.Call) -> tuple[str | None, str | None]:
 
 
 def test_the_package_has_sources_to_check():
-    assert len(SOURCES) > 20 and PACKAGE / "policies" / "source.py" in SOURCES
+    assert len(SOURCES) > 20 and PACKAGE / "config" / "source.py" in SOURCES
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=_rel)
@@ -78,7 +78,7 @@ subprocess.run("ls " + path)
 onnx.load(path)
 so.register_custom_ops_library(lib)
 """
-    problems = unsafe_constructs(ast.parse(bad), "lint/x.py")
+    problems = unsafe_constructs(ast.parse(bad), "graph/x.py")
     for expected in ("imports pickle", "imports yaml.load", "uses yaml.load", "uses yaml.Loader", "calls eval()",
                      "uses os.system", "passes shell=", "not an argument list", "without load_external_data=False",
                      "calls register_custom_ops_library"):
@@ -156,14 +156,14 @@ def test_the_custom_op_library_call_is_reached_only_through_the_explicit_flag():
     nothing unless `allowed` (the --allow-custom-ops flag) is set."""
     source = (PACKAGE / "runner" / "session.py").read_text()
     assert source.count("register_custom_ops_library(") == 1
-    command = (PACKAGE / "runner" / "command.py").read_text()
+    command = (PACKAGE / "runner" / "collect.py").read_text()
     assert "custom_op_libraries(inputs.model, setup, allowed=request.allow_custom_ops)" in command
 
 
 def test_yaml_is_read_with_the_safe_loader_only():
     import yaml
 
-    from ortgate.policies import source
+    from ortgate.config import source
 
     assert source._LOADER in (getattr(yaml, "CSafeLoader", None), yaml.SafeLoader)
     assert type(source._SCALAR_CONSTRUCTOR) is yaml.SafeLoader

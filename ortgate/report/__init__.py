@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from ortgate.lint.engine import LintResult
-from ortgate.lint.findings import Finding
+from ortgate.engine.pipeline import LintResult
+from ortgate.findings import Finding
 
 Reporter = Callable[[LintResult], str]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from ortgate import __version__
-from ortgate.lint.engine import LintResult
-from ortgate.lint.findings import Finding
+from ortgate.engine.pipeline import LintResult
+from ortgate.findings import Finding
 
 SCHEMA_VERSION = 1
 

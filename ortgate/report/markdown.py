@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ortgate.lint.engine import LintResult
-from ortgate.lint.findings import Finding, Severity
+from ortgate.engine.pipeline import LintResult
+from ortgate.findings import Finding, Severity
 from ortgate.report import display_path, layer_label, target
 
 MAX_FIX_FIRST = 10

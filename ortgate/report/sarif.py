@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
 from ortgate import __version__
-from ortgate.lint.engine import LintResult
-from ortgate.lint.findings import Finding, Location, Severity
+from ortgate.engine.pipeline import LintResult
+from ortgate.findings import Finding, Location, Severity
 from ortgate.report import display_path, layer_label, target
 from ortgate.rules import Rule, find_rule
 

@@ -8,8 +8,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.text import Text
 
-from ortgate.lint.engine import LintResult
-from ortgate.lint.findings import Finding, Severity
+from ortgate.engine.pipeline import LintResult
+from ortgate.findings import Finding, Severity
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -66,7 +66,7 @@ def _write_summary(console: Console, result: LintResult) -> None:
     counts = ", ".join(f"{n} {label}{'s' if n != 1 else ''}" for label, n in v.counts.items())
     suppressed = ""
     if v.suppressed:
-        from ortgate.lint.gate import suppressed_breakdown
+        from ortgate.engine.gate import suppressed_breakdown
 
         by = suppressed_breakdown(v.suppressed_by)
         suppressed = f", {v.suppressed} suppressed" + (f" ({by})" if by else "")

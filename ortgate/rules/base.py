@@ -17,10 +17,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ortgate.lint.findings import Finding, Severity
+from ortgate.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from ortgate.lint.context import RuleContext
+    from ortgate.rules.context import RuleContext
 
 REQUIRED_SECTIONS = ("What it checks", "Why it costs throughput", "Bad", "Good", "Fix")
 _CODE = re.compile(r"^OG[A-Z]\d{3}$")

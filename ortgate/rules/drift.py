@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from ortgate.knowledge import provider_catalog, session_config_key
-from ortgate.lint.context import RuleContext
-from ortgate.lint.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL, SessionSetup, Setting, config_text
-from ortgate.lint.findings import Location, Severity
+from ortgate.rules.context import RuleContext
+from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL, SessionSetup, Setting, config_text
+from ortgate.findings import Location, Severity
 from ortgate.rules.base import rule
 
 _BOOL_TEXT = {"1": True, "true": True, "0": False, "false": False}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
-from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes, kv_expanded
-from ortgate.lint.patterns.moe import moe_blocks
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Severity
+from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
+from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes, kv_expanded
+from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.rules.base import rule
 
 MOE_FIX = (

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import op_key, parse_op_key
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Severity
+from ortgate.graph.index import op_key, parse_op_key
 from ortgate.rules.base import rule
 
 

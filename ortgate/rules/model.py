@@ -8,14 +8,14 @@ from typing import Any
 from ortgate.knowledge import Support, kernel_table
 from ortgate.knowledge.families import family_names
 from ortgate.knowledge.fusions import attribute_default
-from ortgate.lint.context import RuleContext, layers_text
-from ortgate.lint.expectations import Expected
-from ortgate.lint.findings import Location, Severity
-from ortgate.lint.graph import MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.attention import gqa_nodes
-from ortgate.lint.patterns.common import is_op, matmul_weight
-from ortgate.lint.patterns.moe import fused_moe_nodes, moe_blocks
-from ortgate.lint.patterns.projections import gated_mlps, projection_dims
+from ortgate.rules.context import RuleContext, layers_text
+from ortgate.config.expectations import Expected
+from ortgate.findings import Location, Severity
+from ortgate.graph.index import MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.attention import gqa_nodes
+from ortgate.graph.patterns.common import is_op, matmul_weight
+from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
+from ortgate.graph.patterns.projections import gated_mlps, projection_dims
 from ortgate.rules.base import rule
 from ortgate.rules.norms import close, resolved_family
 

@@ -19,10 +19,10 @@ from ortgate.knowledge import (
     kernel_table,
     tensorrt_untaken_domain,
 )
-from ortgate.lint.context import RuleContext, layers_text
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import cached
+from ortgate.rules.context import RuleContext, layers_text
+from ortgate.findings import Severity
+from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached
 from ortgate.rules.base import rule
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 

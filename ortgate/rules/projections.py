@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from ortgate.knowledge.fusions import fusions_version, pass_applies
 from ortgate.knowledge.providers import graph_optimization_levels
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import is_op
-from ortgate.lint.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
-from ortgate.lint.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Severity
+from ortgate.graph.index import MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import is_op
+from ortgate.graph.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
+from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
 from ortgate.rules.base import rule
 from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, target
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from ortgate.knowledge import graph_capture_option, normalize_option_value, provider_catalog
-from ortgate.lint.context import RuleContext
-from ortgate.lint.deployment import SessionSetup
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph
+from ortgate.rules.context import RuleContext
+from ortgate.config.deployment import SessionSetup
+from ortgate.findings import Severity
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
 from ortgate.rules.base import rule
 
 

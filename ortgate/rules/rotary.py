@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ortgate.knowledge.fusions import fusions_version
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Severity
-from ortgate.lint.patterns.rotary import decomposed_rotaries
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Severity
+from ortgate.graph.patterns.rotary import decomposed_rotaries
 from ortgate.rules.base import rule
 from ortgate.rules.targets import by_layer, judged_graph, layer_text
 

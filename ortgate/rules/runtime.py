@@ -1,15 +1,15 @@
 """Runtime rules (OGR): what `ortgate run` saw the real ONNX Runtime session do.
 
-These rules read the run evidence (`ortgate.runner.evidence.RunEvidence`, in `LintInputs.evidence["run"]`) and
+These rules read the run evidence (`ortgate.evidence.RunEvidence`, in `LintInputs.evidence["run"]`) and
 say nothing when there is none (plain `ortgate lint`).
 """
 
 from __future__ import annotations
 
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Location, Severity
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Location, Severity
 from ortgate.rules.base import rule
-from ortgate.runner.evidence import EVIDENCE_KEY, RunEvidence
+from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
 
 CPU = "CPUExecutionProvider"
 # Compute-heavy ops whose placement on CPU in a GPU session costs a step real time (shape-computation nodes that
@@ -325,7 +325,6 @@ def throughput_target_missed(ctx: RuleContext):
     Look at the other findings of the same run first (fallback, unfused MoE/attention, CUDA graph off), then
     at `--profile`'s per-op table for where the time goes.
     """
-    from ortgate.runner.measure import DeviceInfo, device_matches
 
     run = run_evidence(ctx)
     block = (ctx.policy.get("throughput") if ctx.policy else None) or {}

@@ -7,10 +7,10 @@ import re
 from collections import defaultdict
 
 from ortgate.knowledge import cpu_fallback_facts, is_known_session_config_key, ort_facts, suggest_session_config_key
-from ortgate.lint.context import RuleContext
-from ortgate.lint.deployment import config_text
-from ortgate.lint.findings import Severity
-from ortgate.lint.graph import Graph
+from ortgate.rules.context import RuleContext
+from ortgate.config.deployment import config_text
+from ortgate.findings import Severity
+from ortgate.graph.index import Graph
 from ortgate.rules.base import rule
 from ortgate.rules.provider import cuda_graph_enabled
 

@@ -10,9 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
-from ortgate.lint.context import RuleContext
-from ortgate.lint.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL
-from ortgate.lint.graph import Graph, Node
+from ortgate.rules.context import RuleContext
+from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL
+from ortgate.graph.index import Graph, Node
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
 
 T = TypeVar("T")

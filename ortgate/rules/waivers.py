@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ortgate.lint.context import RuleContext
-from ortgate.lint.findings import Severity
+from ortgate.rules.context import RuleContext
+from ortgate.findings import Severity
 from ortgate.rules.base import rule
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortgate.runner.evidence import OutputComparison
+from ortgate.evidence import OutputComparison
 
 # dtype -> (rtol, atol): |actual - reference| <= atol + rtol * |reference|, element-wise.
 TOLERANCES = {

@@ -21,10 +21,10 @@ import numpy as np
 from onnx import TensorProto
 
 from ortgate.errors import InputError
-from ortgate.lint.findings import Location
-from ortgate.lint.genai import GenaiConfig
-from ortgate.lint.graph import Graph
-from ortgate.policies.loader import Policy
+from ortgate.findings import Location
+from ortgate.config.genai import GenaiConfig
+from ortgate.graph.index import Graph
+from ortgate.config.policy import Policy
 from ortgate.runner.settings import RunnerSettings
 
 SEED = 0

@@ -9,7 +9,6 @@ IOBinding with CPU OrtValues, so CI exercises the same plan.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import platform
@@ -24,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ortgate.knowledge import normalize_option_value, ort_facts
-from ortgate.runner.evidence import Stats
+from ortgate.evidence import DeviceInfo, Stats
 from ortgate.runner.inputs import Feeds
 
 GPU_GRAPH_ID_KEY = "gpu_graph_id"  # run config key (onnxruntime_run_options_config_keys.h)
@@ -253,24 +252,11 @@ def tokens_per_second(batch_size: int, new_tokens: int, stats: Stats) -> float:
 # ---- device and memory --------------------------------------------------------------------------------------
 
 
-@dataclass
-class DeviceInfo:
-    kind: str  # "cpu" | "gpu"
-    name: str
-
-
 def device_info(plan: BindingPlan) -> DeviceInfo:
     if plan.device_type == "cuda":
         name = _nvidia_smi(["--query-gpu=name"], plan.device_id)
         return DeviceInfo("gpu", name or f"cuda:{plan.device_id}")
     return DeviceInfo("cpu", f"cpu: {_cpu_model()}")
-
-
-def device_matches(pattern: str, device: DeviceInfo) -> bool:
-    """The throughput block's `device`: "cpu", or a glob on the GPU's name (case-insensitive)."""
-    if pattern.strip().lower() == "cpu":
-        return device.kind == "cpu"
-    return device.kind == "gpu" and fnmatch.fnmatchcase(device.name.lower(), pattern.strip().lower())
 
 
 def _cpu_model() -> str:

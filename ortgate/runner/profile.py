@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ortgate.errors import InputError
-from ortgate.runner.evidence import ProfileSummary
+from ortgate.evidence import ProfileSummary
 
 KERNEL_SUFFIX = "_kernel_time"
 MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")

@@ -22,9 +22,9 @@ from typing import Any, Iterator
 
 from ortgate.errors import InputError
 from ortgate.knowledge import normalize_option_value
-from ortgate.lint.deployment import SessionSetup
-from ortgate.lint.graph import Graph
-from ortgate.runner.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
+from ortgate.config.deployment import SessionSetup
+from ortgate.graph.index import Graph
+from ortgate.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
 
 CPU = "CPUExecutionProvider"
 RECORD_PLACEMENT_KEY = "session.record_ep_graph_assignment_info"  # makes get_provider_graph_assignment_info work

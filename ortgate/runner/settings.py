@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.errors import InputError
-from ortgate.lint.findings import Location
-from ortgate.policies.loader import Policy
+from ortgate.findings import Location
+from ortgate.config.policy import Policy
 
 DEFAULT_WARMUP = 3
 DEFAULT_ITERATIONS = 20

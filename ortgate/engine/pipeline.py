@@ -1,22 +1,27 @@
-"""Loading the inputs once and running the selected rules over them."""
+"""The pipeline, written once: load the inputs, select the rules, run them, gate, decide.
+
+`ortgate lint`, `ortgate run` (after the runner has added its evidence) and the tests all go through
+`load_inputs` and `lint`; reporters format the LintResult it returns.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 from ortgate.errors import InputError
-from ortgate.lint.context import LintInputs, RuleContext
-from ortgate.lint.deployment import build_deployment
-from ortgate.lint.expectations import decoder_layer_count, resolve_expectations
-from ortgate.lint.findings import Finding, Location, Severity
-from ortgate.lint.gate import Verdict
-from ortgate.lint.genai import GenaiConfig, load_genai_config
-from ortgate.lint.graph import Graph
-from ortgate.lint.load import load_model, resolve_model_path
-from ortgate.policies.loader import Policy, load_policy
+from ortgate.rules.context import LintInputs, RuleContext
+from ortgate.config.deployment import build_deployment
+from ortgate.config.expectations import decoder_layer_count, resolve_expectations
+from ortgate.findings import Finding, Location, Severity
+from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
+from ortgate.config.genai import GenaiConfig, load_genai_config
+from ortgate.graph.index import Graph
+from ortgate.graph import build_graph
+from ortgate.graph.load import load_model, resolve_model_path
+from ortgate.config.policy import Policy, load_policy
 from ortgate.rules import Rule
 
 # Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
@@ -40,14 +45,14 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note(f"loading {files.model}")
     proto = load_model(files.model)
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
-    model = Graph(proto, str(files.model), role="model")
+    model = build_graph(proto, str(files.model), role="model")
     del proto
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
         proto = load_model(request.optimized)
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
-        optimized = Graph(proto, str(request.optimized), role="optimized")
+        optimized = build_graph(proto, str(request.optimized), role="optimized")
         del proto
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
@@ -89,6 +94,19 @@ class LintResult:
     verdict: Verdict
     summary: dict
     rules: list[Rule]
+    raw: list[Finding] = field(default_factory=list)  # the rules' findings before the gate
+
+
+def lint(inputs: LintInputs, config: GateConfig, progress: Callable[[str], None] | None = None) -> LintResult:
+    """Run the rules `config` selects over `inputs`, then gate and decide."""
+    rules = selected_rules(config)
+    return judge(run_rules(inputs, rules, progress), inputs, config, rules)
+
+
+def judge(raw: list[Finding], inputs: LintInputs, config: GateConfig, rules: list[Rule]) -> LintResult:
+    """Gate the rules' findings (waivers, severities, baseline) and decide the verdict."""
+    findings = apply_gate(raw, config)
+    return LintResult(findings, decide(findings, config.fail_on), summarize(inputs), rules, raw)
 
 
 def summarize(inputs: LintInputs) -> dict:

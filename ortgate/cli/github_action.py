@@ -1,4 +1,4 @@
-"""The lint step of the GitHub Action (action.yml): `python -m ortgate.ci.github_action`.
+"""The lint step of the GitHub Action (action.yml): `python -m ortgate.cli.github_action`.
 
 Reads the action's inputs from ORTGATE_* variables, runs `ortgate lint` with workflow annotations on stdout,
 then, whatever the verdict, appends the markdown job summary to $GITHUB_STEP_SUMMARY and writes the step
@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-from ortgate import cli
+from ortgate.cli.main import main as ortgate_main
+from ortgate.cli.output import EXIT_INPUT
 from ortgate.report.github import escape_data
 
 
@@ -53,20 +54,20 @@ def _main(env: Mapping[str, str], work: Path) -> int:
         Path(sarif).parent.mkdir(parents=True, exist_ok=True)
 
     if not env.get("ORTGATE_MODEL", "").strip():
-        code, errors = cli.EXIT_INPUT, "ortgate: error: the action's `model` input is required"
+        code, errors = EXIT_INPUT, "ortgate: error: the action's `model` input is required"
     else:
         try:
             argv = lint_argv(env, markdown, report)
         except ValueError as exc:  # unbalanced quotes in `args`
-            code, errors = cli.EXIT_INPUT, f"ortgate: error: the action's `args` input: {exc}"
+            code, errors = EXIT_INPUT, f"ortgate: error: the action's `args` input: {exc}"
         else:
             captured = io.StringIO()
             with contextlib.redirect_stderr(captured):
-                code = cli.main(argv)
+                code = ortgate_main(argv)
             errors = captured.getvalue().strip()
     if errors:
         sys.stderr.write(errors + "\n")
-    if code >= cli.EXIT_INPUT and errors:
+    if code >= EXIT_INPUT and errors:
         first = errors.splitlines()[0].removeprefix("ortgate: error: ")
         print(f"::error title=ortgate::{escape_data(first)}")
     sys.stdout.flush()

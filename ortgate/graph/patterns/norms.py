@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import cached, is_op, skip_back, weight_dims
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached, is_op, skip_back, weight_dims
 
 FUSED_RMSNORM_OPS = (
     (DEFAULT_DOMAIN, "SimplifiedLayerNormalization"),

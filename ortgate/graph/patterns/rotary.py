@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import cached, is_op
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached, is_op
 
 FUSED_ROTARY_OPS = (
     (MS_DOMAIN, "RotaryEmbedding"),

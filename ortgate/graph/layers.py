@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterable
 
 
 if TYPE_CHECKING:
-    from ortgate.lint.graph import Graph, Node
+    from ortgate.graph.index import Graph, Node
 
 _LAYER_IN_NAME = re.compile(
     r"(?:^|[/._\-:'\"\[ ])(?:layers|layer|h|blocks|block|decoder_layers|decoder_layer)[._/\-](\d{1,5})(?=$|[/._\-:'\"\] ])"

@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 
 from ortgate.errors import InputError
-from ortgate.lint.findings import Location
-from ortgate.policies.source import KeyPath, LocatedDocument, format_key_path, load_yaml
+from ortgate.findings import Location
+from ortgate.config.source import KeyPath, LocatedDocument, format_key_path, load_yaml
 
 SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
 BUILTIN_DIR = Path(__file__).with_name("builtin")

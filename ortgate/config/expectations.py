@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ortgate.lint.findings import Location
-from ortgate.lint.genai import GenaiConfig
-from ortgate.lint.graph import Graph
-from ortgate.lint.patterns.attention import gqa_nodes, linear_attention_layers, token_mixer_layers
-from ortgate.lint.patterns.moe import moe_blocks
-from ortgate.policies.loader import Policy
+from ortgate.findings import Location
+from ortgate.config.genai import GenaiConfig
+from ortgate.graph.index import Graph
+from ortgate.graph.patterns.attention import gqa_nodes, linear_attention_layers, token_mixer_layers
+from ortgate.graph.patterns.moe import moe_blocks
+from ortgate.config.policy import Policy
 
 GRAPH = "graph"
 POLICY = "policy"
@@ -156,7 +156,7 @@ def _infer_from_graph(exp: Expectations, graph: Graph) -> None:
 
 def decoder_layer_count(graph: Graph) -> int:
     """Layers holding a token mixer or a projection (genai's builder files its final norm under one more)."""
-    from ortgate.lint.patterns.common import linear_nodes
+    from ortgate.graph.patterns.common import linear_nodes
 
     layers = {n.layer for n in linear_nodes(graph) if n.layer is not None}
     mixers = token_mixer_layers(graph)

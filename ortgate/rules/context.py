@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ortgate.errors import printable
-from ortgate.lint.deployment import Deployment
-from ortgate.lint.expectations import Expectations
-from ortgate.lint.findings import Finding, Location, Severity
-from ortgate.lint.genai import GenaiConfig
-from ortgate.lint.graph import Graph, Node
-from ortgate.policies.loader import Policy
+from ortgate.config.deployment import Deployment
+from ortgate.config.expectations import Expectations
+from ortgate.findings import Finding, Location, Severity
+from ortgate.config.genai import GenaiConfig
+from ortgate.graph.index import Graph, Node
+from ortgate.config.policy import Policy
 
 if TYPE_CHECKING:
     from ortgate.rules.base import Rule

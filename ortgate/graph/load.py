@@ -42,7 +42,7 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
         config = p / GENAI_CONFIG_NAME
         candidates = [p / "model.onnx"]
         if config.is_file():
-            from ortgate.lint.genai import load_genai_config
+            from ortgate.config.genai import load_genai_config
 
             genai = load_genai_config(config)
             filename = genai.decoder_filename

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortgate.errors import InputError
-from ortgate.lint.findings import Location
-from ortgate.lint.genai import GENAI_NAMED_SESSION_OPTIONS, GenaiConfig
-from ortgate.policies.loader import Policy
-from ortgate.policies.source import format_key_path
+from ortgate.findings import Location
+from ortgate.config.genai import GENAI_NAMED_SESSION_OPTIONS, GenaiConfig
+from ortgate.config.policy import Policy
+from ortgate.config.source import format_key_path
 
 ORT_DEFAULT_OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ortgate.lint.graph import MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import cached, consumers_through, linear_nodes, matmul_weight
+from ortgate.graph.index import MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached, consumers_through, linear_nodes, matmul_weight
 
 MOE_OPS = ("MoE", "QMoE")
 ROUTING_OPS = frozenset({"TopK", "Softmax", "Sigmoid", "ScatterElements", "ScatterND", "GatherElements", "Gather",
@@ -72,7 +72,7 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
 
 
 def _producer_linear(graph: Graph, value: str) -> Node | None:
-    from ortgate.lint.patterns.common import producer_through
+    from ortgate.graph.patterns.common import producer_through
 
     node = producer_through(graph, value)
     if node is not None and matmul_weight(graph, node) is not None:
@@ -150,7 +150,7 @@ def _expert_linears(graph: Graph, block: MoeBlock, hidden: str) -> list[Node]:
 
 
 def _linears_by_layer(graph: Graph) -> dict[int, list[Node]]:
-    from ortgate.lint.patterns.projections import projection_dims
+    from ortgate.graph.patterns.projections import projection_dims
 
     def compute(g: Graph) -> dict[int, list[Node]]:
         out: dict[int, list[Node]] = defaultdict(list)

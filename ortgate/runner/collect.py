@@ -1,29 +1,26 @@
-"""`ortgate run`: build the policy's session for real, prove its settings, measure it, and judge what it saw
-with the same rules and gate as `ortgate lint`.
+"""What `ortgate run` observes: build the policy's session for real, prove its settings, measure it.
 
-Order: load and check the inputs like lint -> probe the provider -> build the session exactly as the policy
-declares it (with the optimized dump) -> compare providers / options / input shapes with the policy -> lint the
-dump -> synthesise inputs -> warm up and time -> [--baseline: ORT's default session, and outputs against
-ORT_DISABLE_ALL] -> [--profile] -> run evidence -> rules -> gate -> report.
+Order: probe the provider -> build the session exactly as the policy declares it (with the optimized dump) ->
+compare providers / options / input shapes with the policy -> synthesise inputs -> warm up and time ->
+[--baseline: ORT's default session, and outputs against ORT_DISABLE_ALL] -> [--profile] -> RunEvidence.
+The runner observes; the rules and the gate (ortgate.engine) judge.
 """
 
 from __future__ import annotations
 
-import tempfile
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ortgate.errors import InputError
-from ortgate.lint.context import LintInputs
-from ortgate.lint.deployment import SessionSetup, setup_from_policy
-from ortgate.lint.engine import LintRequest, LintResult, load_inputs, run_rules, summarize
-from ortgate.lint.graph import Graph
-from ortgate.lint.load import load_model
-from ortgate.runner.evidence import EVIDENCE_KEY, Measurement, RunEvidence, SessionEvidence
+from ortgate.rules.context import LintInputs
+from ortgate.config.deployment import SessionSetup, setup_from_policy
+from ortgate.graph.index import Graph
+from ortgate.graph import build_graph
+from ortgate.graph.load import load_model
+from ortgate.evidence import Measurement, RunEvidence, SessionEvidence
 from ortgate.runner.progress import RunProgress
-from ortgate.runner.settings import RunnerSettings, runner_settings
+from ortgate.runner.settings import RunnerSettings
 
 PROFILE_MAX_ITERATIONS = 10  # a profile needs a few steps, not the whole measurement
 
@@ -44,48 +41,7 @@ class RunRequest:
     fail_on: str | None = None
 
 
-@dataclass
-class RunOutcome:
-    result: LintResult
-    evidence: RunEvidence
-    inputs: LintInputs
-
-
-def run_reference(request: RunRequest, *, progress: RunProgress | None = None,
-                  hard_exit: bool = False) -> RunOutcome:
-    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) or RunTimeout."""
-    from ortgate.runner.measure import Deadline
-
-    progress = progress or RunProgress(enabled=False)
-    progress.note("loading the model and policy")
-    inputs = load_inputs(LintRequest(request.model, request.policy, None, request.config))
-    if inputs.policy is None:
-        raise InputError("`ortgate run` needs --policy: the session it builds is the policy's")
-    settings = runner_settings(inputs.policy, warmup=request.warmup, iterations=request.iterations,
-                               timeout_s=request.timeout_s)
-    _check_dump_target(request, inputs)
-    with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit) as deadline:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
-        evidence = _collect(request, inputs, settings, deadline, progress, workdir)
-        inputs.evidence[EVIDENCE_KEY] = evidence
-        progress.note("running the rules")
-        result = _judge(inputs, request)
-        if request.dump is None and inputs.optimized is not None:
-            result.summary["optimized_kept"] = False
-    return RunOutcome(result, evidence, inputs)
-
-
-def _judge(inputs: LintInputs, request: RunRequest) -> LintResult:
-    from ortgate.lint.gate import apply_gate, decide, gate_config_from, selected_rules
-
-    config = gate_config_from(inputs.policy, cli_select=None, cli_ignore=None, fail_on=request.fail_on)
-    rules = selected_rules(config)
-    findings = apply_gate(run_rules(inputs, rules), config)
-    verdict = decide(findings, config.fail_on)
-    return LintResult(findings, verdict, summarize(inputs), rules)
-
-
-def _check_dump_target(request: RunRequest, inputs: LintInputs) -> None:
+def check_dump_target(request: RunRequest, inputs: LintInputs) -> None:
     if request.dump is None:
         return
     target = Path(request.dump)
@@ -99,7 +55,7 @@ def _check_dump_target(request: RunRequest, inputs: LintInputs) -> None:
         raise InputError("its folder does not exist", request.dump)
 
 
-def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
+def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
              workdir: Path) -> RunEvidence:
     from ortgate.runner import session as rs
 
@@ -140,7 +96,7 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
                                          request.dump is not None)
     if built.dump is not None and built.dump.path:
         progress.note("loading the optimized dump")
-        inputs.optimized = Graph(load_model(built.dump.path), built.dump.path, role="optimized")
+        inputs.optimized = build_graph(load_model(built.dump.path), built.dump.path, role="optimized")
         if substituted:
             evidence.notes.append(f"the optimized dump is {rs.CPU}'s: {requested} would optimize differently")
 
@@ -273,7 +229,7 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
               libraries: tuple[str, ...], policy_outputs: dict, output_types: dict, evidence: RunEvidence):
     from ortgate.runner import session as rs
     from ortgate.runner.compare import compare_outputs
-    from ortgate.runner.evidence import Correctness
+    from ortgate.evidence import Correctness
     from ortgate.runner.measure import BoundSession, plan_binding
 
     # No memory figure for the default session: it reuses memory the policy session freed, so its RSS growth

@@ -7,10 +7,11 @@ Plain data, no ONNX Runtime import: the runtime rules (ortgate/rules/runtime.py)
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortgate.lint.findings import Location
+from ortgate.findings import Location
 
 EVIDENCE_KEY = "run"
 
@@ -186,3 +187,16 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+@dataclass
+class DeviceInfo:
+    kind: str  # "cpu" | "gpu"
+    name: str
+
+
+def device_matches(pattern: str, device: DeviceInfo) -> bool:
+    """The throughput block's `device`: "cpu", or a glob on the GPU's name (case-insensitive)."""
+    if pattern.strip().lower() == "cpu":
+        return device.kind == "cpu"
+    return device.kind == "gpu" and fnmatch.fnmatchcase(device.name.lower(), pattern.strip().lower())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, TypeVar
 
-from ortgate.lint.graph import DEFAULT_DOMAIN, Graph, Node
+from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 
 T = TypeVar("T")
 

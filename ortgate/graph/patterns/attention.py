@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.common import cached, is_weight
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached, is_weight
 
 # (domain, op_type) of fused softmax-attention nodes.
 FUSED_ATTENTION_OPS = (

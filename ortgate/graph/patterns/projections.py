@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortgate.lint.graph import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.lint.patterns.attention import attention_cores, fused_attention_nodes
-from ortgate.lint.patterns.common import cached, is_op, matmul_weight, skip_back
-from ortgate.lint.patterns.norms import norm_by_output
-from ortgate.lint.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
+from ortgate.graph.patterns.common import cached, is_op, matmul_weight, skip_back
+from ortgate.graph.patterns.norms import norm_by_output
+from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
 
 # Ops passed through (all computed inputs) between a projection and the attention it feeds.
 _PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where"})

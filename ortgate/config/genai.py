@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ortgate.errors import InputError
-from ortgate.policies.source import LocatedDocument, format_key_path, load_json
+from ortgate.config.source import LocatedDocument, format_key_path, load_json
 
 # session_options keys genai maps to SessionOptions fields; any other scalar is a config entry.
 GENAI_NAMED_SESSION_OPTIONS = {

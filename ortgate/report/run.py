@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ortgate.lint.engine import LintResult
-from ortgate.runner.evidence import Measurement, RunEvidence
+from ortgate.engine.pipeline import LintResult
+from ortgate.evidence import Measurement, RunEvidence
 
 FORMATS = ("text", "json")
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ortgate.runner.report import FORMATS
+from ortgate.cli.output import EXIT_PASS, check_output_path, error, write
+from ortgate.report.run import FORMATS
 
 EXIT_TIMEOUT = 1
 
 
-def add_run_parser(sub) -> None:
+def add_parser(sub) -> None:
     run = sub.add_parser("run", help="build the policy's ONNX Runtime session, prove and measure it, and gate on "
                                      "what it saw")
     run.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
@@ -40,15 +41,15 @@ def add_run_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ortgate.cli import _check_output_path, _error, _write
-    from ortgate.runner.command import RunRequest, run_reference
+    from ortgate.engine.run import run_reference
+    from ortgate.runner.collect import RunRequest
     from ortgate.runner.measure import RunTimeout
     from ortgate.runner.progress import RunProgress
-    from ortgate.runner.report import render_run
+    from ortgate.report.run import render_run
 
     given = [args.model, args.policy, args.config]
     for path in (args.output, args.dump, args.profile if isinstance(args.profile, str) else None):
-        _check_output_path(path, given)
+        check_output_path(path, given)
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
                          warmup=args.warmup, iterations=args.iterations, baseline=args.baseline,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
@@ -57,9 +58,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with RunProgress(enabled=sys.stderr.isatty()) as progress:
             outcome = run_reference(request, progress=progress, hard_exit=True)
     except RunTimeout as exc:
-        _error(str(exc))
+        error(str(exc))
         return EXIT_TIMEOUT
-    _write(render_run(args.format, outcome.result, outcome.evidence), args.output)
+    write(render_run(args.format, outcome.result, outcome.evidence), args.output)
     if args.exit_zero:
-        return 0
+        return EXIT_PASS
     return outcome.result.verdict.exit_code

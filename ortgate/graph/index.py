@@ -360,10 +360,7 @@ class Graph:
             for vi in g.value_info:
                 values.setdefault(vi.name, vi)
             self._index_graph(g, None, set(initializers) | {i.name for i in self.input_infos})
-
-            from ortgate.lint.layers import assign_layers
-
-            self.layer_source = assign_layers(self)
+        self.layer_source = "none"  # set by ortgate.graph.layers.assign_layers, a separate pass
 
     # ---- construction -------------------------------------------------------------------------------
 

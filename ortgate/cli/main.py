@@ -1,0 +1,91 @@
+"""The `ortgate` command line: parse, dispatch to one module per subcommand, turn errors into exit codes.
+
+Exit codes: 0 the gate passes, 1 it fails, 2 usage or input error, 3 internal error (always an ortgate bug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from ortgate import __version__
+from ortgate.cli import lint, policy, rules, run
+from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, error
+from ortgate.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line in ortgate's error format."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ortgate", description="Graph diagnostics linter and CI gate for LLMs on ONNX Runtime.")
+    parser.add_argument("--version", action="store_true", help="print versions (ortgate, onnxruntime, kernel table)")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    lint.add_parser(sub)
+    run.add_parser(sub)
+    rules.add_parsers(sub)
+    policy.add_parser(sub, _Parser)
+    return parser
+
+
+COMMANDS = {
+    "lint": lint.cmd_lint,
+    "run": run.cmd_run,
+    "rules": rules.cmd_rules,
+    "explain": rules.cmd_explain,
+    "policy": policy.cmd_policy,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _dispatch(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    except InputError as exc:
+        error(exc.one_line())
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+    except MemoryError:
+        error("out of memory")
+        return EXIT_INPUT
+    except BrokenPipeError:
+        return EXIT_PASS
+    except Exception as exc:  # never a traceback in CI logs; ORTGATE_STRICT=1 shows it
+        if os.environ.get("ORTGATE_STRICT") == "1":
+            raise
+        error(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (please report this)")
+        return EXIT_INTERNAL
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    args = parser.parse_args(argv)
+    if args.version:
+        print(version_text())
+        return EXIT_PASS
+    command = COMMANDS.get(args.command)
+    if command is None:
+        raise InputError("a command is required: lint, run, rules, explain or policy (see `ortgate --help`)")
+    return command(args)
+
+
+def version_text() -> str:
+    from ortgate.knowledge import kernel_table
+
+    try:
+        import onnxruntime
+
+        ort = onnxruntime.__version__
+    except ImportError:
+        ort = "not installed"
+    import onnx
+
+    table = kernel_table()
+    return (f"ortgate {__version__}\nonnxruntime {ort} (installed)\nonnx {onnx.__version__}\n"
+            f"kernel table: {table.ort_version} (commit {table.commit[:12]})")

@@ -1,0 +1,53 @@
+"""`ortgate rules` and `ortgate explain`: the rule catalog and each rule's documentation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ortgate.cli.output import EXIT_PASS
+from ortgate.errors import InputError
+
+FORMATS = ("text", "json")
+
+
+def add_parsers(sub) -> None:
+    rules = sub.add_parser("rules", help="list every rule")
+    rules.add_argument("--format", choices=FORMATS, default="text")
+    explain = sub.add_parser("explain", help="show a rule's documentation")
+    explain.add_argument("rule", metavar="CODE|NAME")
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from ortgate.rules import all_rules
+
+    rules = all_rules()
+    if args.format == "json":
+        payload = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family,
+                    "summary": r.summary} for r in rules]
+        print(json.dumps(payload, indent=2))
+        return EXIT_PASS
+    width = max(len(r.name) for r in rules)
+    for r in rules:
+        print(f"{r.code}  {r.name:<{width}}  {r.severity.label:<7}  {r.summary}")
+    return EXIT_PASS
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ortgate.rules import find_rule, suggest_rule
+
+    r = find_rule(args.rule)
+    if r is None:
+        hint = suggest_rule(args.rule)
+        raise InputError(f"unknown rule {args.rule!r}"
+                         + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
+    text = f"# {r.code} {r.name} (default severity: {r.severity.label})\n\n{r.doc}\n"
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
+    else:
+        sys.stdout.write(text)
+    return EXIT_PASS

@@ -1,0 +1,22 @@
+"""The model as evidence: load the protobuf (never weights), index it once, attribute decoder layers, match patterns.
+
+`build_graph` is the one way to get a Graph the rules can read: the index, then layer attribution as a
+separate pass over it. Patterns (`ortgate.graph.patterns`) are computed on demand and cached per graph.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from ortgate.graph.index import Graph
+from ortgate.graph.layers import assign_layers
+
+
+def build_graph(model: onnx.ModelProto, path: str, *, role: str = "model") -> Graph:
+    """Index `model` and attribute every node to its decoder layer."""
+    graph = Graph(model, path, role=role)
+    graph.layer_source = assign_layers(graph)
+    return graph
+
+
+__all__ = ["Graph", "build_graph"]
