@@ -212,13 +212,13 @@ def run(args: argparse.Namespace) -> int:
     out = [
         f"Command: `python benchmarks/lint_scale.py {flags}`  ",
         f"Machine: {_machine()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after  ",
-        f"Medians of {args.repeat} runs in one process (`ortgate.cli.main(['lint', MODEL, '--policy', POLICY, "
+        (f"Medians of {args.repeat} runs in one process (`ortgate.cli.main(['lint', MODEL, '--policy', POLICY, "
         "'--format', 'json', '--output', FILE])`, all rules); each peak RSS from a fresh process. Interpreter: "
-        f"{_mib(baseline)} MiB (`ortgate lint` of a one-node model; an empty Python is {_mib(baseline_empty)} MiB).",
+        f"{_mib(baseline)} MiB (`ortgate lint` of a one-node model; an empty Python is {_mib(baseline_empty)} MiB)."),
         "",
-        "| model | nodes | .onnx | declared weights | .data file | findings | onnx.load ms | node walk ms "
+        ("| model | nodes | .onnx | declared weights | .data file | findings | onnx.load ms | node walk ms "
         "| ortgate lint ms | lint / load | lint ms per 1k nodes | fresh process s | peak RSS lint MiB | budget MiB "
-        "| onnx.load RSS MiB |",
+        "| onnx.load RSS MiB |"),
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -231,12 +231,12 @@ def run(args: argparse.Namespace) -> int:
         )
     out += [
         "",
-        "Policies: qwen3.6-* with policies/qwen3.6-35b-a3b-h100.yaml, the others with "
+        ("Policies: qwen3.6-* with policies/qwen3.6-35b-a3b-h100.yaml, the others with "
         "policies/qwen3-30b-a3b-cuda.yaml. node walk: onnx.load plus reading every node's name, op_type, domain, "
         "inputs and outputs once in Python, the least any Python index of the graph costs. fresh process: "
         "wall time of one `ortgate lint` in a new interpreter (start-up and imports included). budget: "
         f"{RSS_FILE_FACTOR:g}x the .onnx size + the interpreter. onnx.load RSS: a fresh process that only runs "
-        "onnx.load(path, load_external_data=False).",
+        "onnx.load(path, load_external_data=False)."),
         "",
     ]
 
@@ -245,9 +245,9 @@ def run(args: argparse.Namespace) -> int:
     head = by_name[HEADLINE_50K]
     ratio = head["lint"] / head["load"]
     verdicts.append((ratio <= LINT_TARGET_RATIO,
-                     f"lint <= {LINT_TARGET_RATIO:g}x onnx.load on {HEADLINE_50K} ({head['model'].nodes:,} nodes): "
+                     (f"lint <= {LINT_TARGET_RATIO:g}x onnx.load on {HEADLINE_50K} ({head['model'].nodes:,} nodes): "
                      f"{head['lint'] * 1e3:.0f} ms vs {head['load'] * 1e3:.1f} ms = {ratio:.0f}x "
-                     f"(lint / node walk = {head['lint'] / head['walk']:.1f}x)"))
+                     f"(lint / node walk = {head['lint'] / head['walk']:.1f}x)")))
     over = [r for r in rows if r["rss_lint"] > r["budget"]]
     worst = max(rows, key=lambda r: r["rss_lint"] / r["budget"])
     verdicts.append((not over,

@@ -30,7 +30,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.models.qwen_moe import ModelSpec, build_model, save_model  # noqa: E402
+from tests.models.qwen_moe import ModelSpec, build_model, save_model
 
 _QWEN3_30B_A3B = dict(
     layers=48, experts=128, top_k=8, hidden=2048, num_heads=32, kv_num_heads=4, head_dim=128,

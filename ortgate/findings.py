@@ -15,7 +15,7 @@ class Severity(enum.IntEnum):
     ERROR = 3
 
     @classmethod
-    def parse(cls, text: str) -> "Severity":
+    def parse(cls, text: str) -> Severity:
         try:
             return cls[text.strip().upper()]
         except KeyError:
@@ -62,10 +62,10 @@ class Finding:
     def file(self) -> str:
         return self.location.file
 
-    def with_severity(self, severity: Severity) -> "Finding":
+    def with_severity(self, severity: Severity) -> Finding:
         return replace(self, severity=severity)
 
-    def suppress(self, kind: str, justification: str, location: Location | None = None) -> "Finding":
+    def suppress(self, kind: str, justification: str, location: Location | None = None) -> Finding:
         return replace(self, suppressed=Suppression(kind, justification, location))
 
     def sort_key(self) -> tuple:

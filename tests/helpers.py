@@ -8,9 +8,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from ortgate.cli import main
+from ortgate.engine.gate import apply_gate, gate_config_from, selected_rules
 from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
 from ortgate.findings import Finding
-from ortgate.engine.gate import apply_gate, gate_config_from, selected_rules
 
 
 def lint_findings(model, policy=None, optimized=None, config=None, select: list[str] | None = None) -> list[Finding]:

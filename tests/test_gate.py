@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
 from ortgate.engine.baseline import load_baseline
 from ortgate.engine.gate import apply_gate, decide, gate_config_from, selected_rules
+from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
 from tests.helpers import run_cli, run_cli_json
 
 FUSION = ["moe-not-fused", "gqa-not-fused", "OGW"]

@@ -22,11 +22,11 @@ import yaml
 from onnx import TensorProto, helper
 
 import ortgate
-from ortgate.graph import build_graph
-from ortgate.errors import InputError
-from ortgate.graph.load import PROTOBUF_LIMIT, load_model
 from ortgate.config.source import MAX_DOCUMENT_BYTES, MAX_NESTING
-from tests.conftest import EXAMPLES, POLICIES, REPO
+from ortgate.errors import InputError
+from ortgate.graph import build_graph
+from ortgate.graph.load import PROTOBUF_LIMIT, load_model
+from tests.conftest import POLICIES, REPO
 from tests.helpers import run_cli
 
 CORPUS = REPO / "tests" / "corpus"
@@ -129,7 +129,6 @@ def test_policy(entry):
 
 def test_nested_subgraphs_are_indexed_without_recursion():
     """25 If levels parse; every level's nodes are in the index, each with its subgraph path."""
-    from ortgate.graph.index import Graph
 
     graph = build_graph(load_model(CORPUS / "models" / "nested-if-25.onnx"), "nested")
     ifs = graph.by_op("", "If")

@@ -9,7 +9,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ortgate.graph.index import Graph
 from ortgate.graph import build_graph
 from tests.conftest import EXPORTED
 from tests.models.qwen_moe import ModelSpec, build_model
@@ -43,7 +42,7 @@ def test_structure_finds_the_layers_names_would_give(spec, naming):
 
 def test_final_norm_and_lm_head_belong_to_no_layer_by_structure():
     graph = build_graph(build_model(ModelSpec(naming="none", layers=3)), "m")
-    final_norm = [n for n in graph.by_op("com.microsoft", "SkipSimplifiedLayerNormalization")][-1]
+    final_norm = list(graph.by_op("com.microsoft", "SkipSimplifiedLayerNormalization"))[-1]
     lm_head = graph.producer("logits")
     assert (final_norm.layer, lm_head.layer) == (None, None)
     assert graph.layer_count == 3

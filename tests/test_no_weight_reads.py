@@ -18,11 +18,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from ortgate.cli import main
+from ortgate.graph import build_graph
 from tests.conftest import EXPORTED
 from tests.models.qwen_moe import ModelSpec, build_model, save_model
-from ortgate.cli import main
-from ortgate.graph.index import Graph
-from ortgate.graph import build_graph
 
 
 class _OpenRecorder:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ortgate.errors import InputError
 from ortgate.config.policy import load_policy
+from ortgate.errors import InputError
 from tests.conftest import POLICIES
 
 

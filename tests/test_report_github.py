@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
+from ortgate.engine.gate import decide
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Location, Severity
-from ortgate.engine.gate import decide
 from ortgate.report.github import annotation, escape_data, escape_property, render
 from tests.helpers import run_cli
 

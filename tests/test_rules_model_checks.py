@@ -7,8 +7,8 @@ import json
 import onnx
 import pytest
 
-from ortgate.knowledge.families import model_family
 from ortgate.findings import Severity
+from ortgate.knowledge.families import model_family
 from tests.conftest import EXPORTED
 from tests.helpers import by_rule, lint_findings
 

@@ -10,8 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ortgate.errors import InputError
 from ortgate.engine.pipeline import LintRequest, load_inputs
+from ortgate.errors import InputError
 from ortgate.runner import inputs as ri
 from ortgate.runner.settings import runner_settings
 from tests.conftest import EXPORTED

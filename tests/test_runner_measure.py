@@ -3,7 +3,6 @@ ORT's profile, on real sessions."""
 
 from __future__ import annotations
 
-from ortgate.evidence import DeviceInfo, device_matches
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 
 from ortgate.config.deployment import setup_from_policy
 from ortgate.engine.pipeline import LintRequest, load_inputs
+from ortgate.evidence import DeviceInfo, device_matches
 from ortgate.runner import measure as rm
 from ortgate.runner import session as rs
 from ortgate.runner.collect import _feeds

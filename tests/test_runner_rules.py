@@ -7,10 +7,21 @@ session reports differently, nodes placed on CPU in a CUDA session) is written o
 from __future__ import annotations
 
 from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
+from ortgate.evidence import (
+    EVIDENCE_KEY,
+    Correctness,
+    DimCheck,
+    DumpEvidence,
+    Measurement,
+    OptionCheck,
+    OutputComparison,
+    ProviderCheck,
+    RunEvidence,
+    SessionEvidence,
+    Stats,
+)
 from ortgate.findings import Location, Severity
 from ortgate.rules import find_rule
-from ortgate.evidence import (EVIDENCE_KEY, Correctness, DimCheck, DumpEvidence, Measurement, OptionCheck,
-                                     OutputComparison, ProviderCheck, RunEvidence, SessionEvidence, Stats)
 from tests.conftest import EXPORTED
 
 MODEL = EXPORTED / "genai-qwen3_5_moe-fp32-cpu" / "model.onnx"
@@ -37,7 +48,7 @@ def measurement(p50_ms=10.0, device="NVIDIA H100 80GB HBM3", kind="gpu") -> Meas
 
 def test_no_evidence_no_runtime_findings(write_policy):
     inputs = load_inputs(LintRequest(str(MODEL), str(write_policy(CUDA_POLICY))))
-    rules = [r for r in [find_rule(f"OGR00{i}") for i in range(1, 9)]]
+    rules = [find_rule(f"OGR00{i}") for i in range(1, 9)]
     assert run_rules(inputs, rules) == []
 
 

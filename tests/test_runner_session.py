@@ -6,12 +6,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ortgate.errors import InputError
 from ortgate.config.deployment import setup_from_policy
-from ortgate.graph.index import Graph
+from ortgate.config.policy import load_policy
+from ortgate.errors import InputError
 from ortgate.graph import build_graph
 from ortgate.graph.load import load_model
-from ortgate.config.policy import load_policy
 from ortgate.runner import session as rs
 from ortgate.runner.inputs import graph_signature, session_signature
 from tests.conftest import EXPORTED

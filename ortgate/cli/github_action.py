@@ -16,8 +16,8 @@ import secrets
 import shlex
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ortgate.cli.main import main as ortgate_main
 from ortgate.cli.output import EXIT_INPUT

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ortgate.cli.output import (EXIT_PASS, check_distinct_outputs, check_output_path, progress, progress_wanted,
-                                split_list, write)
+from ortgate.cli.output import (
+    EXIT_PASS,
+    check_distinct_outputs,
+    check_output_path,
+    progress,
+    progress_wanted,
+    split_list,
+    write,
+)
 from ortgate.errors import InputError
 
 LINT_FORMATS = ("text", "json", "sarif", "github", "markdown")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ortgate import __version__
 from ortgate.cli import lint, policy, rules, run

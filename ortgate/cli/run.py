@@ -42,10 +42,10 @@ def add_parser(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ortgate.engine.run import run_reference
+    from ortgate.report.run import render_run
     from ortgate.runner.collect import RunRequest
     from ortgate.runner.measure import RunTimeout
     from ortgate.runner.progress import RunProgress
-    from ortgate.report.run import render_run
 
     given = [args.model, args.policy, args.config]
     for path in (args.output, args.dump, args.profile if isinstance(args.profile, str) else None):

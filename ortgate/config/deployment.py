@@ -11,11 +11,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortgate.errors import InputError
-from ortgate.findings import Location
 from ortgate.config.genai import GENAI_NAMED_SESSION_OPTIONS, GenaiConfig
 from ortgate.config.policy import Policy
 from ortgate.config.source import format_key_path
+from ortgate.errors import InputError
+from ortgate.findings import Location
 
 ORT_DEFAULT_OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ortgate.findings import Location
 from ortgate.config.genai import GenaiConfig
+from ortgate.config.policy import Policy
+from ortgate.findings import Location
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.attention import gqa_nodes, linear_attention_layers, token_mixer_layers
 from ortgate.graph.patterns.moe import moe_blocks
-from ortgate.config.policy import Policy
 
 GRAPH = "graph"
 POLICY = "policy"

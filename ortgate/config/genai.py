@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortgate.errors import InputError
 from ortgate.config.source import LocatedDocument, format_key_path, load_json
+from ortgate.errors import InputError
 
 # session_options keys genai maps to SessionOptions fields; any other scalar is a config entry.
 GENAI_NAMED_SESSION_OPTIONS = {

@@ -14,9 +14,9 @@ from typing import Any
 
 import jsonschema
 
+from ortgate.config.source import KeyPath, LocatedDocument, format_key_path, load_yaml
 from ortgate.errors import InputError
 from ortgate.findings import Location
-from ortgate.config.source import KeyPath, LocatedDocument, format_key_path, load_yaml
 
 SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
 BUILTIN_DIR = Path(__file__).with_name("builtin")

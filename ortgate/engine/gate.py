@@ -7,10 +7,10 @@ import fnmatch
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ortgate.config.policy import Policy, Waiver
 from ortgate.engine.baseline import GATE_FAMILY, baselineable
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
-from ortgate.config.policy import Policy, Waiver
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, suggest_rule
 
 OFF = "off"

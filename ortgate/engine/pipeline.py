@@ -7,22 +7,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
-from ortgate.errors import InputError
-from ortgate.rules.context import LintInputs, RuleContext
 from ortgate.config.deployment import build_deployment
 from ortgate.config.expectations import decoder_layer_count, resolve_expectations
-from ortgate.findings import Finding, Location, Severity
-from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
 from ortgate.config.genai import GenaiConfig, load_genai_config
-from ortgate.graph.index import Graph
-from ortgate.graph import build_graph
-from ortgate.graph.load import load_model, resolve_model_path
+from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
+from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
+from ortgate.errors import InputError
+from ortgate.findings import Finding, Location, Severity
+from ortgate.graph import build_graph
+from ortgate.graph.load import load_model
 from ortgate.rules import Rule
+from ortgate.rules.context import LintInputs, RuleContext
 
 # Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
 STRICT_ENV = "ORTGATE_STRICT"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -290,7 +291,7 @@ _DTYPE_FROM_INPUT = {(MS_DOMAIN, "GatherBlockQuantized"): 2, (DEFAULT_DOMAIN, "O
 _SUBGRAPH_OUTPUT_OFFSET = {"If": ("then_branch", 0), "Loop": ("body", 1), "Scan": ("body", 0)}
 
 
-def _subgraph_output(node: "Node", output: str) -> str | None:
+def _subgraph_output(node: Node, output: str) -> str | None:
     """The body output that becomes `output` of an If/Loop/Scan node (its dtype is the node output's dtype)."""
     attr_name, offset = _SUBGRAPH_OUTPUT_OFFSET[node.op_type]
     position = node.outputs.index(output) + offset

@@ -19,8 +19,8 @@ final_norm_layernorm`); a highest layer that holds nothing but norms is no decod
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable
-
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ortgate.graph.index import Graph, Node
@@ -49,7 +49,7 @@ def layer_from_name(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _own_layer(node: "Node") -> tuple[int | None, bool]:
+def _own_layer(node: Node) -> tuple[int | None, bool]:
     """(layer, whether the node's metadata or name is authoritative even when it names no layer)."""
     for prop in node.proto.metadata_props:
         if prop.key in _METADATA_KEYS:
@@ -64,7 +64,7 @@ def _own_layer(node: "Node") -> tuple[int | None, bool]:
     return None, False
 
 
-def _initializer_layer(graph: "Graph", node: "Node") -> int | None:
+def _initializer_layer(graph: Graph, node: Node) -> int | None:
     for name in node.inputs:
         if name and name in graph.initializers:
             layer = layer_from_name(name)
@@ -73,7 +73,7 @@ def _initializer_layer(graph: "Graph", node: "Node") -> int | None:
     return None
 
 
-def assign_layers(graph: "Graph") -> str:
+def assign_layers(graph: Graph) -> str:
     """Sets `node.layer` on every node it can; returns how: "names", "structure", "initializers" or "none"."""
     fixed: set[int] = set()
     named = False
@@ -103,7 +103,7 @@ def assign_layers(graph: "Graph") -> str:
     return NONE
 
 
-def _clear_pseudo_layers(graph: "Graph") -> None:
+def _clear_pseudo_layers(graph: Graph) -> None:
     """Nodes named as the final norm, and a highest layer holding nothing but norms, belong to no layer."""
     for node in graph.nodes:
         if node.layer is not None and node.name and _FINAL_NORM_NAME.search(node.name):
@@ -119,7 +119,7 @@ def _clear_pseudo_layers(graph: "Graph") -> None:
             n.layer = None
 
 
-def _propagate(graph: "Graph", fixed: set[int]) -> None:
+def _propagate(graph: Graph, fixed: set[int]) -> None:
     """Unlabelled helper nodes (Shape, Cast, Constant, ...) take the layer of their neighbours."""
     for node in graph.nodes:  # forward: from producers (the latest layer among them)
         if node.layer is None and node.index not in fixed:
@@ -136,7 +136,7 @@ def _propagate(graph: "Graph", fixed: set[int]) -> None:
 # ---- the residual stream ------------------------------------------------------------------------------
 
 
-def _walk_stream(graph: "Graph") -> tuple[list["Node"], list["Node"]]:
+def _walk_stream(graph: Graph) -> tuple[list[Node], list[Node]]:
     """(residual steps, nodes the stream passed through unchanged).
 
     The residual steps are the stream's additions in order: Add or Skip(Simplified)LayerNormalization nodes.
@@ -171,7 +171,7 @@ def _walk_stream(graph: "Graph") -> tuple[list["Node"], list["Node"]]:
     return steps, carriers
 
 
-def _embedding_output(graph: "Graph") -> str | None:
+def _embedding_output(graph: Graph) -> str | None:
     gathers = [n for n in graph.by_op_type("Gather") if n.graph is None]
     graph_inputs = {i.name for i in graph.inputs}
     for node in gathers:
@@ -185,7 +185,7 @@ def _embedding_output(graph: "Graph") -> str | None:
     return None
 
 
-def _next_step(graph: "Graph", value: str) -> "Node | None":
+def _next_step(graph: Graph, value: str) -> Node | None:
     consumers = [c for c in graph.consumers(value) if c.graph is None]
     skip_norms = [c for c in consumers if c.op_type in _SKIP_NORM_OPS and value in c.inputs[:2]]
     if skip_norms:
@@ -197,19 +197,19 @@ def _next_step(graph: "Graph", value: str) -> "Node | None":
     return max(adds, key=lambda n: n.index) if adds else None
 
 
-def _stream_carrier(graph: "Graph", value: str, parents: dict[str, "Node"]) -> "Node | None":
+def _stream_carrier(graph: Graph, value: str, parents: dict[str, Node]) -> Node | None:
     """The one node the stream passes through unchanged (an If whose branches read it, an Identity, a Cast)."""
     owners = {id(_top_level(c, parents)): _top_level(c, parents) for c in graph.consumers(value)}
     carriers = [n for n in owners.values() if n is not None and n.op_type in _STREAM_CARRIERS and n.outputs]
     return carriers[0] if len(carriers) == 1 and len(owners) == 1 else None
 
 
-def _subgraph_owners(graph: "Graph") -> dict[str, "Node"]:
+def _subgraph_owners(graph: Graph) -> dict[str, Node]:
     """Subgraph path (as graph.Node.graph spells it) -> the node whose attribute holds that subgraph."""
     return graph.subgraph_owners  # recorded while indexing: no second pass over every node's attributes
 
 
-def _top_level(node: "Node", parents: dict[str, "Node"]) -> "Node | None":
+def _top_level(node: Node, parents: dict[str, Node]) -> Node | None:
     for _ in range(64):  # nesting depth guard
         if node.graph is None:
             return node
@@ -220,7 +220,7 @@ def _top_level(node: "Node", parents: dict[str, "Node"]) -> "Node | None":
     return None
 
 
-def _assign_by_residual_stream(graph: "Graph") -> set[int] | None:
+def _assign_by_residual_stream(graph: Graph) -> set[int] | None:
     """Layers from the residual stream; returns the nodes placed by it (None: no stream found)."""
     steps, carriers = _walk_stream(graph)
     if len(steps) < 2:
@@ -270,7 +270,7 @@ def _assign_by_residual_stream(graph: "Graph") -> set[int] | None:
     return placed
 
 
-def _captured_inputs(graph: "Graph", parents: dict[str, "Node"]) -> dict[int, list[str]]:
+def _captured_inputs(graph: Graph, parents: dict[str, Node]) -> dict[int, list[str]]:
     """Values a top-level node's subgraphs read from outside (what an If branch captures)."""
     if not parents:
         return {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -12,7 +11,6 @@ from google.protobuf.message import DecodeError
 
 from ortgate.errors import InputError, printable
 
-GENAI_CONFIG_NAME = "genai_config.json"
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses messages of 2 GiB and more
 
 _NOT_ONNX_SIGNATURES = (
@@ -25,43 +23,6 @@ _NOT_ONNX_SIGNATURES = (
     (b"GGUF", "a GGUF file"),
     (b"\x7fELF", "an executable"),
 )
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    model: Path
-    genai_config: Path | None
-
-
-def resolve_model_path(path: str | Path) -> ModelFiles:
-    """MODEL is an .onnx file, or a folder holding model.onnx (or the file genai_config.json names)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such file or directory", p)
-    if p.is_dir():
-        config = p / GENAI_CONFIG_NAME
-        candidates = [p / "model.onnx"]
-        if config.is_file():
-            from ortgate.config.genai import load_genai_config
-
-            genai = load_genai_config(config)
-            filename = genai.decoder_filename
-            if filename:
-                if _escapes(filename):
-                    raise InputError(f"model.decoder.filename: {filename!r} is not a file name inside the model "
-                                     "folder; ortgate does not follow it", config,
-                                     line=genai.line_of("model", "decoder", "filename"))
-                candidates.insert(0, p / filename)
-        for candidate in candidates:
-            if candidate.is_file():
-                return ModelFiles(candidate, config if config.is_file() else None)
-        onnx_files = sorted(p.glob("*.onnx"))
-        if len(onnx_files) == 1:
-            return ModelFiles(onnx_files[0], config if config.is_file() else None)
-        found = f"{len(onnx_files)} .onnx files" if onnx_files else "no .onnx file"
-        raise InputError(f"folder holds no model.onnx ({found}); name the model file instead", p)
-    config = p.parent / GENAI_CONFIG_NAME
-    return ModelFiles(p, config if config.is_file() else None)
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -211,13 +172,13 @@ def _utf8_checked_parse(data: bytes) -> bool:
 _TOO_DEEP = "protobuf nested too deeply: subgraphs inside subgraphs beyond what the protobuf parser accepts"
 
 
-def _escapes(location: str) -> bool:
+def escapes_folder(location: str) -> bool:
     """Whether a file name from inside a model or config leaves its folder. Decided on the text alone, as
     ONNX Runtime does: nothing is resolved, followed or opened."""
     if not location or "\0" in location or os.path.isabs(location):
         return True
     normal = os.path.normpath(location)
-    return normal == ".." or normal.startswith("../") or normal.startswith("/")
+    return normal == ".." or normal.startswith(("../", "/"))
 
 
 def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None) -> list[str]:
@@ -239,7 +200,7 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
                 found += 1
                 value = entry.value
                 if value not in seen:
-                    seen[value] = _escapes(value)
+                    seen[value] = escapes_folder(value)
                 if seen[value]:
                     bad.add(value)
     return sorted(bad)

@@ -183,7 +183,7 @@ class KernelTable:
     # ---- loading -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "KernelTable":
+    def from_json(cls, data: Mapping[str, Any]) -> KernelTable:
         if data.get("schema") != 1:
             raise ValueError(f"unsupported kernels.json schema {data.get('schema')!r}")
         ops: dict[str, dict[str, dict[str, OpKernels]]] = {}
@@ -213,7 +213,7 @@ class KernelTable:
         return cls(ort_version=data["ort_version"], commit=data["commit"], source=data["source"], _ops=ops)
 
     @classmethod
-    def load(cls, path: str | Path = KERNELS_JSON) -> "KernelTable":
+    def load(cls, path: str | Path = KERNELS_JSON) -> KernelTable:
         with open(path, encoding="utf-8") as f:
             return cls.from_json(json.load(f))
 

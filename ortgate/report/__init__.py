@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ortgate.engine.gate import suppressed_breakdown
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.engine.gate import suppressed_breakdown
 from ortgate.report import display_path, layer_label, target
 
 MAX_ANNOTATIONS_PER_TYPE = 10

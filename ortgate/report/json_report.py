@@ -26,7 +26,7 @@ def finding_dict(f: Finding) -> dict:
         "graph": f.graph,
         "fix": f.fix,
         "related_nodes": list(f.related_nodes),
-        "properties": {k: v for k, v in f.properties},
+        "properties": dict(f.properties),
         "suppressed": None if f.suppressed is None else {
             "kind": f.suppressed.kind,
             "justification": f.suppressed.justification,

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import difflib
 
-from ortgate.rules.base import Rule, registered_rules
-
 # Families, in code order. Importing registers.
-from ortgate.rules import fusion, inventory, session, provider, placement, drift, runtime, waivers  # noqa: E402,F401
-from ortgate.rules import norms, rotary, projections, model  # noqa: E402,F401
+from ortgate.rules import (  # noqa: F401  # noqa: E402,F401
+    drift,
+    fusion,
+    inventory,
+    model,
+    norms,
+    placement,
+    projections,
+    provider,
+    rotary,
+    runtime,
+    session,
+    waivers,
+)
+from ortgate.rules.base import Rule, registered_rules
 
 
 def all_rules() -> list[Rule]:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
-from ortgate.errors import printable
 from ortgate.config.deployment import Deployment
 from ortgate.config.expectations import Expectations
-from ortgate.findings import Finding, Location, Severity
 from ortgate.config.genai import GenaiConfig
-from ortgate.graph.index import Graph, Node
 from ortgate.config.policy import Policy
+from ortgate.errors import printable
+from ortgate.findings import Finding, Location, Severity
+from ortgate.graph.index import Graph, Node
 
 if TYPE_CHECKING:
     from ortgate.rules.base import Rule
@@ -42,7 +43,7 @@ class LintInputs:
 
 
 class RuleContext:
-    def __init__(self, inputs: LintInputs, rule: "Rule"):
+    def __init__(self, inputs: LintInputs, rule: Rule):
         self.inputs = inputs
         self.rule = rule
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortgate.knowledge import provider_catalog, session_config_key
-from ortgate.rules.context import RuleContext
 from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL, SessionSetup, Setting, config_text
 from ortgate.findings import Location, Severity
+from ortgate.knowledge import provider_catalog, session_config_key
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 
 _BOOL_TEXT = {"1": True, "true": True, "0": False, "false": False}
 

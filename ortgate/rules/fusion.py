@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ortgate.rules.context import RuleContext
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes, kv_expanded
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 
 MOE_FIX = (
     "Export each MoE layer as one com.microsoft.MoE node (QMoE for int4/int8 experts): activation_type=swiglu, "

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ortgate.rules.context import RuleContext
 from ortgate.findings import Severity
 from ortgate.graph.index import op_key, parse_op_key
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 
 
 @rule("OGM010", "required-ops", Severity.ERROR)

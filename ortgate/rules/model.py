@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortgate.knowledge import Support, kernel_table
-from ortgate.knowledge.families import family_names
-from ortgate.knowledge.fusions import attribute_default
-from ortgate.rules.context import RuleContext, layers_text
 from ortgate.config.expectations import Expected
 from ortgate.findings import Location, Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
@@ -16,7 +12,11 @@ from ortgate.graph.patterns.attention import gqa_nodes
 from ortgate.graph.patterns.common import is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims
+from ortgate.knowledge import Support, kernel_table
+from ortgate.knowledge.families import family_names
+from ortgate.knowledge.fusions import attribute_default
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.norms import close, resolved_family
 
 MOE_ROUTING_FIX = (

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ortgate.knowledge.families import ModelFamily, model_family
-from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
-from ortgate.rules.context import RuleContext, layers_text
 from ortgate.findings import Severity
 from ortgate.graph.index import Node
 from ortgate.graph.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
+from ortgate.knowledge.families import ModelFamily, model_family
+from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.targets import by_layer, judged_graph, layer_text, ort_pass_note, target
 
 RMSNORM_FIX = (

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from ortgate.findings import Severity
+from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached
 from ortgate.knowledge import (
     Support,
     SupportResult,
@@ -19,11 +22,8 @@ from ortgate.knowledge import (
     kernel_table,
     tensorrt_untaken_domain,
 )
-from ortgate.rules.context import RuleContext, layers_text
-from ortgate.findings import Severity
-from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 
 CPU = "CPUExecutionProvider"
@@ -180,8 +180,8 @@ def op_not_on_ep(ctx: RuleContext):
                 graph=graph,
                 related=nodes[1:],
                 severity=Severity.INFO,
-                fix=f"Check the placement on the target with `ortgate run` (profiling shows each node's provider) "
-                    f"or with session.disable_cpu_ep_fallback=1.",
+                fix="Check the placement on the target with `ortgate run` (profiling shows each node's provider) "
+                    "or with session.disable_cpu_ep_fallback=1.",
                 properties={"provider": provider, "op": key, "nodes": len(nodes), "status": status.value,
                             "kernel_table": table.ort_version},
             )

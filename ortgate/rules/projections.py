@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from ortgate.knowledge.fusions import fusions_version, pass_applies
-from ortgate.knowledge.providers import graph_optimization_levels
-from ortgate.rules.context import RuleContext
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
 from ortgate.graph.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
+from ortgate.knowledge.fusions import fusions_version, pass_applies
+from ortgate.knowledge.providers import graph_optimization_levels
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, target
 
 QKV_FIX = (
@@ -112,9 +112,9 @@ def qkv_not_packed(ctx: RuleContext):
         for found in group:
             projections = found.separate
             repacked = not is_dump and _ort_packs(graph, found, tgt)
-            note = ort_pass_note("GroupQueryAttentionFusion", tgt, True) if repacked else \
-                "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding " \
-                "RotaryEmbedding -> GroupQueryAttention directly"
+            note = ort_pass_note("GroupQueryAttentionFusion", tgt, True) if repacked else (
+                "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding "
+                "RotaryEmbedding -> GroupQueryAttention directly")
             kind = found.attention.key if found.fused else "decomposed attention"
             widths = [projection_dims(graph, p) for p in projections]
             shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))

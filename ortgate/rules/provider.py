@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ortgate.knowledge import graph_capture_option, normalize_option_value, provider_catalog
-from ortgate.rules.context import RuleContext
 from ortgate.config.deployment import SessionSetup
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
+from ortgate.knowledge import graph_capture_option, normalize_option_value, provider_catalog
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 
 
 def cuda_graph_option(setup: SessionSetup) -> str | None:

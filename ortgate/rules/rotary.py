@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ortgate.knowledge.fusions import fusions_version
-from ortgate.rules.context import RuleContext
 from ortgate.findings import Severity
 from ortgate.graph.patterns.rotary import decomposed_rotaries
+from ortgate.knowledge.fusions import fusions_version
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 from ortgate.rules.targets import by_layer, judged_graph, layer_text
 
 ROTARY_FIX = (

@@ -6,10 +6,10 @@ say nothing when there is none (plain `ortgate lint`).
 
 from __future__ import annotations
 
-from ortgate.rules.context import RuleContext
+from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
 from ortgate.findings import Location, Severity
 from ortgate.rules.base import rule
-from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
+from ortgate.rules.context import RuleContext
 
 CPU = "CPUExecutionProvider"
 # Compute-heavy ops whose placement on CPU in a GPU session costs a step real time (shape-computation nodes that

@@ -6,12 +6,12 @@ import difflib
 import re
 from collections import defaultdict
 
-from ortgate.knowledge import cpu_fallback_facts, is_known_session_config_key, ort_facts, suggest_session_config_key
-from ortgate.rules.context import RuleContext
 from ortgate.config.deployment import config_text
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph
+from ortgate.knowledge import cpu_fallback_facts, is_known_session_config_key, ort_facts, suggest_session_config_key
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 from ortgate.rules.provider import cuda_graph_enabled
 
 LEVEL_EFFECTS = {

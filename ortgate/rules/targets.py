@@ -7,13 +7,14 @@ Not a rule module: it registers nothing.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
-from ortgate.rules.context import RuleContext
 from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL
 from ortgate.graph.index import Graph, Node
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
+from ortgate.rules.context import RuleContext
 
 T = TypeVar("T")
 _SHORT_PROVIDER = {"CPUExecutionProvider": "CPU", "CUDAExecutionProvider": "CUDA", "ROCMExecutionProvider": "ROCm",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ortgate.rules.context import RuleContext
 from ortgate.findings import Severity
 from ortgate.rules.base import rule
+from ortgate.rules.context import RuleContext
 
 
 @rule("OGW001", "waiver-expired", Severity.ERROR)

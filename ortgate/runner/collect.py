@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortgate.errors import InputError
-from ortgate.rules.context import LintInputs
 from ortgate.config.deployment import SessionSetup, setup_from_policy
-from ortgate.graph.index import Graph
-from ortgate.graph import build_graph
-from ortgate.graph.load import load_model
+from ortgate.errors import InputError
 from ortgate.evidence import Measurement, RunEvidence, SessionEvidence
+from ortgate.graph import build_graph
+from ortgate.graph.index import Graph
+from ortgate.graph.load import load_model
+from ortgate.rules.context import LintInputs
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import RunnerSettings
 
@@ -178,8 +178,14 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
 def _measure(label: str, session, provider: str, effective: dict[str, str], feeds, settings: RunnerSettings,
              deadline, progress: RunProgress, memory, evidence: RunEvidence,
              iterations: int | None = None) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
-    from ortgate.runner.measure import (BoundSession, device_info, latency_stats, plan_binding, timed_runs,
-                                        tokens_per_second)
+    from ortgate.runner.measure import (
+        BoundSession,
+        device_info,
+        latency_stats,
+        plan_binding,
+        timed_runs,
+        tokens_per_second,
+    )
     from ortgate.runner.session import captured_output
 
     plan = plan_binding(provider, effective)
@@ -227,9 +233,9 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
 
 def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings, deadline, progress: RunProgress,
               libraries: tuple[str, ...], policy_outputs: dict, output_types: dict, evidence: RunEvidence):
+    from ortgate.evidence import Correctness
     from ortgate.runner import session as rs
     from ortgate.runner.compare import compare_outputs
-    from ortgate.evidence import Correctness
     from ortgate.runner.measure import BoundSession, plan_binding
 
     # No memory figure for the default session: it reuses memory the policy session freed, so its RSS growth

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from ortgate.config.genai import GenaiConfig
+from ortgate.config.policy import Policy
 from ortgate.errors import InputError
 from ortgate.findings import Location
-from ortgate.config.genai import GenaiConfig
 from ortgate.graph.index import Graph
-from ortgate.config.policy import Policy
 from ortgate.runner.settings import RunnerSettings
 
 SEED = 0

@@ -17,13 +17,14 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ortgate.knowledge import normalize_option_value, ort_facts
 from ortgate.evidence import DeviceInfo, Stats
+from ortgate.knowledge import normalize_option_value, ort_facts
 from ortgate.runner.inputs import Feeds
 
 GPU_GRAPH_ID_KEY = "gpu_graph_id"  # run config key (onnxruntime_run_options_config_keys.h)
@@ -162,7 +163,7 @@ class Deadline:
         self._done = threading.Event()
         self._watchdog: threading.Thread | None = None
 
-    def __enter__(self) -> "Deadline":
+    def __enter__(self) -> Deadline:
         if self.limit_s is not None:
             self._watchdog = threading.Thread(target=self._watch, name="ortgate-timeout", daemon=True)
             self._watchdog.start()

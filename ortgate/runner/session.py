@@ -16,15 +16,16 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from ortgate.errors import InputError
-from ortgate.knowledge import normalize_option_value
 from ortgate.config.deployment import SessionSetup
-from ortgate.graph.index import Graph
+from ortgate.errors import InputError
 from ortgate.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
+from ortgate.graph.index import Graph
+from ortgate.knowledge import normalize_option_value
 
 CPU = "CPUExecutionProvider"
 RECORD_PLACEMENT_KEY = "session.record_ep_graph_assignment_info"  # makes get_provider_graph_assignment_info work
@@ -108,7 +109,7 @@ def ort_messages(text: str) -> list[str]:
         match = _ORT_LOG.search(line)
         if match:
             line = f"{match.group(1)}: {tidy(match.group(2))}"
-        elif not (line.startswith("EP Error") or line.startswith("Falling back")):
+        elif not (line.startswith(("EP Error", "Falling back"))):
             continue
         line = line[:MAX_MESSAGE_CHARS]
         if line and line not in out:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ortgate.config.policy import Policy
 from ortgate.errors import InputError
 from ortgate.findings import Location
-from ortgate.config.policy import Policy
 
 DEFAULT_WARMUP = 3
 DEFAULT_ITERATIONS = 20

@@ -42,9 +42,9 @@ import json
 import math
 import zlib
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -261,7 +261,7 @@ class _Scope:
     layer: int | None
     module: str
 
-    def sub(self, name: str) -> "_Scope":
+    def sub(self, name: str) -> _Scope:
         return _Scope(self.layer, f"{self.module}/{name}" if self.module else name)
 
 

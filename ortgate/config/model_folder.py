@@ -1,0 +1,48 @@
+"""MODEL as the user names it: an .onnx file, or a folder holding the model and onnxruntime-genai's
+genai_config.json (which may name the decoder file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ortgate.config.genai import load_genai_config
+from ortgate.errors import InputError
+from ortgate.graph.load import escapes_folder
+
+GENAI_CONFIG_NAME = "genai_config.json"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    model: Path
+    genai_config: Path | None
+
+
+def resolve_model_path(path: str | Path) -> ModelFiles:
+    """MODEL is an .onnx file, or a folder holding model.onnx (or the file genai_config.json names)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", p)
+    if p.is_dir():
+        config = p / GENAI_CONFIG_NAME
+        candidates = [p / "model.onnx"]
+        if config.is_file():
+            genai = load_genai_config(config)
+            filename = genai.decoder_filename
+            if filename:
+                if escapes_folder(filename):
+                    raise InputError(f"model.decoder.filename: {filename!r} is not a file name inside the model "
+                                     "folder; ortgate does not follow it", config,
+                                     line=genai.line_of("model", "decoder", "filename"))
+                candidates.insert(0, p / filename)
+        for candidate in candidates:
+            if candidate.is_file():
+                return ModelFiles(candidate, config if config.is_file() else None)
+        onnx_files = sorted(p.glob("*.onnx"))
+        if len(onnx_files) == 1:
+            return ModelFiles(onnx_files[0], config if config.is_file() else None)
+        found = f"{len(onnx_files)} .onnx files" if onnx_files else "no .onnx file"
+        raise InputError(f"folder holds no model.onnx ({found}); name the model file instead", p)
+    config = p.parent / GENAI_CONFIG_NAME
+    return ModelFiles(p, config if config.is_file() else None)
