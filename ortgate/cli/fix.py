@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from ortgate.cli.output import EXIT_FAIL, EXIT_PASS, progress, progress_wanted, split_list, write
+from ortgate.cli.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    Output,
+    check_outputs,
+    progress,
+    progress_wanted,
+    split_list,
+    write,
+)
 
 FIX_FORMATS = ("text", "json")
 
@@ -41,7 +50,10 @@ def cmd_fix(args: argparse.Namespace) -> int:
         value = policy.get("execution_provider", "onnxruntime_version")
         target = str(value) if value is not None else None
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
-                         dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target)
+                         dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
+                         policy=args.policy,
+                         check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
+                                                                  reads))
     with progress(progress_wanted()) as note:
         outcome = run_fix(request, note=note)
     write(render_fix_json(outcome) if args.format == "json" else render_fix_text(outcome), None)

@@ -55,6 +55,9 @@ class FixRequest:
     verify: bool = True
     force: bool = False
     target_ort: str | None = None  # the ORT release the deployment runs (policy), checked against known bugs
+    policy: str | None = None  # read by the caller: OUT must not hold it either
+    # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
+    check_output: Callable[[list[Path]], None] | None = None
 
 
 @dataclass
@@ -167,6 +170,10 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     source = WeightSource(original, files.model)
     inputs = [files.model] + ([files.genai_config] if files.genai_config else [])
     inputs += [files.model.parent / loc for loc in graph.external_data_files]
+    if request.policy:
+        inputs.append(Path(request.policy))
+    if request.check_output is not None:
+        request.check_output(inputs)
     if Path(request.model).is_dir():
         inputs.append(Path(request.model))
     out = check_output_folder(request.output, inputs, force=request.force)
