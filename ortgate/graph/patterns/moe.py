@@ -253,7 +253,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
             return False  # its output is a shape (aux), not routing
         if matmul_weight(graph, c) is not None or c.op_type in ("MoE", "QMoE") or c.graph is not None:
             return False
-        return all(i in values or aux(i) for i in c.inputs if i)
+        data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
+        return all(i in values or aux(i) for i in data if i)
 
     frontier = list(start)
     while frontier:
@@ -378,7 +379,7 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
     """The linears reading x that feed `down` through the expert's activation (not through another linear)."""
     out: dict[int, Node] = {}
     seen: set[str] = set()
-    frontier = [v for v in _data_inputs(graph, down)]
+    frontier = list(_data_inputs(graph, down))
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
