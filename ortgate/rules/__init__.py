@@ -1,38 +1,44 @@
-"""The rule catalog. Each module is one family; importing it registers its rules."""
+"""The rule catalog. Each module is one family; importing it registers its rules.
+
+The family modules are imported on first use of the registry, not with this package: `ortgate rules` and
+`ortgate explain` read the generated catalog (`ortgate.rules.catalog`) and never need the graph layer.
+"""
 
 from __future__ import annotations
 
-import difflib
+from functools import cache
 
-# Families, in code order. Importing registers.
-from ortgate.rules import (  # noqa: F401  # noqa: E402,F401
-    drift,
-    fusion,
-    inventory,
-    model,
-    norms,
-    placement,
-    projections,
-    provider,
-    rotary,
-    runtime,
-    session,
-    waivers,
-)
 from ortgate.rules.base import Rule, registered_rules
+from ortgate.rules.catalog import closest_name, lookup
+
+
+@cache
+def _register() -> None:
+    # Families, in code order. Importing registers.
+    from ortgate.rules import (  # noqa: F401
+        drift,
+        fusion,
+        inventory,
+        model,
+        norms,
+        placement,
+        projections,
+        provider,
+        rotary,
+        runtime,
+        session,
+        waivers,
+    )
 
 
 def all_rules() -> list[Rule]:
+    _register()
     return registered_rules()
 
 
 def find_rule(key: str) -> Rule | None:
     """A rule by code (OGF001, case-insensitive) or name (moe-not-fused)."""
-    key = key.strip()
-    for r in registered_rules():
-        if r.code == key.upper() or r.name == key.lower():
-            return r
-    return None
+    return lookup(all_rules(), key)
 
 
 def match_rules(selector: str) -> list[Rule]:
@@ -42,14 +48,12 @@ def match_rules(selector: str) -> list[Rule]:
         return [exact]
     prefix = selector.strip().upper()
     if prefix.startswith("OG") and prefix.isalnum():
-        return [r for r in registered_rules() if r.code.startswith(prefix)]
+        return [r for r in all_rules() if r.code.startswith(prefix)]
     return []
 
 
 def suggest_rule(selector: str) -> str | None:
-    names = [r.name for r in registered_rules()]
-    hint = difflib.get_close_matches(selector.lower(), names, n=1)
-    return hint[0] if hint else None
+    return closest_name(all_rules(), selector)
 
 
 __all__ = ["Rule", "all_rules", "find_rule", "match_rules", "suggest_rule"]
