@@ -36,8 +36,10 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from ortgate.rules.catalog import catalog, closest_name, lookup
+    from ortgate.rules.redirects import RENAMED
 
-    r = lookup(catalog(), args.rule)
+    key = args.rule.strip()
+    r = lookup(catalog(), key) or lookup(catalog(), RENAMED.get(key.upper()) or RENAMED.get(key.lower()) or "")
     if r is None:
         hint = closest_name(catalog(), args.rule)
         raise InputError(f"unknown rule {args.rule!r}"

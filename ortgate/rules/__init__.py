@@ -10,6 +10,7 @@ from functools import cache
 
 from ortgate.rules.base import Rule, registered_rules
 from ortgate.rules.catalog import closest_name, lookup
+from ortgate.rules.redirects import RENAMED, SPLIT_FROM
 
 
 @cache
@@ -37,15 +38,37 @@ def all_rules() -> list[Rule]:
 
 
 def find_rule(key: str) -> Rule | None:
-    """A rule by code (OGF001, case-insensitive) or name (moe-not-fused)."""
-    return lookup(all_rules(), key)
+    """A rule by code (OGF001, case-insensitive) or name (moe-not-fused); a renamed code or name finds its rule."""
+    key = key.strip()
+    for candidate in (key, RENAMED.get(key.upper()), RENAMED.get(key.lower())):
+        if not candidate:
+            continue
+        found = lookup(all_rules(), candidate)
+        if found is not None:
+            return found
+    return None
+
+
+def split_from(code: str) -> list[Rule]:
+    """The rules split off `code`: a reference to `code` covers their findings too (not transitively: a code split
+    off a split-off code took findings `code` never had)."""
+    children = {child for child, parents in SPLIT_FROM.items() if code in parents}
+    return [r for r in all_rules() if r.code in children]
+
+
+def resolve_rule(reference: str) -> list[Rule]:
+    """What a rule reference (code or name, old or new) covers: its rule and the rules split off it."""
+    exact = find_rule(reference)
+    if exact is None:
+        return []
+    return [exact, *split_from(exact.code)]
 
 
 def match_rules(selector: str) -> list[Rule]:
-    """Rules matched by a name, a code, or a code prefix (OGF, OGF0)."""
-    exact = find_rule(selector)
-    if exact is not None:
-        return [exact]
+    """Rules matched by a name, a code (with the codes split off it), or a code prefix (OGF, OGF0)."""
+    resolved = resolve_rule(selector)
+    if resolved:
+        return resolved
     prefix = selector.strip().upper()
     if prefix.startswith("OG") and prefix.isalnum():
         return [r for r in all_rules() if r.code.startswith(prefix)]
@@ -56,4 +79,4 @@ def suggest_rule(selector: str) -> str | None:
     return closest_name(all_rules(), selector)
 
 
-__all__ = ["Rule", "all_rules", "find_rule", "match_rules", "suggest_rule"]
+__all__ = ["Rule", "all_rules", "find_rule", "match_rules", "resolve_rule", "split_from", "suggest_rule"]
