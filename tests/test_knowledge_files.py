@@ -17,6 +17,7 @@ from ortgate.knowledge.families import _FamiliesFile
 from ortgate.knowledge.fusions import OrtFusions
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.moe_op import _OrtMoeFile
 from ortgate.knowledge.providers import _ProviderOptionsFile
 
 KNOWLEDGE = Path(knowledge.__file__).parent
@@ -28,6 +29,7 @@ SCHEMAS = {
     "provider_options.json": _ProviderOptionsFile,
     "model_families.json": _FamiliesFile,
     "kernel_additions.json": _KernelAdditionsFile,
+    "ort_moe.json": _OrtMoeFile,
 }
 GENERATED = {"kernels.json": KernelTable.from_json}
 
