@@ -424,7 +424,7 @@ MISSING = "no-such-file.onnx"
     (["run", str(BASE), "--policy", str(POLICIES / "tiny-moe-cpu.yaml"), "--timeout", "soon"],
      "argument --timeout: invalid float value: 'soon'"),
     (["run", str(BASE), "--policy", str(POLICIES / "tiny-moe-cpu.yaml"), "--dump", str(BASE)],
-     "refusing to write the report over an input file"),
+     "refusing to write the optimized dump over an input file"),
 ])
 def test_every_command_line_error_is_one_line(argv, contains):
     before = _digest(BASE)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ortgate.cli.output import (
     EXIT_PASS,
-    check_distinct_outputs,
-    check_output_path,
+    Output,
+    check_outputs,
     progress,
     progress_wanted,
     split_list,
@@ -51,24 +51,26 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
-    given = [args.model, args.policy, args.optimized, args.config, args.baseline]
     reports = [(args.format, args.output)] + [(fmt, path) for fmt, path in (
         ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
-    check_distinct_outputs([path for _fmt, path in reports] + [args.write_baseline])
-    for _fmt, path in reports:
-        check_output_path(path, given)
-    check_output_path(args.write_baseline, [])  # inputs are checked once loaded (_check_baseline_target)
+    outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
+               if path is not None]
+    if args.write_baseline:
+        outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
+    given = [args.model, args.policy, args.optimized, args.config, args.baseline]
+    check_outputs(outputs, given)  # before loading: a mistyped command fails at once
     baseline = load_baseline(args.baseline) if args.baseline else None
     request = LintRequest(args.model, args.policy, args.optimized, args.config)
     # One short-lived pass that allocates a large, acyclic index: the cyclic collector would only rescan it.
     with gc_paused(), progress(progress_wanted()) as note:
         inputs = load_inputs(request, note)
+        check_outputs(outputs, [*inputs.files_read, args.baseline])  # every file read, now that all are known
         config = gate_config_from(inputs.policy, cli_select=split_list(args.select),
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
                                   baseline_path=args.baseline)
         result = lint(inputs, config, note)
     if args.write_baseline:
-        _check_baseline_target(args.write_baseline, inputs, args.baseline)
+        _check_baseline_target(args.write_baseline, args.baseline)
         write(baseline_text(result.findings), args.write_baseline)
         config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
         result = judge(result.raw, inputs, config, result.rules)
@@ -79,14 +81,14 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return result.verdict.exit_code
 
 
-def _check_baseline_target(path: str, inputs, baseline_in: str | None) -> None:
-    """--write-baseline may rewrite the --baseline it read, never another input or a file that is not a baseline."""
+def _check_baseline_target(path: str, baseline_in: str | None) -> None:
+    """--write-baseline may rewrite the --baseline it read (check_outputs refused every other input), never a file
+    that is not a baseline."""
     from ortgate.engine.baseline import is_baseline_file
 
     target = Path(path).resolve()
-    inputs_read = [inputs.model.path, inputs.optimized.path if inputs.optimized else None,
-                   inputs.genai.path if inputs.genai else None, *(inputs.policy.chain if inputs.policy else ())]
-    if any(p is not None and Path(p).resolve() == target for p in inputs_read):
-        raise InputError("refusing to write the baseline over an input file", path)
     if target.exists() and not (baseline_in and Path(baseline_in).resolve() == target) and not is_baseline_file(target):
         raise InputError("refusing to overwrite: the file exists and is not an ortgate baseline", path)
+
+
+_REPORT_NAMES = {"sarif": "SARIF report", "markdown": "markdown report", "json": "JSON report"}

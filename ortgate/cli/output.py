@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ortgate.errors import InputError
@@ -24,41 +26,116 @@ def split_list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def check_output_path(output: str | None, inputs: list[str | None]) -> None:
-    """Never write over something the user gave us."""
-    if output is None:
-        return
-    out = Path(output)
-    for given in inputs:
-        if given and out.exists() and Path(given).exists() and out.resolve() == Path(given).resolve():
-            raise InputError("refusing to write the report over an input file", output)
-    if out.exists() and out.is_dir():
-        raise InputError("is a directory", output)
-    if not out.parent.exists():
-        raise InputError("its folder does not exist", output)
+@dataclass(frozen=True)
+class Output:
+    """A path ortgate is about to write: a report, a side report, a baseline, a dump, a trace, a folder."""
+
+    path: str
+    what: str  # said in the error: "report", "SARIF report", "baseline", "optimized dump", ...
+    folder: bool = False  # an output folder: it may neither be nor contain a file ortgate reads
+    may_replace: str | None = None  # the one input it may rewrite: --baseline F --write-baseline F
 
 
-def check_distinct_outputs(paths: list[str | None]) -> None:
-    seen: dict[Path, str] = {}
-    for p in paths:
-        if p is None:
+def check_outputs(outputs: Iterable[Output | None], reads: Iterable[str | Path | None]) -> None:
+    """Refuse (InputError, exit 2) any output that is, replaces or (a folder) contains a file ortgate reads, two
+    outputs on one file, and outputs that cannot be written. Symlinks are resolved and hard links compared by
+    inode, so no spelling of a path reaches an input. Call it once every input is known, before writing."""
+    read = [_Target(r) for r in dict.fromkeys(str(r) for r in reads if r)]
+    seen: dict[Path, Output] = {}
+    for out in outputs:
+        if out is None:
             continue
-        key = Path(p).resolve()
-        if key in seen:
-            raise InputError("two outputs would be written to the same file", p)
-        seen[key] = p
+        target = _Target(out.path)
+        allowed = _Target(out.may_replace) if out.may_replace else None
+        for source in read:
+            if allowed is not None and source.same(allowed):
+                continue
+            if target.same(source):
+                raise InputError(f"refusing to write the {out.what} over an input file{_input_name(source, out)}",
+                                 out.path)
+            if out.folder and source.inside(target):
+                raise InputError(f"refusing to write the {out.what} into a folder that holds an input file "
+                                 f"({source.given})", out.path)
+        if target.resolved in seen:
+            raise InputError(f"two outputs would be written to the same file (the {seen[target.resolved].what} "
+                             f"and the {out.what})", out.path)
+        seen[target.resolved] = out
+        if out.folder:
+            if target.exists and not target.path.is_dir():
+                raise InputError("exists and is not a folder", out.path)
+            continue
+        if target.path.is_dir():
+            raise InputError("is a directory", out.path)
+        if not target.resolved.parent.is_dir():
+            raise InputError("its folder does not exist", out.path)
+
+
+class _Target:
+    def __init__(self, path: str | Path):
+        self.given = str(path)
+        self.path = Path(path)
+        try:
+            self.resolved = self.path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: compared as written
+            self.resolved = Path(os.path.abspath(self.path))
+        try:
+            st = os.stat(self.path)
+            self.inode: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except (OSError, ValueError):
+            self.inode = None
+
+    @property
+    def exists(self) -> bool:
+        return self.inode is not None
+
+    def same(self, other: _Target) -> bool:
+        return self.resolved == other.resolved or (self.inode is not None and self.inode == other.inode)
+
+    def inside(self, folder: _Target) -> bool:
+        return self.resolved.is_relative_to(folder.resolved)
+
+
+def _input_name(source: _Target, out: Output) -> str:
+    """Which input, when the output path does not say it already (a symlink, a hard link, a file in MODEL's
+    folder, a policy's base)."""
+    return "" if source.given == out.path else f" ({source.given})"
 
 
 def write(text: str, output: str | None) -> None:
-    """`text` to stdout, or to the file `output`."""
+    """`text` to stdout, or to the file `output`, replaced whole: written to a temporary file in the same folder
+    and renamed over it, so an interrupted write never leaves half a report over a good one."""
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    write_file(output, text.encode("utf-8"))
+
+
+def write_file(output: str | Path, data: bytes) -> None:
+    """Replace the file `output` (through a symlink: the file it points to) with `data`, atomically. A path that
+    is not a regular file (/dev/stdout, a FIFO, a device) is written in place: it cannot be replaced, and must
+    never be."""
+    target = Path(output)
     try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror or exc}", output) from None
+        target = target.resolve()  # a symlinked report stays a symlink; its target gets the new text
+        if target.exists() and not target.is_file():
+            with open(target, "wb") as fh:
+                fh.write(data)
+            return
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if target.is_file():
+                os.chmod(tmp, target.stat().st_mode & 0o7777)  # replacing keeps the file's permissions
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except (OSError, RuntimeError) as exc:
+        raise InputError(f"cannot write: {getattr(exc, 'strerror', None) or exc}", output) from None
 
 
 # A lint that ends sooner than this shows no spinner at all (no flicker on small models).

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from ortgate.cli.output import EXIT_PASS, check_output_path, error, write
+from ortgate.cli.output import EXIT_PASS, Output, check_outputs, error, write
 from ortgate.report.run import FORMATS
 
 EXIT_TIMEOUT = 1
@@ -47,16 +48,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ortgate.runner.measure import RunTimeout
     from ortgate.runner.progress import RunProgress
 
-    given = [args.model, args.policy, args.config]
-    for path in (args.output, args.dump, args.profile if isinstance(args.profile, str) else None):
-        check_output_path(path, given)
+    outputs = run_outputs(args)
+    check_outputs(outputs, [args.model, args.policy, args.config])  # before loading: fail at once
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
                          warmup=args.warmup, iterations=args.iterations, baseline=args.baseline,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
                          fail_on=args.fail_on)
     try:
         with RunProgress(enabled=sys.stderr.isatty()) as progress:
-            outcome = run_reference(request, progress=progress, hard_exit=True)
+            outcome = run_reference(request, progress=progress, hard_exit=True,
+                                    before_writing=lambda inputs: check_outputs(outputs, run_reads(inputs)))
     except RunTimeout as exc:
         error(str(exc))
         return EXIT_TIMEOUT
@@ -64,3 +65,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.exit_zero:
         return EXIT_PASS
     return outcome.result.verdict.exit_code
+
+
+def run_outputs(args: argparse.Namespace) -> list[Output]:
+    outputs = [Output(args.output, "report") if args.output else None]
+    if args.dump:
+        # ORT writes a large model's initializers beside the dump, as DUMP.data (runner.session).
+        outputs += [Output(args.dump, "optimized dump"), Output(args.dump + ".data", "optimized dump's weights")]
+    if isinstance(args.profile, str):
+        outputs.append(Output(args.profile, "profile trace"))
+    return [o for o in outputs if o is not None]
+
+
+def run_reads(inputs) -> list:
+    """The files `ortgate run` reads: the lint inputs and the custom-op libraries the policy names."""
+    setup = inputs.deployment.policy_setup
+    libraries = setup.custom_op_libraries if setup is not None else ()
+    # Relative to the policy file that names it, as the runner resolves it (an absolute path replaces the folder).
+    return [*inputs.files_read, *(Path(s.location.file).parent / Path(str(s.value)).expanduser() for s in libraries)]

@@ -57,7 +57,19 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
     expect = resolve_expectations(policy, genai, model)
-    return LintInputs(model, optimized, deployment, expect, policy, genai)
+    read = [files.model, *_external_data(model), files.genai_config, Path(config_path) if config_path else None,
+            *(policy.chain if policy else ())]
+    if optimized is not None:
+        read += [Path(optimized.path), *_external_data(optimized)]
+    return LintInputs(model, optimized, deployment, expect, policy, genai,
+                      files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+
+
+def _external_data(graph) -> list[Path]:
+    """The weight files a model names (never opened): they are the user's files all the same. Beside the model
+    as named and, for a symlinked model, beside the file it points to."""
+    folders = dict.fromkeys((Path(graph.path).parent, Path(graph.path).resolve().parent))
+    return [folder / location for folder in folders for location in graph.external_data_files]
 
 
 def run_rules(inputs: LintInputs, rules: Iterable[Rule],

@@ -4,6 +4,7 @@ gate as `ortgate lint` then judge what it saw."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
 from ortgate.errors import InputError
 from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.rules.context import LintInputs
-from ortgate.runner.collect import RunRequest, check_dump_target, collect
+from ortgate.runner.collect import RunRequest, collect
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import runner_settings
 
@@ -25,9 +26,12 @@ class RunOutcome:
     inputs: LintInputs
 
 
-def run_reference(request: RunRequest, *, progress: RunProgress | None = None,
-                  hard_exit: bool = False) -> RunOutcome:
-    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) or RunTimeout."""
+def run_reference(request: RunRequest, *, progress: RunProgress | None = None, hard_exit: bool = False,
+                  before_writing: Callable[[LintInputs], None] | None = None) -> RunOutcome:
+    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) or RunTimeout.
+
+    `before_writing(inputs)` runs once every input file is known and before ORT writes the dump or the trace:
+    the place to refuse an output that would replace an input."""
     from ortgate.runner.measure import Deadline
 
     progress = progress or RunProgress(enabled=False)
@@ -37,7 +41,8 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None,
         raise InputError("`ortgate run` needs --policy: the session it builds is the policy's")
     settings = runner_settings(inputs.policy, warmup=request.warmup, iterations=request.iterations,
                                timeout_s=request.timeout_s)
-    check_dump_target(request, inputs)
+    if before_writing is not None:
+        before_writing(inputs)
     with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit) as deadline:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
         evidence = collect(request, inputs, settings, deadline, progress, workdir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortgate.config.deployment import Deployment
@@ -31,6 +32,9 @@ class LintInputs:
     policy: Policy | None = None
     genai: GenaiConfig | None = None
     evidence: dict[str, Any] = field(default_factory=dict)  # run evidence from `ortgate run`
+    # Every file the inputs came from (model, its external data, configs, the policy's extends chain, the dump):
+    # what no output may ever replace.
+    files_read: tuple[Path, ...] = ()
 
     @property
     def graphs(self) -> list[Graph]:

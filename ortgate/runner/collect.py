@@ -8,6 +8,8 @@ The runner observes; the rules and the gate (ortgate.engine) judge.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,20 +41,6 @@ class RunRequest:
     allow_custom_ops: bool = False
     timeout_s: float | None = None
     fail_on: str | None = None
-
-
-def check_dump_target(request: RunRequest, inputs: LintInputs) -> None:
-    if request.dump is None:
-        return
-    target = Path(request.dump)
-    given = [inputs.model.path, *(inputs.policy.chain if inputs.policy else ()),
-             inputs.genai.path if inputs.genai else None]
-    if any(p is not None and Path(p).resolve() == target.resolve() for p in given):
-        raise InputError("refusing to write the optimized model over an input file", request.dump)
-    if target.is_dir():
-        raise InputError("is a directory", request.dump)
-    if not target.parent.exists():
-        raise InputError("its folder does not exist", request.dump)
 
 
 def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
@@ -270,8 +258,6 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
 def _profile(request: RunRequest, inputs: LintInputs, setup: SessionSetup, provider: str | None, feeds,
              settings: RunnerSettings, deadline, progress: RunProgress, libraries: tuple[str, ...], workdir: Path,
              evidence: RunEvidence):
-    import shutil
-
     from ortgate.runner import session as rs
     from ortgate.runner.profile import load_profile, summarize_profile
 
@@ -288,7 +274,7 @@ def _profile(request: RunRequest, inputs: LintInputs, setup: SessionSetup, provi
     trace = session.end_profiling()
     kept = None
     if isinstance(request.profile, str):
-        shutil.copyfile(trace, request.profile)
+        _copy_replacing(trace, Path(request.profile))
         kept = request.profile
     return summarize_profile(load_profile(trace), file=kept)
 
@@ -297,3 +283,19 @@ def _one_line(exc: BaseException) -> str:
     from ortgate.runner.session import _first_line
 
     return _first_line(exc)
+
+
+def _copy_replacing(source: Path, target: Path) -> None:
+    """Copy to a temporary file beside `target`, then rename: an interrupted copy never leaves half a trace."""
+    target = target.resolve()
+    if target.exists() and not target.is_file():  # a FIFO or a device is written in place, never replaced
+        shutil.copyfile(source, target)
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", target) from None
+    finally:
+        tmp.unlink(missing_ok=True)
