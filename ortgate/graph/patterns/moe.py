@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached, matmul_weight, weight_dims
+from ortgate.knowledge.moe import MOE_OPS, moe_inputs
 
-MOE_OPS = ("MoE", "QMoE")
 MAX_EXPERTS = 4096
 SELECTION_OPS = frozenset({"TopK", "ArgMax"})
 # Linear ops of any kind: a projection by a constant weight, or by a gathered (per-expert) one.
@@ -143,9 +143,10 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
     blocks: list[MoeBlock] = []
     claimed: set[int] = set()
     for node in fused_moe_nodes(graph):
-        fc1 = graph.value(node.input(2))
+        positions = moe_inputs(node.op_type)
+        fc1 = graph.value(node.input(positions.fc1_experts_weights))
         experts = fc1.shape[0] if fc1 and fc1.shape and isinstance(fc1.shape[0], int) else None
-        router = _producer_linear(graph, node.input(1))
+        router = _producer_linear(graph, node.input(positions.router_probs))
         blocks.append(MoeBlock(router, experts, node.layer, fused=node, routing_form="fused", expert_form="fused"))
         if router is not None:
             claimed.add(router.index)
