@@ -22,6 +22,7 @@ from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, judged_setups
 from ortgate.rules.provider import cuda_graph_enabled
 
+
 @rule("OGS001", "optimization-level-not-all", Severity.ERROR)
 def optimization_level_not_all(ctx: RuleContext):
     """The session's graph optimization level is set below ORT_ENABLE_ALL.
