@@ -61,14 +61,14 @@ def test_among_errors_the_rule_with_more_findings_ranks_first(make_model, write_
 
 def test_findings_by_layer_count_each_layer(make_model, write_policy):
     model = make_model(layers=3, moe="dense_loop", attention="decomposed", kv_cache=False)
-    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: info}\nmodel:\n  moe_layers: 3\n")
+    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: info}\nmodel:\n  moe_layers: 4\n")
     _, md = summary(model, policy)
     rows = table(md, "### Findings by layer")
     assert rows == [
         ["layer 0", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
         ["layer 1", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
         ["layer 2", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
-        ["model / config", "1", "0", "0", "`OGF001` moe-not-fused"],
+        ["model / config", "1", "0", "0", "`OGM008` moe-layer-count-mismatch"],
     ]
     assert "**4 errors**, 0 warnings, **3 infos**" in md
 
