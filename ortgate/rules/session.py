@@ -9,18 +9,17 @@ from collections import defaultdict
 from ortgate.config.deployment import config_text
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph
-from ortgate.knowledge import cpu_fallback_facts, is_known_session_config_key, ort_facts, suggest_session_config_key
+from ortgate.knowledge import (
+    cpu_fallback_facts,
+    default_optimization_level,
+    is_known_session_config_key,
+    optimization_level_skips,
+    ort_facts,
+    suggest_session_config_key,
+)
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.provider import cuda_graph_enabled
-
-LEVEL_EFFECTS = {
-    "ORT_DISABLE_ALL": "no fusion, no constant folding",
-    "ORT_ENABLE_BASIC": "constant folding and redundant-node elimination only: no SimplifiedLayerNormalization, "
-                        "SkipLayerNormalization, FusedMatMul, QuickGelu or GQA QKV packing",
-    "ORT_ENABLE_EXTENDED": "no layout optimizations (NCHWc) and none of ALL's provider-specific passes",
-    "ORT_ENABLE_LAYOUT": "not every pass of ALL",
-}
 
 
 @rule("OGS001", "optimization-level-not-all", Severity.ERROR)
@@ -58,11 +57,12 @@ def optimization_level_not_all(ctx: RuleContext):
         level = setup.optimization_level
         if level is None or level.value == "ORT_ENABLE_ALL":
             continue
-        effect = LEVEL_EFFECTS.get(level.value, "fewer optimizations")
+        effect = optimization_level_skips(level.value) or "fewer optimizations"
+        default = " (ORT's default)" if default_optimization_level() == "ORT_ENABLE_ALL" else ""
         yield ctx.finding(
             f"{setup.label}: graph_optimization_level is {level.value} ({effect})",
             location=level.location,
-            fix="Set graph_optimization_level to ORT_ENABLE_ALL (ORT's default).",
+            fix=f"Set graph_optimization_level to ORT_ENABLE_ALL{default}.",
             properties={"level": level.value},
         )
 
@@ -438,7 +438,7 @@ def cpu_fallback_allowed(ctx: RuleContext):
     Do not also list CPUExecutionProvider in the providers: ORT rejects that combination.
     """
     facts = cpu_fallback_facts()
-    key, wanted = facts["config_key"], facts["enabled_value"]
+    key, wanted = facts.config_key, facts.enabled_value
     for setup in ctx.deployment.setups:
         if setup.provider_name in (None, "CPUExecutionProvider"):
             continue
@@ -502,7 +502,7 @@ def unknown_session_config_key(ctx: RuleContext):
                 continue
             hint = suggest_session_config_key(key)
             yield ctx.finding(
-                f"{setup.label}: session config key {key!r} is unknown to ORT {ort_facts()['ort_version']}"
+                f"{setup.label}: session config key {key!r} is unknown to ORT {ort_facts().ort_version}"
                 f"{f' (did you mean {hint!r}?)' if hint else ''}: ORT stores it and never reads it",
                 location=setting.location,
                 fix=(f"Rename it to {hint!r}." if hint
