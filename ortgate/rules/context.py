@@ -93,7 +93,7 @@ class RuleContext:
         """A finding about a graph node (give node and graph) or about a config key (give location)."""
         if location is None:
             graph = graph or self.model
-            location = Location(graph.path)
+            location = Location(graph.path, label=graph.label)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
         return Finding(
             code=self.rule.code,
