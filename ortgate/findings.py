@@ -26,6 +26,14 @@ class Severity(enum.IntEnum):
         return self.name.lower()
 
 
+class Kind(enum.Enum):
+    """What a finding says. Only a violation carries its rule's severity and can be re-levelled by a policy."""
+
+    VIOLATION = "violation"  # the rule's fact holds on this input
+    UNDECIDED = "undecided"  # the rule could not decide on this input (always info)
+    INTERNAL_ERROR = "internal-error"  # the rule failed on this input (always info)
+
+
 @dataclass(frozen=True)
 class Location:
     """Where a finding points: a model file (+ graph node) or a config file (+ key path and line)."""
@@ -57,12 +65,24 @@ class Finding:
     related_nodes: tuple[str, ...] = ()
     properties: tuple[tuple[str, Any], ...] = ()
     suppressed: Suppression | None = None
+    kind: Kind = Kind.VIOLATION
+
+    def __post_init__(self) -> None:
+        if self.kind is not Kind.VIOLATION and self.severity is not Severity.INFO:
+            raise ValueError(f"a {self.kind.value} finding is info, not {self.severity.label}")
 
     @property
     def file(self) -> str:
         return self.location.file
 
+    @property
+    def relevelable(self) -> bool:
+        """Whether a policy's `rules.severity` may change this finding's severity: only a violation's."""
+        return self.kind is Kind.VIOLATION
+
     def with_severity(self, severity: Severity) -> Finding:
+        if not self.relevelable:
+            raise ValueError(f"a {self.kind.value} finding keeps its info severity")
         return replace(self, severity=severity)
 
     def suppress(self, kind: str, justification: str, location: Location | None = None) -> Finding:

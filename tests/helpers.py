@@ -8,17 +8,17 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from ortgate.cli import main
-from ortgate.engine.gate import apply_gate, gate_config_from, selected_rules
-from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
+from ortgate.engine.gate import gate_config_from
+from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.findings import Finding
 
 
 def lint_findings(model, policy=None, optimized=None, config=None, select: list[str] | None = None) -> list[Finding]:
+    """The gated findings of `ortgate lint`, through the one pipeline (load, select, run, gate)."""
     request = LintRequest(str(model), str(policy) if policy else None, str(optimized) if optimized else None,
                           str(config) if config else None)
     inputs = load_inputs(request)
-    gate = gate_config_from(inputs.policy, cli_select=select, cli_ignore=None, fail_on=None)
-    return apply_gate(run_rules(inputs, selected_rules(gate)), gate)
+    return lint(inputs, gate_config_from(inputs.policy, cli_select=select, cli_ignore=None, fail_on=None)).findings
 
 
 def by_rule(findings: list[Finding], rule: str) -> list[Finding]:

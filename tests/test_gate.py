@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 
 from ortgate.engine.baseline import load_baseline
-from ortgate.engine.gate import apply_gate, decide, gate_config_from, selected_rules
-from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
+from ortgate.engine.gate import gate_config_from
+from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from tests.helpers import run_cli, run_cli_json
 
 FUSION = ["moe-not-fused", "gqa-not-fused", "OGW"]
 
 
-def lint(model, policy=None, *, today: dt.date | None = None, select=FUSION, baseline=None, fail_on=None):
+def gate(model, policy=None, *, today: dt.date | None = None, select=FUSION, baseline=None, fail_on=None):
     inputs = load_inputs(LintRequest(str(model), str(policy) if policy else None))
     config = gate_config_from(inputs.policy, cli_select=select, cli_ignore=None, fail_on=fail_on,
                               baseline=baseline, today=today)
-    findings = apply_gate(run_rules(inputs, selected_rules(config)), config)
-    return findings, decide(findings, config.fail_on)
+    result = lint(inputs, config)
+    return result.findings, result.verdict
 
 
 def line_of(path: Path, text: str) -> int:
@@ -43,7 +43,7 @@ def test_a_waiver_suppresses_only_the_nodes_its_glob_matches(unfused, write_poli
         "  - rule: moe-not-fused\n"
         "    node: /model/layers.0/*\n"
         "    reason: layer 0 keeps the reference MoE\n")
-    findings, verdict = lint(unfused, policy)
+    findings, verdict = gate(unfused, policy)
     moe = {f.layer: f for f in findings if f.rule == "moe-not-fused"}
     assert set(moe) == {0, 1}
     assert moe[0].suppressed is not None and moe[1].suppressed is None
@@ -57,7 +57,7 @@ def test_a_waiver_suppresses_only_the_nodes_its_glob_matches(unfused, write_poli
 
 def test_a_waiver_by_code_without_node_covers_every_finding_of_its_rule(unfused, write_policy):
     policy = write_policy("name: p\nwaivers:\n  - {rule: OGF002, reason: attention fusion lands next release}\n")
-    findings, _ = lint(unfused, policy)
+    findings, _ = gate(unfused, policy)
     gqa = [f for f in findings if f.rule == "gqa-not-fused"]
     assert len(gqa) == 2 and all(f.suppressed is not None for f in gqa)
     assert all(f.suppressed is None for f in findings if f.rule == "moe-not-fused")
@@ -68,7 +68,7 @@ def test_a_waiver_applies_through_its_expiry_date_and_not_a_day_longer(unfused, 
                                                                        applies):
     policy = write_policy("name: p\nwaivers:\n  - {rule: gqa-not-fused, reason: due, expires: 2031-05-20}\n")
     today = dt.date(2031, 5, 20) + dt.timedelta(days=days_after_expiry)
-    findings, verdict = lint(unfused, policy, today=today)
+    findings, verdict = gate(unfused, policy, today=today)
     gqa = [f for f in findings if f.rule == "gqa-not-fused"]
     expired = [f for f in findings if f.rule == "waiver-expired"]
     assert all((f.suppressed is not None) == applies for f in gqa)
@@ -84,7 +84,7 @@ def test_a_waiver_applies_through_its_expiry_date_and_not_a_day_longer(unfused, 
 def test_a_waiver_that_matches_nothing_is_reported_unused(unfused, write_policy):
     policy = write_policy("name: p\nwaivers:\n"
                           "  - {rule: moe-not-fused, node: '/model/layers.7/*', reason: stale}\n")
-    findings, _ = lint(unfused, policy)
+    findings, _ = gate(unfused, policy)
     [unused] = [f for f in findings if f.rule == "waiver-unused"]
     assert unused.location.line == 3 and unused.severity.label == "warning"
     assert "/model/layers.7/*" in unused.message
@@ -93,14 +93,14 @@ def test_a_waiver_that_matches_nothing_is_reported_unused(unfused, write_policy)
 
 def test_a_waiver_for_a_rule_that_did_not_run_is_not_called_unused(unfused, write_policy):
     policy = write_policy("name: p\nwaivers:\n  - {rule: gqa-not-fused, node: '/model/layers.7/*', reason: x}\n")
-    findings, _ = lint(unfused, policy, select=["moe-not-fused", "OGW"])
+    findings, _ = gate(unfused, policy, select=["moe-not-fused", "OGW"])
     assert [f for f in findings if f.rule == "waiver-unused"] == []
 
 
 def test_severity_overrides_reach_the_waiver_findings(unfused, write_policy):
     policy = write_policy("name: p\nrules:\n  severity: {waiver-unused: error}\n"
                           "waivers:\n  - {rule: moe-not-fused, node: nothing-matches, reason: x}\n")
-    findings, verdict = lint(unfused, policy, select=["OGF001", "OGW"])
+    findings, verdict = gate(unfused, policy, select=["OGF001", "OGW"])
     [unused] = [f for f in findings if f.rule == "waiver-unused"]
     assert unused.severity.label == "error" and not verdict.passed
 
@@ -159,7 +159,7 @@ def test_a_baseline_accepts_existing_findings_and_fails_only_on_new_ones(make_mo
 
 
 def test_a_baseline_ignores_line_numbers(unfused, write_policy, tmp_path):
-    text = "name: p\nmodel:\n  moe_layers: 2\n"
+    text = "name: p\nmodel:\n  moe_layers: 3\n"  # the graph has 2: a count finding on line 3
     policy = write_policy(text)
     baseline = tmp_path / "b.json"
     assert run_cli("lint", unfused, "--policy", policy, "--select", "OGF001", "--write-baseline", baseline)[0] == 0
@@ -176,7 +176,7 @@ def test_a_baseline_never_silences_an_expired_waiver(unfused, write_policy, tmp_
     code, _, _ = run_cli("lint", unfused, "--policy", policy, "--select", "OGF002,OGW", "--write-baseline", baseline)
     assert code == 1
     assert {e["rule"] for e in json.loads(baseline.read_text())["findings"]} == {"gqa-not-fused"}
-    findings, verdict = lint(unfused, policy, select=["OGF002", "OGW"], baseline=load_baseline(baseline))
+    findings, verdict = gate(unfused, policy, select=["OGF002", "OGW"], baseline=load_baseline(baseline))
     assert [f.rule for f in findings if f.suppressed is None] == ["waiver-expired"]
 
 

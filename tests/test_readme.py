@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 
 from ortgate.config.policy import load_policy
 from tests.conftest import REPO
@@ -42,3 +44,10 @@ def test_example_output_in_readme_is_what_ortgate_prints(monkeypatch):
     monkeypatch.chdir(REPO)
     code, out, _ = run_cli(*shlex.split(command)[1:])
     assert out == shown
+
+
+def test_the_readme_rules_table_and_example_are_what_update_readme_generates():
+    # A rule added, renamed or re-levelled without regenerating README.md fails here.
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "update_readme.py"), "--check"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr

@@ -67,7 +67,7 @@ def test_different_findings_of_one_rule_share_its_annotation_fix_once():
 
 def test_config_findings_carry_file_and_line(write_policy, make_model):
     model = make_model(moe="dense_loop", kv_cache=False)
-    policy = write_policy("name: p\nmodel:\n  moe_layers: 2\n")
+    policy = write_policy("name: p\nmodel:\n  moe_layers: 3\n")  # the graph has 2
     _, out, _ = run_cli("lint", model, "--policy", policy, "--select", "OGF001", "--format", "github")
     [config] = [parse(line) for line in out.splitlines() if "moe_layers" in line]
     assert config[1]["line"] == "3" and config[1]["file"].endswith("policy.yaml")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -94,19 +95,29 @@ def test_graph_findings_point_at_the_model_with_the_node_as_a_logical_location()
         assert r["message"]["text"].startswith(f"layer {layer}, {logical['name']}: ")
 
 
-def test_config_findings_point_at_the_policy_line_that_causes_them():
-    results = sarif(UNFUSED, "--policy", POLICY, "--select", "moe-not-fused")["runs"][0]["results"]
+def _miscounting_policy(folder: Path, header: str = "") -> Path:
+    """tiny-moe-cpu expecting 3 MoE layers of the 2-layer example: a finding on the policy's moe_layers line."""
+    folder.mkdir(exist_ok=True)
+    path = folder / "tiny-moe-cpu.yaml"
+    text = (REPO / POLICY).read_text().replace("moe_layers: 2", "moe_layers: 3")
+    path.write_text(header + text)
+    return path
+
+
+def test_config_findings_point_at_the_policy_line_that_causes_them(tmp_path):
+    policy = _miscounting_policy(tmp_path)
+    results = sarif(UNFUSED, "--policy", policy, "--select", "moe-not-fused")["runs"][0]["results"]
     [config] = [r for r in results if r["locations"][0]["logicalLocations"][0]["kind"] == "property"]
     physical = config["locations"][0]["physicalLocation"]
-    assert physical["artifactLocation"]["uri"] == POLICY
-    assert physical["region"]["startLine"] == line_of(POLICY, "moe_layers:")
+    assert physical["artifactLocation"]["uri"] == policy.as_uri()
+    assert physical["region"]["startLine"] == line_of(policy, "moe_layers:")
     assert config["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == "model.moe_layers"
 
 
 def test_fingerprints_ignore_line_numbers_and_tell_findings_apart(tmp_path):
-    moved = tmp_path / "tiny-moe-cpu.yaml"  # same file name, elsewhere, keys three lines lower
-    moved.write_text("# three lines\n# pushed the keys\n# down\n" + (REPO / POLICY).read_text())
-    before = sarif(UNFUSED, "--policy", POLICY)["runs"][0]["results"]
+    policy = _miscounting_policy(tmp_path / "a")
+    moved = _miscounting_policy(tmp_path / "b", "# three lines\n# pushed the keys\n# down\n")  # same name, lower
+    before = sarif(UNFUSED, "--policy", policy)["runs"][0]["results"]
     after = sarif(UNFUSED, "--policy", moved)["runs"][0]["results"]
 
     def by_fingerprint(results):

@@ -2,8 +2,8 @@
 
 Cases: the unfused example under policies/tiny-moe-cpu.yaml (fails), the fused example under the same
 policy (passes), and the unfused example under tests/data/policies/tiny-moe-cpu-waivers.yaml (one waiver
-applies, one expired, one matches nothing). Only the fusion and waiver rules run, so a new rule elsewhere
-does not churn these files. The ortgate version is redacted.
+applies, one expired, one matches nothing). Only the MoE and attention fusion rules (with the codes split off
+them) and the waiver rules run, so a new rule elsewhere does not churn these files. The ortgate version is redacted.
 
 After an intended change of output, regenerate and review the diff:
 

@@ -42,12 +42,20 @@ def test_dense_mlp_model_has_no_moe_finding(make_model):
     assert lint_findings(make_model(moe="dense"), select=["moe-not-fused"]) == []
 
 
-def test_fewer_moe_nodes_than_the_policy_expects(make_model, write_policy):
-    policy = write_policy("name: p\nmodel:\n  moe_layers: 3\n")
-    found = by_rule(lint_findings(make_model(layers=2), policy, select=["moe-not-fused"]), "moe-not-fused")
-    assert len(found) == 1
-    assert found[0].location.line == 3 and found[0].location.file == str(policy)
-    assert dict(found[0].properties) == {"expected": 3, "found": 2}
+def test_more_moe_layers_in_the_policy_than_in_a_fused_graph_is_a_count_mismatch(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  moe_layers: 48\n")
+    found = lint_findings(make_model(layers=2), policy, select=["moe-not-fused"])
+    [count] = found
+    assert count.rule == "moe-layer-count-mismatch" and "re-export" not in count.message.lower()
+    assert count.location.line == 3 and count.location.file == str(policy)
+    assert dict(count.properties) == {"expected": 48, "found": 2}
+    assert "disagree on MoE layers" in count.message and "the policy expects 48" in count.message
+
+
+def test_an_unfused_graph_with_the_declared_moe_layers_has_no_count_finding(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  moe_layers: 2\n")
+    found = lint_findings(make_model(layers=2, moe="dense_loop"), policy, select=["moe-not-fused"])
+    assert sorted(f.rule for f in found) == ["moe-not-fused", "moe-not-fused"]
 
 
 def test_moe_layers_inferred_from_the_graph_never_judge_the_graph(make_model):
@@ -81,18 +89,26 @@ def test_mha_with_fewer_kv_heads_is_reported(make_model):
     assert found and all(f.op_type == "com.microsoft.MultiHeadAttention" for f in found)
 
 
-def test_fewer_gqa_nodes_than_attention_layers(make_model, write_policy):
+def test_fewer_attention_layers_than_the_policy_declares(make_model, write_policy):
     policy = write_policy("name: p\nmodel:\n  attention_layers: 4\n")
-    found = by_rule(lint_findings(make_model(layers=2), policy, select=["gqa-not-fused"]), "gqa-not-fused")
+    found = by_rule(lint_findings(make_model(layers=2), policy, select=["attention-layer-count-mismatch"]),
+                    "attention-layer-count-mismatch")
     assert [dict(f.properties) for f in found] == [{"expected": 4, "found": 2}]
+    assert "2 GroupQueryAttention" in found[0].message
 
 
-def test_gqa_heads_disagree_with_policy(make_model, write_policy):
+def test_decomposed_attention_layers_count_as_attention_layers(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  attention_layers: 2\n")
+    found = lint_findings(make_model(layers=2, attention="decomposed", kv_cache=False), policy,
+                          select=["gqa-not-fused"])
+    assert sorted(f.rule for f in found) == ["gqa-not-fused", "gqa-not-fused"]
+
+
+def test_gqa_heads_that_disagree_with_the_policy_are_a_config_mismatch(make_model, write_policy):
     policy = write_policy("name: p\nmodel:\n  num_heads: 8\n  kv_num_heads: 2\n")
-    found = by_rule(lint_findings(make_model(num_heads=4, kv_num_heads=2), policy, select=["gqa-not-fused"]),
-                    "gqa-not-fused")
-    assert {dict(f.properties)["attribute"] for f in found} == {"num_heads"}
-    assert len(found) == 2  # one per GroupQueryAttention node
+    found = lint_findings(make_model(num_heads=4, kv_num_heads=2), policy, select=["gqa-not-fused"])
+    assert [(f.rule, dict(f.properties)["attribute"], dict(f.properties)["nodes"]) for f in found] == [
+        ("gqa-config-mismatch", "num_heads", 2)]
 
 
 def test_hybrid_linear_attention_layers_are_not_missing_gqa(make_model):
@@ -139,6 +155,16 @@ def test_required_ops_counts_against_the_policy(make_model, write_policy):
 
 def test_forbidden_ops_are_reported_per_node(make_model, write_policy):
     policy = write_policy("name: p\nmodel:\n  forbidden_ops: [TopK]\n")
-    found = by_rule(lint_findings(make_model(moe="dense_loop"), policy, select=["required-ops"]), "required-ops")
+    found = by_rule(lint_findings(make_model(moe="dense_loop"), policy, select=["forbidden-op"]), "forbidden-op")
     assert [f.layer for f in found] == [0, 1] and all(f.op_type == "TopK" for f in found)
-    assert by_rule(lint_findings(make_model(moe="fused"), policy, select=["required-ops"]), "required-ops") == []
+    assert by_rule(lint_findings(make_model(moe="fused"), policy, select=["forbidden-op"]), "forbidden-op") == []
+
+
+def test_forbidden_op_findings_stop_at_twenty_and_count_the_rest(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  forbidden_ops: [MatMul]\n")
+    found = by_rule(lint_findings(make_model(moe="dense_loop", layers=2), policy, select=["forbidden-op"]),
+                    "forbidden-op")
+    assert len(found) == 20
+    [last] = [f for f in found if f.properties]
+    more = dict(last.properties)["more"]
+    assert more > 0 and f"{more} more MatMul nodes" in last.message

@@ -1,4 +1,5 @@
-"""moe-routing-mismatch, gqa-config-mismatch, tensor-parallel-split: this graph, this policy, these findings."""
+"""moe-routing-mismatch, gqa-config-mismatch, gqa-heads-invalid, gqa-window-mismatch, tensor-parallel-split: this
+graph, this policy, these findings."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tests.helpers import by_rule, lint_findings
 
 ROUTING = "moe-routing-mismatch"
 GQA = "gqa-config-mismatch"
+GQA_HEADS = "gqa-heads-invalid"
+GQA_WINDOW = "gqa-window-mismatch"
 TP = "tensor-parallel-split"
 
 
@@ -106,37 +109,47 @@ def test_matching_policy_passes(make_model, write_policy):
     assert findings(make_model(), ROUTING, policy) == []
 
 
-# gqa-config-mismatch ------------------------------------------------------------------------------------
+# gqa-config-mismatch, gqa-heads-invalid, gqa-window-mismatch ------------------------------------------
 
 
 def test_heads_not_a_multiple_of_kv_heads(make_model):
     path = make_model()
     set_attribute(path, "GroupQueryAttention", "kv_num_heads", 3)
-    found = findings(path, GQA)
+    found = findings(path, GQA_HEADS)
     assert len(found) == 2 and "not a multiple" in found[0].message
+    assert findings(path, GQA) == []  # no policy: nothing to disagree with
 
 
 def test_head_size_differs_from_policy(make_model, write_policy):
     found = findings(make_model(head_dim=16), GQA, write_policy("name: p\nmodel:\n  head_size: 32\n"))
-    assert len(found) == 1 and dict(found[0].properties) == {"head_size": 16, "expected": 32}
+    assert len(found) == 1
+    assert dict(found[0].properties) == {"attribute": "head_size", "found": 16, "expected": 32, "nodes": 2}
+    assert "layers 0-1" in found[0].message and "model.head_size" in found[0].message
 
 
-def test_fp32_gqa_under_cuda(make_model, write_policy):
-    cuda = "name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n"
-    found = findings(make_model(dtype="float32"), GQA, write_policy(cuda))
-    assert len(found) == 1 and "float" in found[0].message and "CUDAExecutionProvider" in found[0].message
-    assert findings(make_model(dtype="float16"), GQA, write_policy(cuda, "p2.yaml")) == []
-    assert findings(make_model(dtype="float32"), GQA) == []
+def test_heads_differ_from_policy_one_finding_per_attribute(make_model, write_policy):
+    policy = write_policy("name: p\nmodel:\n  num_heads: 16\n  kv_num_heads: 2\n")
+    found = findings(make_model(num_heads=4, kv_num_heads=2, layers=3), GQA, policy)
+    assert [(dict(f.properties)["attribute"], dict(f.properties)["found"], dict(f.properties)["nodes"])
+            for f in found] == [("num_heads", 4, 3)]
+    assert "the policy expects 16" in found[0].message
+
+
+def test_fp32_gqa_under_cuda_is_op_not_on_ep_alone(make_model, write_policy):
+    cuda = write_policy("name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n")
+    found = lint_findings(make_model(dtype="float32"), cuda)
+    gqa = [f for f in found if "GroupQueryAttention" in f.message and f.severity is Severity.ERROR]
+    assert [f.rule for f in gqa] == ["op-not-on-ep"]
 
 
 def test_gpt_oss_sliding_layers_follow_genai_config(tmp_path):
     folder = EXPORTED / "genai-gpt_oss-fp32-cpu"
-    assert findings(folder, GQA) == []
+    assert findings(folder, GQA_WINDOW) == []
     config = json.loads((folder / "genai_config.json").read_text())
     config["model"]["decoder"]["sliding_window"]["layers"] = [1]  # the other layer than the graph's
     swapped = tmp_path / "genai_config.json"
     swapped.write_text(json.dumps(config, indent=4))
-    found = sorted(findings(folder / "model.onnx", GQA, config=swapped), key=lambda f: f.layer)
+    found = sorted(findings(folder / "model.onnx", GQA_WINDOW, config=swapped), key=lambda f: f.layer)
     assert [(f.layer, dict(f.properties)["expected"]) for f in found] == [(0, -1), (1, 32)]
 
 

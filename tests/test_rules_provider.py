@@ -61,14 +61,16 @@ def test_seed_options_are_unknown_with_a_suggestion(make_model, write_policy):
 def test_c_api_only_tensorrt_option_is_rejected_from_python(make_model, write_policy):
     policy = write_policy("name: p\nexecution_provider:\n  name: tensorrt\n  options:\n"
                           '    has_user_compute_stream: "True"\n')
-    [found] = findings(make_model(), policy, rule="unknown-provider-option")
+    [found] = findings(make_model(), policy, rule="provider-option-c-api-only")
     assert "only in the C/C++ API" in found.message and found.location.line == 5
+    assert findings(make_model(), policy, rule="unknown-provider-option") == []
 
 
 def test_unverified_cann_option_is_a_warning(make_model, write_policy):
     policy = write_policy("name: p\nexecution_provider:\n  name: cann\n  options:\n    precision_mode_v2: fp16\n")
-    [found] = findings(make_model(), policy, rule="unknown-provider-option")
+    [found] = findings(make_model(), policy, rule="provider-option-unverified")
     assert found.severity.label == "warning" and "not a verified" in found.message
+    assert findings(make_model(), policy, rule="unknown-provider-option") == []
 
 
 def test_known_options_pass(make_model, write_policy):

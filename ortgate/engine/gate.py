@@ -11,7 +11,7 @@ from ortgate.config.policy import Policy, Waiver
 from ortgate.engine.baseline import GATE_FAMILY, baselineable
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
-from ortgate.rules import Rule, all_rules, find_rule, match_rules, suggest_rule
+from ortgate.rules import Rule, all_rules, find_rule, match_rules, resolve_rule, suggest_rule
 
 OFF = "off"
 
@@ -72,7 +72,7 @@ def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli
     if policy is not None:
         config.waivers = policy.waivers
         for i, waiver in enumerate(config.waivers):
-            if find_rule(waiver.rule) is None:
+            if not resolve_rule(waiver.rule):
                 hint = suggest_rule(waiver.rule)
                 loc = policy.where("waivers", i, "rule")
                 raise InputError(f"waivers[{i}].rule: unknown rule {waiver.rule!r}"
@@ -112,16 +112,14 @@ def selected_rules(config: GateConfig) -> list[Rule]:
 def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
     """Waivers (plus waiver-expired / waiver-unused), severity overrides, then the baseline, as suppressions.
 
+    A severity override re-levels a rule's violations only: a finding that says the rule could not decide, or that
+    the rule failed, stays info whatever the policy makes of the rule.
     Suppressed findings stay in the result: reporters show them as suppressed, and only the verdict ignores them.
     """
     selected = {r.code for r in selected_rules(config)}
     out = _apply_waivers(findings, config, selected)
-    overrides: dict[str, Severity] = {}
-    for ref, (level, source) in config.severity.items():
-        if level != OFF:
-            for r in _resolve(RuleSelector(ref, source)):
-                overrides[r.code] = Severity.parse(level)
-    out = [f.with_severity(overrides[f.code]) if f.code in overrides else f for f in out]
+    overrides = severity_overrides(config)
+    out = [f.with_severity(overrides[f.code]) if f.code in overrides and f.relevelable else f for f in out]
     if config.baseline is not None:
         where = Location(config.baseline_path) if config.baseline_path else None
         justification = f"in the baseline {config.baseline_path}" if config.baseline_path else "in the baseline"
@@ -131,10 +129,25 @@ def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
     return sorted(out, key=Finding.sort_key)
 
 
+def severity_overrides(config: GateConfig) -> dict[str, Severity]:
+    """Rule code -> the severity the policy gives its violations. A reference by exact code or name wins over one
+    that reaches the rule through a split-off redirect or a prefix, whatever their order in the policy."""
+    overrides: dict[str, tuple[int, Severity]] = {}
+    for ref, (level, source) in config.severity.items():
+        if level == OFF:
+            continue
+        direct = find_rule(ref)
+        for r in _resolve(RuleSelector(ref, source)):
+            rank = 1 if direct is not None and direct.code == r.code else 0
+            if r.code not in overrides or rank >= overrides[r.code][0]:
+                overrides[r.code] = (rank, Severity.parse(level))
+    return {code: level for code, (_rank, level) in overrides.items()}
+
+
 def _apply_waivers(findings: list[Finding], config: GateConfig, selected: set[str]) -> list[Finding]:
     if not config.waivers:
         return list(findings)
-    codes = [_waiver_code(w) for w in config.waivers]
+    codes = [_waiver_codes(w) for w in config.waivers]
     active = [i for i, w in enumerate(config.waivers) if not _expired(w, config.today)]
     used = [False] * len(config.waivers)
     out: list[Finding] = []
@@ -156,8 +169,8 @@ def _apply_waivers(findings: list[Finding], config: GateConfig, selected: set[st
                     expired_rule, w.location,
                     f"{what} expired on {w.expires.isoformat()}: the findings it covered count again",  # type: ignore[union-attr]
                     "Fix the findings, or renew the waiver with a new `expires` date and a reason.", w))
-        elif not used[i] and codes[i] in selected and unused_rule is not None and unused_rule.code in selected:
-            # Only a rule that ran can show that its waiver matched nothing.
+        elif not used[i] and codes[i] <= selected and unused_rule is not None and unused_rule.code in selected:
+            # Only rules that ran can show that their waiver matched nothing (every code the reference covers).
             out.append(_gate_finding(
                 unused_rule, w.location, f"{what} matched no finding",
                 "Delete the waiver: what it excused is gone (or its rule/node pattern is wrong).", w))
@@ -169,13 +182,12 @@ def _expired(waiver: Waiver, today: _dt.date) -> bool:
     return waiver.expires is not None and waiver.expires < today
 
 
-def _waiver_code(waiver: Waiver) -> str | None:
-    found = find_rule(waiver.rule)
-    return found.code if found else None
+def _waiver_codes(waiver: Waiver) -> set[str]:
+    return {r.code for r in resolve_rule(waiver.rule)}
 
 
-def _waiver_matches(waiver: Waiver, code: str | None, finding: Finding) -> bool:
-    if code != finding.code or finding.code.startswith(GATE_FAMILY):
+def _waiver_matches(waiver: Waiver, codes: set[str], finding: Finding) -> bool:
+    if finding.code not in codes or finding.code.startswith(GATE_FAMILY):
         return False
     if waiver.node is None:
         return True

@@ -18,7 +18,7 @@ from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
 from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
 from ortgate.errors import InputError
-from ortgate.findings import Finding, Location, Severity
+from ortgate.findings import Finding
 from ortgate.graph import build_graph
 from ortgate.graph.load import load_model
 from ortgate.rules import Rule
@@ -88,13 +88,7 @@ def run_rules(inputs: LintInputs, rules: Iterable[Rule],
         except Exception as exc:  # a CI gate must not crash on an odd graph: say the rule could not decide
             if strict:
                 raise
-            findings.append(
-                ctx.finding(
-                    f"could not decide: internal error {type(exc).__name__}: {exc}",
-                    location=Location(inputs.model.path),
-                    severity=Severity.INFO,
-                )
-            )
+            findings.append(ctx.internal_error(exc))
     return findings
 
 

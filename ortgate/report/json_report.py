@@ -16,6 +16,7 @@ def finding_dict(f: Finding) -> dict:
         "code": f.code,
         "rule": f.rule,
         "severity": f.severity.label,
+        "kind": f.kind.value,
         "message": f.message,
         "file": f.location.file,
         "line": f.location.line,

@@ -116,6 +116,8 @@ def _result(finding: Finding, index: dict[str, int]) -> dict:
                                                                      finding.suppressed.location.line)}
         out["suppressions"] = [suppression]
     properties: dict = {"rule": finding.rule}
+    if not finding.relevelable:
+        properties["findingKind"] = finding.kind.value
     if finding.layer is not None:
         properties["layer"] = finding.layer
     if finding.op_type:

@@ -165,6 +165,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     width = max(options.width, MIN_WIDTH)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
-        _print_wrapped(console, Text(f"{len(active)} findings shown as {entries} entries of identical findings; "
-                                     "--expand lists each one", style="dim"), width)
+        shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
+        _print_wrapped(console, Text(f"{len(active)} findings shown as {shown} of identical findings; --expand "
+                                     "lists each one", style="dim"), width)
     _print_wrapped(console, line, width)  # the verdict is the last line

@@ -20,6 +20,7 @@ from ortgate.rules import (  # noqa: F401  # noqa: E402,F401
     waivers,
 )
 from ortgate.rules.base import Rule, registered_rules
+from ortgate.rules.redirects import RENAMED, SPLIT_FROM
 
 
 def all_rules() -> list[Rule]:
@@ -27,19 +28,37 @@ def all_rules() -> list[Rule]:
 
 
 def find_rule(key: str) -> Rule | None:
-    """A rule by code (OGF001, case-insensitive) or name (moe-not-fused)."""
+    """A rule by code (OGF001, case-insensitive) or name (moe-not-fused); a renamed code or name finds its rule."""
     key = key.strip()
-    for r in registered_rules():
-        if r.code == key.upper() or r.name == key.lower():
-            return r
+    for candidate in (key, RENAMED.get(key.upper()), RENAMED.get(key.lower())):
+        if not candidate:
+            continue
+        for r in registered_rules():
+            if r.code == candidate.upper() or r.name == candidate.lower():
+                return r
     return None
 
 
+def split_from(code: str) -> list[Rule]:
+    """The rules split off `code`: a reference to `code` covers their findings too (not transitively: a code split
+    off a split-off code took findings `code` never had)."""
+    children = {child for child, parents in SPLIT_FROM.items() if code in parents}
+    return [r for r in registered_rules() if r.code in children]
+
+
+def resolve_rule(reference: str) -> list[Rule]:
+    """What a rule reference (code or name, old or new) covers: its rule and the rules split off it."""
+    exact = find_rule(reference)
+    if exact is None:
+        return []
+    return [exact, *split_from(exact.code)]
+
+
 def match_rules(selector: str) -> list[Rule]:
-    """Rules matched by a name, a code, or a code prefix (OGF, OGF0)."""
-    exact = find_rule(selector)
-    if exact is not None:
-        return [exact]
+    """Rules matched by a name, a code (with the codes split off it), or a code prefix (OGF, OGF0)."""
+    resolved = resolve_rule(selector)
+    if resolved:
+        return resolved
     prefix = selector.strip().upper()
     if prefix.startswith("OG") and prefix.isalnum():
         return [r for r in registered_rules() if r.code.startswith(prefix)]
@@ -52,4 +71,4 @@ def suggest_rule(selector: str) -> str | None:
     return hint[0] if hint else None
 
 
-__all__ = ["Rule", "all_rules", "find_rule", "match_rules", "suggest_rule"]
+__all__ = ["Rule", "all_rules", "find_rule", "match_rules", "resolve_rule", "split_from", "suggest_rule"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +12,7 @@ from ortgate.config.expectations import Expectations
 from ortgate.config.genai import GenaiConfig
 from ortgate.config.policy import Policy
 from ortgate.errors import printable
-from ortgate.findings import Finding, Location, Severity
+from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
 
 if TYPE_CHECKING:
@@ -110,9 +110,19 @@ class RuleContext:
             properties=tuple(sorted((properties or {}).items())),
         )
 
-    def undecided(self, reason: str, *, graph: Graph | None = None, node: Node | None = None) -> Finding:
-        """The rule cannot decide on this input: said as an info finding, never a crash or a silent pass."""
-        return self.finding(f"could not decide: {reason}", graph=graph, node=node, severity=Severity.INFO)
+    def undecided(self, reason: str, *, graph: Graph | None = None, node: Node | None = None,
+                  location: Location | None = None, properties: dict[str, Any] | None = None) -> Finding:
+        """The rule cannot decide on this input: said as an info finding of its own kind, never a crash or a silent
+        pass. The gate never re-levels it: a policy that makes the rule an error does not make ignorance one."""
+        found = self.finding(f"could not decide: {reason}", graph=graph, node=node, location=location,
+                             properties=properties)
+        return replace(found, severity=Severity.INFO, kind=Kind.UNDECIDED)
+
+    def internal_error(self, exc: Exception) -> Finding:
+        """The rule raised on this input: an info finding of its own kind (a gate must not crash on an odd graph)."""
+        found = self.finding(f"could not decide: internal error {type(exc).__name__}: {exc}",
+                             location=Location(self.inputs.model.path))
+        return replace(found, severity=Severity.INFO, kind=Kind.INTERNAL_ERROR)
 
 
 def layers_text(nodes: Iterable[Node]) -> str:

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
-from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, gqa_nodes, kv_expanded
+from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
@@ -27,8 +27,8 @@ def moe_not_fused(ctx: RuleContext):
     Every MoE layer of the exported model: a router projection whose expert logits feed TopK / Softmax
     routing (Gather, Scatter, Where, NonZero) and per-expert MatMul/Gemm groups, or a dense loop that runs
     every expert on every token, instead of one `com.microsoft.MoE` (or `QMoE`) node. One finding per layer,
-    naming the router and the routing and expert nodes. With `model.moe_layers` in the policy, it also
-    reports when the graph has fewer MoE/QMoE nodes than expected.
+    naming the router and the routing and expert nodes. How many MoE layers the graph has against the
+    policy's `model.moe_layers` is moe-layer-count-mismatch's to say.
 
     ## Why it costs throughput
     ORT has no optimizer pass that fuses MoE: whatever the exporter wrote is what runs. A per-expert loop
@@ -74,14 +74,6 @@ def moe_not_fused(ctx: RuleContext):
             fix=MOE_FIX,
             properties={"experts": block.experts, "expert_projections": linears},
         )
-    expected = ctx.expect.declared("moe_layers")
-    fused = [b for b in blocks if b.fused is not None]
-    if expected is not None and len(fused) < expected.value:
-        yield ctx.finding(
-            f"{len(fused)} com.microsoft.MoE/QMoE nodes in the graph; {expected.describe()} MoE layers",
-            location=expected.location, fix=MOE_FIX,
-            properties={"expected": expected.value, "found": len(fused)},
-        )
 
 
 GQA_FIX = (
@@ -94,17 +86,15 @@ GQA_FIX = (
 
 @rule("OGF002", "gqa-not-fused", Severity.ERROR)
 def gqa_not_fused(ctx: RuleContext):
-    """Attention is not com.microsoft GroupQueryAttention, or GQA nodes disagree with the model's heads.
+    """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
 
     ## What it checks
     - Decomposed attention in the executed graph (the optimized dump when given, else the model):
       MatMul(Q, K^T) -> scale -> mask -> Softmax -> MatMul(P, V), usually with K/V repeated to the query
       head count (Expand/Tile). One finding per layer.
     - MultiHeadAttention or ONNX `Attention` while the model has fewer kv heads than q heads.
-    - Fewer GroupQueryAttention nodes than the expected softmax-attention layers (`model.attention_layers`,
-      genai_config.json's layer types, or `model.layers` minus the linear-attention layers a hybrid model has).
-    - GroupQueryAttention nodes whose `num_heads` / `kv_num_heads` differ from the policy, or that lack the
-      required `kv_num_heads` attribute (`num_kv_heads` is not its name).
+    The number of attention layers against the policy is attention-layer-count-mismatch's to judge, GroupQueryAttention's
+    heads against the model config gqa-config-mismatch's, and head attributes ORT rejects gqa-heads-invalid's.
 
     ## Why it costs throughput
     Decomposed attention materialises the full [heads, q, kv] score tensor, repeats K and V to every query
@@ -128,27 +118,32 @@ def gqa_not_fused(ctx: RuleContext):
 
     ## Fix
     Re-export with GroupQueryAttention (onnxruntime-genai's builder, or onnxscript's ort_fusions on a graph
-    with a KV cache), and set `num_heads` / `kv_num_heads` from the model config. ORT's own
+    with a KV cache), with `num_heads` / `kv_num_heads` from the model config. ORT's own
     GroupQueryAttentionFusion only packs Q/K/V and rotary into an existing GQA node; it never creates one.
     """
     graph = ctx.executed
+    for kind, node, layer, related in _unfused_attention(ctx, graph):
+        yield ctx.finding(
+            f"attention {kind}, instead of com.microsoft.GroupQueryAttention", node=node, graph=graph, layer=layer,
+            related=related, fix=GQA_FIX,
+        )
+
+
+def _unfused_attention(ctx: RuleContext, graph: Graph):
+    """(what the attention is, the node to point at, its layer, related nodes) per unfused attention site:
+    decomposed cores one per layer (every one outside the layers), K/V-expanding fused kernels one per node."""
     expect = ctx.expect
     cores_by_layer: dict[int | None, list] = defaultdict(list)
     for core in attention_cores(graph):
         cores_by_layer[core.layer].append(core)
+    heads = ""
+    if expect.gqa_expected:
+        heads = f" ({expect.value('num_heads')} q heads share {expect.value('kv_num_heads')} kv heads)"
     for layer, cores in sorted(cores_by_layer.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-        repeat = any(c.repeat_kv for c in cores)
-        heads = ""
-        if expect.gqa_expected:
-            heads = f" ({expect.value('num_heads')} q heads share {expect.value('kv_num_heads')} kv heads)"
-        repeated = " with K/V repeated to every query head" if repeat else ""
+        repeated = " with K/V repeated to every query head" if any(c.repeat_kv for c in cores) else ""
         for core in cores if layer is None else cores[:1]:
-            yield ctx.finding(
-                f"attention decomposed into MatMul -> Softmax -> MatMul{repeated}{heads}, instead of "
-                "com.microsoft.GroupQueryAttention",
-                node=core.softmax, graph=graph, layer=layer,
-                related=[n for c in cores for n in c.nodes], fix=GQA_FIX,
-            )
+            yield (f"decomposed into MatMul -> Softmax -> MatMul{repeated}{heads}", core.softmax, layer,
+                   [n for c in cores for n in c.nodes])
     for node in fused_attention_nodes(graph):
         if node.op_type == "GroupQueryAttention":
             continue
@@ -157,54 +152,8 @@ def gqa_not_fused(ctx: RuleContext):
             q, kv = node.attr("q_num_heads"), node.attr("kv_num_heads")
             kv_fewer = kv_fewer or (q is not None and kv is not None and kv < q)
         if kv_fewer and node.op_type in ("MultiHeadAttention", "Attention"):
-            yield ctx.finding(
-                f"{node.key} used while kv heads < q heads: K/V are expanded to every query head; "
-                "GroupQueryAttention reads each kv head once per group",
-                node=node, graph=graph, fix=GQA_FIX,
-            )
-    yield from _gqa_count(ctx, graph)
-    yield from _gqa_heads(ctx, graph)
-
-
-def _gqa_count(ctx: RuleContext, graph: Graph):
-    expected = ctx.expect.declared("attention_layers")
-    gqa = gqa_nodes(graph)
-    if expected is None or len(gqa) >= expected.value:
-        return
-    have = {n.layer for n in gqa}
-    attention_like = {c.layer for c in attention_cores(graph)} | {n.layer for n in fused_attention_nodes(graph)}
-    missing = sorted(layer for layer in attention_like - have if layer is not None)
-    where = f" (layers without it: {', '.join(map(str, missing[:16]))}{', ...' if len(missing) > 16 else ''})" if missing else ""
-    yield ctx.finding(
-        f"{len(gqa)} GroupQueryAttention nodes; {expected.describe()} softmax-attention layers{where}",
-        location=expected.location, fix=GQA_FIX,
-        properties={"expected": expected.value, "found": len(gqa)},
-    )
-
-
-def _gqa_heads(ctx: RuleContext, graph: Graph):
-    expect = ctx.expect
-    for node in gqa_nodes(graph):
-        if node.int_attr("kv_num_heads") is None:
-            wrong = " (it has num_kv_heads, which ORT does not read)" if node.has_attr("num_kv_heads") else ""
-            if node.has_attr("kv_num_heads"):
-                wrong = f" (kv_num_heads={node.attr('kv_num_heads')!r} is not an integer)"
-            yield ctx.finding(
-                f"GroupQueryAttention lacks its required kv_num_heads attribute{wrong}: the session will not load",
-                node=node, graph=graph, severity=Severity.ERROR,
-                fix="Set kv_num_heads (and num_heads) on every GroupQueryAttention node.",
-            )
-            continue
-        for attr, key in (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_heads")):
-            want = expect.declared(key)
-            have = node.int_attr(attr)
-            if want is not None and have is not None and have != int(want.value):
-                yield ctx.finding(
-                    f"GroupQueryAttention {attr}={have}, but {want.describe()}",
-                    node=node, graph=graph,
-                    fix=f"Re-export with {attr}={want.value}, or correct the policy if the model really has {have}.",
-                    properties={"attribute": attr, "expected": want.value, "found": int(have)},
-                )
+            yield ((f"computed by {node.key} while kv heads < q heads: K/V are expanded to every query head, where "
+                   "GroupQueryAttention reads each kv head once per group"), node, node.layer, [])
 
 
 @rule("OGF003", "fusedmatmul-missing", Severity.WARNING)

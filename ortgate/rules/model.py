@@ -12,7 +12,6 @@ from ortgate.graph.patterns.attention import gqa_nodes
 from ortgate.graph.patterns.common import is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims
-from ortgate.knowledge import Support, kernel_table
 from ortgate.knowledge.families import family_names
 from ortgate.knowledge.fusions import attribute_default
 from ortgate.rules.base import rule
@@ -200,112 +199,193 @@ def gqa_head_size(graph: Graph, node: Node) -> tuple[int | None, str]:
     return None, ""
 
 
+# GroupQueryAttention attribute -> the model-config expectation it must equal.
+_GQA_HEAD_ATTRIBUTES = (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_heads"))
+
+
 @rule("OGM002", "gqa-config-mismatch", Severity.ERROR)
 def gqa_config_mismatch(ctx: RuleContext):
-    """GroupQueryAttention is configured in a way the model or the target provider cannot run as intended.
+    """GroupQueryAttention's num_heads, kv_num_heads or head size differ from the model's config.
 
     ## What it checks
-    Every com.microsoft GroupQueryAttention node of the exported model:
-    - `num_heads % kv_num_heads != 0` (or more kv heads than q heads): query groups cannot share kv heads evenly;
-    - its head size (from the KV cache shapes, the query width, or the input width of o_proj) against the policy's
-      `model.head_size` or genai_config.json's `head_size`;
-    - float32 inputs while the policy or genai_config.json targets CUDAExecutionProvider: ORT's CUDA kernel is
-      float16/bfloat16 only (kernel table), so the node runs on CPU;
-    - `local_window_size` against genai_config.json's `sliding_window` (GPT-OSS alternates sliding-window and full
-      layers: listed layers need the window, the others -1).
-    Heads against the policy (`num_heads`, `kv_num_heads`) are reported by gqa-not-fused.
+    Every com.microsoft GroupQueryAttention node of the graph ORT will run (the optimized dump when given, else the
+    model): its `num_heads` and `kv_num_heads` attributes and its head size (from the KV cache shapes, the query
+    width, or the input width of o_proj) against the policy's `model.num_heads`, `model.kv_num_heads` and
+    `model.head_size`, else genai_config.json's `num_attention_heads`, `num_key_value_heads` and `head_size`.
+    One finding per attribute and value, listing the layers. A head size the graph does not show is reported as
+    undecided.
 
     ## Why it costs throughput
-    A float32 GroupQueryAttention under CUDA falls back to the CPU provider: every layer copies q/k/v and the KV
-    cache between device and host, and CUDA graph capture becomes impossible. A wrong head size or group count
-    computes a different attention; a sliding layer exported with a full window attends (and caches) the whole
-    context instead of 128 tokens.
+    Heads that differ from the checkpoint compute a different attention: the wrong number of query groups, a KV
+    cache of the wrong width, and a model whose throughput cannot be compared with the one it claims to be. When
+    it is the policy that is wrong, every other check judged against it is off too.
+
+    ## Bad
+    ```yaml
+    model: {num_heads: 16, kv_num_heads: 2}   # the graph: GroupQueryAttention(num_heads=4, kv_num_heads=2)
+    ```
+
+    ## Good
+    ```yaml
+    model: {num_heads: 4, kv_num_heads: 2}
+    ```
+
+    ## Fix
+    Re-export with num_heads / kv_num_heads / head size from config.json (num_attention_heads, num_key_value_heads,
+    head_dim), or correct the policy's model values when it is the policy that is wrong.
+    """
+    graph = ctx.executed
+    nodes = gqa_nodes(graph)
+    mismatches: dict[tuple[str, int], list[Node]] = {}
+    how: dict[tuple[str, int], str] = {}
+    for node in nodes:
+        for attr, key in _GQA_HEAD_ATTRIBUTES:
+            want, have = ctx.expect.declared(key), node.int_attr(attr)
+            if want is not None and have is not None and have != int(want.value):
+                mismatches.setdefault((attr, have), []).append(node)
+    head_size = ctx.expect.declared("head_size")
+    for node in nodes if head_size is not None else ():
+        size, source = gqa_head_size(graph, node)
+        if size is None:
+            yield ctx.undecided(
+                f"the head size of {node.display_name} is not in the graph (no static KV cache or query shape, no "
+                f"o_proj behind it) to compare with {head_size.describe()}", graph=graph, node=node)
+        elif size != int(head_size.value):
+            mismatches.setdefault(("head_size", size), []).append(node)
+            how.setdefault(("head_size", size), source)
+    for (attr, have), found in mismatches.items():
+        want = ctx.expect.declared(attr)
+        shown = f"head size {have} ({how[(attr, have)]})" if attr == "head_size" else f"{attr}={have}"
+        yield ctx.finding(
+            f"GroupQueryAttention {shown}{_layers(found)} ({_nodes(found)}), but {want.describe()} "
+            f"({_expectation_key(want, attr)})",
+            node=found[0], graph=graph, related=found[1:],
+            fix=f"Re-export with {attr} {want.value} from config.json, or correct the {_expectation_key(want, attr)} "
+                f"if the model really has {have}.",
+            properties={"attribute": attr, "expected": want.value, "found": have, "nodes": len(found)},
+        )
+
+
+def _nodes(nodes: list[Node]) -> str:
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+
+
+def _expectation_key(expected: Expected, attr: str) -> str:
+    """Where an expectation was declared, as its key: model.num_heads, model.decoder.num_attention_heads."""
+    if expected.location is not None and expected.location.key_path:
+        return expected.location.key_path
+    return f"model.{attr}"
+
+
+def _gqa_heads_problem(node: Node) -> str | None:
+    """Why ORT rejects this GroupQueryAttention's head attributes, or None."""
+    kv, nh = node.int_attr("kv_num_heads"), node.int_attr("num_heads")
+    if kv is None:
+        if node.has_attr("kv_num_heads"):
+            return f"kv_num_heads={node.attr('kv_num_heads')!r} is not an integer"
+        if node.has_attr("num_kv_heads"):
+            return "the required kv_num_heads attribute is missing (it has num_kv_heads, which ORT does not read)"
+        return "the required kv_num_heads attribute is missing"
+    if nh is not None and nh > 0 and kv > 0 and (kv > nh or nh % kv):
+        return f"num_heads={nh} is not a multiple of kv_num_heads={kv}: the query heads cannot be grouped over the kv heads"
+    return None
+
+
+@rule("OGM005", "gqa-heads-invalid", Severity.ERROR)
+def gqa_heads_invalid(ctx: RuleContext):
+    """A GroupQueryAttention's head attributes are ones ORT rejects: kv_num_heads missing, or heads that do not group.
+
+    ## What it checks
+    Every com.microsoft GroupQueryAttention node of the graph ORT will run: `kv_num_heads` must be present and an
+    integer (`num_kv_heads` is not its name), and `num_heads` a multiple of `kv_num_heads` (each kv head serves an
+    equal group of query heads).
+
+    ## Why it costs throughput
+    ORT refuses the node: without kv_num_heads the session does not load, and heads that do not group fail the
+    kernel's check at the first run. A deployment that cannot start measures nothing, and the usual way out is a
+    rollback to an older, slower export.
 
     ## Bad
     ```
-    o = com.microsoft.GroupQueryAttention(q_fp32, k_fp32, v_fp32, ..., num_heads=12, kv_num_heads=8)
+    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
+                                          num_heads=12, kv_num_heads=8)
     ```
 
     ## Good
     ```
-    o = com.microsoft.GroupQueryAttention(q_fp16, k_fp16, v_fp16, ..., num_heads=32, kv_num_heads=4)
+    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
+                                          num_heads=32, kv_num_heads=4)
     ```
 
     ## Fix
-    Export for CUDA in float16/bfloat16 (onnxruntime-genai: `-p fp16 -e cuda`), with num_heads / kv_num_heads /
-    head size and the sliding window from config.json; correct the policy if it is the policy that is wrong.
+    Set num_heads and kv_num_heads on every GroupQueryAttention node from config.json (num_attention_heads,
+    num_key_value_heads).
     """
-    graph = ctx.model
-    nodes = gqa_nodes(graph)
-    if not nodes:
-        return
-    head_size = ctx.expect.declared("head_size")
-    cuda = [s for s in ctx.deployment.setups if s.provider_name == "CUDAExecutionProvider"]
-    genai = ctx.inputs.genai
-    window = genai.decoder.get("sliding_window") if genai is not None else None
-    sliding = set(genai.sliding_window_layers) if genai is not None else set()
-    window_size = window.get("window_size") if isinstance(window, dict) else None
-    wrong_size: list[tuple[Node, int, str]] = []
-    fp32: list[tuple[Node, str]] = []
-    for node in nodes:
-        nh, kv = node.attr("num_heads"), node.attr("kv_num_heads")
-        if isinstance(nh, int) and isinstance(kv, int) and nh > 0 and kv > 0 and (kv > nh or nh % kv):
+    graph = ctx.executed
+    for node in gqa_nodes(graph):
+        problem = _gqa_heads_problem(node)
+        if problem is not None:
             yield ctx.finding(
-                f"GroupQueryAttention num_heads={nh} is not a multiple of kv_num_heads={kv}: the query heads cannot be "
-                "grouped over the kv heads (ORT rejects the node at run time)",
+                f"GroupQueryAttention {problem}: ORT rejects the node",
                 node=node, graph=graph,
-                fix="Set num_heads and kv_num_heads from config.json (num_attention_heads, num_key_value_heads).",
-                properties={"num_heads": nh, "kv_num_heads": kv},
+                fix="Set kv_num_heads and num_heads from config.json (num_key_value_heads, num_attention_heads).",
+                properties={"num_heads": node.attr("num_heads"), "kv_num_heads": node.attr("kv_num_heads")},
             )
-        if head_size is not None:
-            size, how = gqa_head_size(graph, node)
-            if size is None:
-                yield ctx.undecided(
-                    f"the head size of {node.display_name} is not in the graph (no static KV cache or query shape, no "
-                    f"o_proj behind it) to compare with {head_size.describe()}", graph=graph, node=node)
-            elif size != int(head_size.value):
-                wrong_size.append((node, size, how))
-        if cuda:
-            dtype = graph.dtype(node.input(0))
-            if dtype is not None:
-                result = kernel_table().supports("CUDAExecutionProvider", MS_DOMAIN, "GroupQueryAttention",
-                                                 graph.opsets.get(MS_DOMAIN), [dtype])
-                if result == Support.NO:
-                    fp32.append((node, result.reason))
-        if window_size is not None and sliding and node.layer is not None:
-            have = _int(node.attr("local_window_size", -1))
-            want = int(window_size) if node.layer in sliding else -1
-            if have is not None and int(have) != want:
-                kind = "a sliding-window layer" if want != -1 else "a full-attention layer"
-                line = genai.line_of("model", "decoder", "sliding_window")
-                yield ctx.finding(
-                    f"GroupQueryAttention in layer {node.layer} has local_window_size={have}, but genai_config.json "
-                    f"(line {line}) makes layer {node.layer} {kind}: expected {want}",
-                    node=node, graph=graph,
-                    fix="Re-export with the model's layer_types / sliding_window (onnxruntime-genai's builder writes "
-                        "local_window_size on sliding layers only).",
-                    properties={"local_window_size": have, "expected": want},
-                )
-    if wrong_size:
-        node, size, how = wrong_size[0]
-        yield ctx.finding(
-            f"GroupQueryAttention head size {size} ({how}){_layers([n for n, _, _ in wrong_size])}, but "
-            f"{head_size.describe()} (head_size)",
-            node=node, graph=graph, related=[n for n, _, _ in wrong_size[1:]],
-            fix="Re-export with the model's head_dim, or correct the policy's model.head_size.",
-            properties={"head_size": size, "expected": head_size.value},
-        )
-    if fp32:
-        node, reason = fp32[0]
-        origins = " and ".join(sorted({s.label for s in cuda}))
-        yield ctx.finding(
-            f"{len(fp32)} GroupQueryAttention node{'s' if len(fp32) > 1 else ''}{_layers([n for n, _ in fp32])} take "
-            f"{graph.dtype(node.input(0))} inputs while {origins} targets CUDAExecutionProvider: {reason}; "
-            "they run on CPU with host/device copies around each",
-            node=node, graph=graph, related=[n for n, _ in fp32[1:]],
-            fix="Export for CUDA in float16 or bfloat16 (onnxruntime-genai: -p fp16 -e cuda).",
-            properties={"nodes": len(fp32)},
-        )
+
+
+@rule("OGM006", "gqa-window-mismatch", Severity.ERROR)
+def gqa_window_mismatch(ctx: RuleContext):
+    """A GroupQueryAttention's local_window_size disagrees with genai_config.json's sliding-window layers.
+
+    ## What it checks
+    With genai_config.json's `sliding_window` (window size and the layers that use it), every com.microsoft
+    GroupQueryAttention node of the exported model in a decoder layer: sliding-window layers need
+    `local_window_size` = the window size, full-attention layers -1 (GPT-OSS alternates the two).
+
+    ## Why it costs throughput
+    A sliding layer exported with a full window attends to (and caches) the whole context instead of the window:
+    at 32k tokens that is hundreds of times the attention work and KV-cache reads of a 128-token window, and a
+    different model. A full layer exported with a window forgets the context.
+
+    ## Bad
+    ```
+    o = com.microsoft.GroupQueryAttention(..., local_window_size=-1)   # layer 0, a 128-token sliding layer
+    ```
+
+    ## Good
+    ```
+    o = com.microsoft.GroupQueryAttention(..., local_window_size=128)
+    ```
+
+    ## Fix
+    Re-export with the model's layer_types / sliding_window (onnxruntime-genai's builder writes
+    local_window_size on sliding layers only).
+    """
+    genai = ctx.inputs.genai
+    if genai is None:
+        return
+    window = genai.decoder.get("sliding_window")
+    window_size = _int(window.get("window_size")) if isinstance(window, dict) else None
+    sliding = set(genai.sliding_window_layers)
+    if window_size is None or not sliding:
+        return
+    graph = ctx.model
+    line = genai.line_of("model", "decoder", "sliding_window")
+    for node in gqa_nodes(graph):
+        have = _int(node.attr("local_window_size", -1))
+        if node.layer is None or have is None:
+            continue
+        want = window_size if node.layer in sliding else -1
+        if have != want:
+            kind = "a sliding-window layer" if want != -1 else "a full-attention layer"
+            yield ctx.finding(
+                f"GroupQueryAttention in layer {node.layer} has local_window_size={have}, but genai_config.json "
+                f"(line {line}) makes layer {node.layer} {kind}: expected {want}",
+                node=node, graph=graph,
+                fix="Re-export with the model's layer_types / sliding_window (onnxruntime-genai's builder writes "
+                    "local_window_size on sliding layers only).",
+                properties={"local_window_size": have, "expected": want},
+            )
 
 
 def _moe_intermediate(graph: Graph) -> int | None:

@@ -93,12 +93,14 @@ def _options_path(setup: SessionSetup, key: str) -> str:
 
 @rule("OGP002", "unknown-provider-option", Severity.ERROR)
 def unknown_provider_option(ctx: RuleContext):
-    """A provider option key the execution provider does not accept.
+    """A provider option key the execution provider does not have.
 
     ## What it checks
     Every key under the policy's `execution_provider.options` and genai_config.json's provider options,
     against the provider's option catalog (CUDA, TensorRT, CANN, CPU; the catalog names the ORT version it
-    reflects), with the nearest valid key as a suggestion.
+    reflects), with the nearest valid key as a suggestion. Keys that exist in the C/C++ API only are
+    provider-option-c-api-only's, keys some ORT builds accept provider-option-unverified's; a provider without a
+    catalog is reported as undecided.
 
     ## Why it costs throughput
     ORT's CUDA, TensorRT and CANN providers reject unknown keys. Python's `InferenceSession` catches that
@@ -122,52 +124,131 @@ def unknown_provider_option(ctx: RuleContext):
     ```
 
     ## Fix
-    Delete or correct the key (`ortgate explain unknown-provider-option` lists none; the catalog in
-    ortgate/knowledge/provider_options.json lists every key). There is no "partial" CUDA graph option and no
-    `max_batch_size` CUDA option: pin the batch with a free-dimension override.
+    Delete or correct the key (the catalog in ortgate/knowledge/provider_options.json lists every key). There is
+    no "partial" CUDA graph option and no `max_batch_size` CUDA option: pin the batch with a free-dimension
+    override.
     """
     for setup in ctx.deployment.setups:
-        if not setup.provider_name or not setup.provider_options:
-            continue
-        catalog = provider_catalog(setup.provider_name)
-        if catalog is None:
+        if setup.provider_name and setup.provider_options and provider_catalog(setup.provider_name) is None:
             yield ctx.undecided(f"no option catalog for {setup.provider_name}; its options were not checked")
+    for setup, catalog, key, setting in option_keys(ctx):
+        if catalog.option(key) is not None or catalog.is_possibly_valid(key):
+            continue
+        hint = catalog.suggest(key)
+        yield ctx.finding(
+            f"{setup.label}: {setup.provider_name} has no option {key!r}"
+            f"{f' (did you mean {hint!r}?)' if hint else ''}: {_rejection(setup)}",
+            location=setting.location,
+            fix=(f"Rename it to {hint!r}." if hint else "Remove it.") + f" Valid options are listed by the "
+                f"{setup.provider_name} catalog (ORT {catalog.ort_version}).",
+            properties={"provider": setup.provider_name, "option": key, "suggestion": hint},
+        )
+
+
+def option_keys(ctx: RuleContext):
+    """(setup, its provider's option catalog, key, setting) for every provider option the deployment sets, where
+    the provider has a catalog."""
+    for setup in ctx.deployment.setups:
+        catalog = provider_catalog(setup.provider_name) if setup.provider_name else None
+        if catalog is None:
             continue
         for key, setting in sorted(setup.provider_options.items()):
-            option = catalog.option(key)
-            if option is not None and not option.python_api and setup.origin == "policy":
-                yield ctx.finding(
-                    f"{setup.label}: {setup.provider_name} option {key!r} exists only in the C/C++ API: Python's "
-                    "InferenceSession rejects it and silently falls back to CPUExecutionProvider",
-                    location=setting.location,
-                    fix="Remove it from the policy (set it from C/C++ if the deployment needs it).",
-                    properties={"provider": setup.provider_name, "option": key, "suggestion": None},
-                )
-                continue
-            if option is not None:
-                continue
-            if catalog.is_possibly_valid(key):
-                yield ctx.finding(
-                    f"{setup.label}: {key!r} is not a verified {setup.provider_name} option: "
-                    f"{catalog.possibly_valid_note or 'seen in some ORT source versions only'}",
-                    location=setting.location,
-                    severity=Severity.WARNING,
-                    fix=f"Check that the {setup.provider_name} build you deploy accepts {key!r}; if it does not, "
-                        "session creation fails or falls back to CPU.",
-                    properties={"provider": setup.provider_name, "option": key, "verified": False},
-                )
-                continue
-            hint = catalog.suggest(key)
-            consequence = ("ORT's Python API rejects it and silently falls back to CPUExecutionProvider"
-                           if setup.origin == "policy" else "session creation fails in onnxruntime-genai")
-            yield ctx.finding(
-                f"{setup.label}: {setup.provider_name} has no option {key!r}"
-                f"{f' (did you mean {hint!r}?)' if hint else ''}: {consequence}",
-                location=setting.location,
-                fix=(f"Rename it to {hint!r}." if hint else "Remove it.") + f" Valid options are listed by the "
-                    f"{setup.provider_name} catalog (ORT {catalog.ort_version}).",
-                properties={"provider": setup.provider_name, "option": key, "suggestion": hint},
-            )
+            yield setup, catalog, key, setting
+
+
+def _rejection(setup: SessionSetup) -> str:
+    """What a provider error does to this declaration's session."""
+    if setup.origin == "policy":
+        return "ORT's Python API rejects it and silently falls back to CPUExecutionProvider"
+    return "session creation fails in onnxruntime-genai"
+
+
+@rule("OGP007", "provider-option-c-api-only", Severity.ERROR)
+def provider_option_c_api_only(ctx: RuleContext):
+    """A provider option in the policy exists only in ORT's C/C++ API: Python's InferenceSession rejects it.
+
+    ## What it checks
+    Every key under the policy's `execution_provider.options` (the policy is what a Python InferenceSession is
+    built from) that the provider's option catalog marks as C/C++-only: TensorRT's `has_user_compute_stream`,
+    `trt_load_user_initializer` and the external-data byte-stream options, which take pointers or in-memory data
+    the Python bindings do not pass.
+
+    ## Why it costs throughput
+    Python's InferenceSession passes the key to the provider factory, which rejects it; the session then falls
+    back to CPUExecutionProvider with only a printed "EP Error". The deployment runs on the CPU and no check fails.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options: {trt_fp16_enable: "True", trt_load_user_initializer: "True"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options: {trt_fp16_enable: "True"}
+    ```
+
+    ## Fix
+    Remove it from the policy; set it from C/C++ if the deployment needs it.
+    """
+    for setup, catalog, key, setting in option_keys(ctx):
+        option = catalog.option(key)
+        if option is None or option.python_api or setup.origin != "policy":
+            continue
+        yield ctx.finding(
+            f"{setup.label}: {setup.provider_name} option {key!r} exists only in the C/C++ API: {_rejection(setup)}",
+            location=setting.location,
+            fix="Remove it from the policy (set it from C/C++ if the deployment needs it).",
+            properties={"provider": setup.provider_name, "option": key},
+        )
+
+
+@rule("OGP008", "provider-option-unverified", Severity.WARNING)
+def provider_option_unverified(ctx: RuleContext):
+    """A provider option key that some ORT builds accept and the catalog's ORT version does not verify.
+
+    ## What it checks
+    Every key under the policy's `execution_provider.options` and genai_config.json's provider options that the
+    provider's option catalog lists as possibly valid: seen in some ORT source versions, not in the version the
+    catalog reflects.
+
+    ## Why it costs throughput
+    If the ORT build you deploy does not accept the key, the provider rejects it: Python's InferenceSession falls
+    back to CPUExecutionProvider and onnxruntime-genai fails to create the session. If it does, all is well: the
+    finding asks you to check which.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: CANNExecutionProvider
+      options: {precision_mode_v2: must_keep_origin_dtype}   # not in the catalog's ORT version
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: CANNExecutionProvider
+      options: {precision_mode: must_keep_origin_dtype}
+    ```
+
+    ## Fix
+    Check that the provider build you deploy accepts the key, and waive the finding with that version in the
+    reason; remove the key if it does not.
+    """
+    for setup, catalog, key, setting in option_keys(ctx):
+        if catalog.option(key) is not None or not catalog.is_possibly_valid(key):
+            continue
+        yield ctx.finding(
+            f"{setup.label}: {key!r} is not a verified {setup.provider_name} option: "
+            f"{catalog.possibly_valid_note or 'seen in some ORT source versions only'}",
+            location=setting.location,
+            fix=f"Check that the {setup.provider_name} build you deploy accepts {key!r}; if it does not, "
+                "session creation fails or falls back to CPU.",
+            properties={"provider": setup.provider_name, "option": key, "verified": False},
+        )
 
 
 @rule("OGP003", "provider-option-invalid-value", Severity.ERROR)

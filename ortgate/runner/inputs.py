@@ -279,8 +279,8 @@ MAX_FEED_BYTES = 16 * 2**30  # one synthesised input; a hostile shape must not a
 
 
 def synthesize(signature: list[InputSpec], dims: dict[str, int], step: StepShape, vocab: dict[str, int],
-               *, policy_file: str | None = None) -> Feeds:
-    rng = np.random.default_rng(SEED)
+               *, policy_file: str | None = None, seed: int = SEED) -> Feeds:
+    rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
     elem_types: dict[str, int] = {}
     kinds: dict[str, str] = {}

@@ -1,0 +1,60 @@
+"""`ortgate fix`: rewrite the findings ortgate can repair into a new model folder, proven equal on ORT CPU."""
+
+from __future__ import annotations
+
+import argparse
+
+from ortgate.cli.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    Output,
+    check_outputs,
+    progress,
+    progress_wanted,
+    split_list,
+    write,
+)
+
+FIX_FORMATS = ("text", "json")
+
+
+def add_parser(sub) -> None:
+    fix = sub.add_parser("fix", help="rewrite unfused MoE (and norms, rotary, attention) into fused ORT ops, "
+                                     "verify on ORT CPU, write a new model folder")
+    fix.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
+    fix.add_argument("-o", "--output", required=True, metavar="OUT",
+                     help="the new model folder (must not exist, and must not be or hold an input)")
+    fix.add_argument("--select", metavar="RULES", help="comma-separated rules whose findings to repair "
+                                                      "(moe-not-fused, rmsnorm-not-fused, skip-rmsnorm-not-fused, "
+                                                      "rotary-not-fused, gqa-not-fused; default: all)")
+    fix.add_argument("--ignore", metavar="RULES", help="comma-separated rules whose findings not to repair")
+    fix.add_argument("--dry-run", action="store_true", help="report what would be rewritten; write nothing")
+    fix.add_argument("--no-verify", action="store_true",
+                     help="skip running original and fixed on ORT CPU (and the measurement)")
+    fix.add_argument("--policy", help="deployment policy YAML: its execution_provider.onnxruntime_version is checked "
+                                      "against ORT releases with known MoE kernel bugs")
+    fix.add_argument("--format", choices=FIX_FORMATS, default="text", help="report format on stdout")
+    fix.add_argument("--force", action="store_true", help="replace OUT if it exists")
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    from ortgate.engine.fix import run_fix
+    from ortgate.fix.pipeline import FixRequest
+    from ortgate.report.fix import render_fix_json, render_fix_text
+
+    target = None
+    if args.policy:
+        from ortgate.config.policy import load_policy
+
+        policy = load_policy(args.policy)
+        value = policy.get("execution_provider", "onnxruntime_version")
+        target = str(value) if value is not None else None
+    request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
+                         dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
+                         policy=args.policy,
+                         check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
+                                                                  reads))
+    with progress(progress_wanted()) as note:
+        outcome = run_fix(request, note=note)
+    write(render_fix_json(outcome) if args.format == "json" else render_fix_text(outcome), None)
+    return EXIT_FAIL if outcome.exit_code else EXIT_PASS

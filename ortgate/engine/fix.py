@@ -1,0 +1,88 @@
+"""`ortgate fix` end to end: stage the rewritten model (ortgate.fix), lint it with the same pipeline as `ortgate lint`
+(the findings it repaired must be gone), measure original vs fixed on CPU, then put the folder in place.
+
+Nothing is written when verification fails, when a repaired finding is still there, or when anything raises: the
+staged folder is removed and OUT is never created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ortgate.engine.gate import gate_config_from
+from ortgate.engine.pipeline import LintRequest, lint, load_inputs
+from ortgate.findings import Finding
+from ortgate.fix.pipeline import FIXES, FixRequest, FixResult, stage_fix
+from ortgate.fix.verify import VerificationError
+
+
+@dataclass
+class FixOutcome:
+    result: FixResult
+    findings_before: list[Finding] = field(default_factory=list)  # the repaired rules' findings on the input
+    findings_after: list[Finding] = field(default_factory=list)  # ... and on the output
+    unrepaired: list[Finding] = field(default_factory=list)  # findings of rewritten layers still there (a failure)
+    measurement: object | None = None  # ortgate.fix.measure.Measurement
+    predicted_speedup: float | None = None
+    failure: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failure else 0
+
+
+def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], None] | None = None) -> FixOutcome:
+    say = note or (lambda _m: None)
+    staged = stage_fix(request, say)
+    result = staged.result
+    outcome = FixOutcome(result)
+    codes = [c for c, kind in FIXES.items() if kind in result.kinds]
+    try:
+        config = gate_config_from(None, cli_select=codes, cli_ignore=None, fail_on=None)
+        say("linting the input")
+        outcome.findings_before = lint(load_inputs(LintRequest(result.model)), config).findings
+        if staged.folder is None:
+            return outcome
+        verification = result.verification
+        if verification is not None and not verification.passed:
+            outcome.failure = _mismatch(result)
+            staged.discard()
+            return outcome
+        say("linting the output")
+        assert staged.model_file is not None
+        outcome.findings_after = lint(load_inputs(LintRequest(str(staged.model_file))), config).findings
+        rewritten_layers = {r.layer for r in result.rewrites}
+        outcome.unrepaired = [f for f in outcome.findings_after if f.code == "OGF001" and f.layer in rewritten_layers]
+        if outcome.unrepaired:
+            outcome.failure = (f"{len(outcome.unrepaired)} moe-not-fused finding(s) remain in rewritten layers "
+                               f"{sorted({f.layer for f in outcome.unrepaired}, key=str)}: nothing written")
+            staged.discard()
+            return outcome
+        if measure and request.verify:
+            from ortgate.fix.measure import measure_pair
+
+            say("measuring original vs fixed on ONNX Runtime CPU")
+            assert staged.original is not None
+            outcome.measurement = measure_pair(staged.original, staged.original_bytes_folder, staged.model_file,
+                                               staged.original_graph)
+        staged.commit()
+    except VerificationError as exc:
+        outcome.failure = f"the fixed model does not run: {exc}; nothing written"
+        staged.discard()
+    except BaseException:
+        staged.discard()
+        raise
+    return outcome
+
+
+def _mismatch(result: FixResult) -> str:
+    v = result.verification
+    assert v is not None
+    bad = [c.output for c in v.outputs if c.mismatched]
+    first = v.first_divergent
+    where = (f"; first rewritten node whose output diverges: {first.node} (output {first.value}, max abs diff "
+             f"{first.comparison.max_abs_diff:.3g})" if first is not None and first.comparison is not None
+             and first.comparison.max_abs_diff is not None else "")
+    outputs = f"outputs {', '.join(bad)} differ" if bad else "a rewritten node's output differs"
+    return f"verification failed: {outputs}{where}; nothing written"

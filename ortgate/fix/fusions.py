@@ -1,0 +1,171 @@
+"""Norm, rotary and attention fusions through onnxscript's rewriter (`onnxscript.rewriter.ort_fusions`).
+
+ortgate does not write these matchers again: it runs onnxscript's rules (the `ortgate[fix]` extra) on the graph the
+MoE rewrite left, then reads the result with its own patterns to say, per decoder layer, what was fused and what is
+still decomposed, and why where it can tell. Weights stay where they are: onnxscript sees external tensors it never
+needs to load (constant folding is limited to small tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ortgate.errors import InputError
+from ortgate.graph import build_graph
+from ortgate.graph.index import Graph
+from ortgate.graph.patterns.attention import attention_cores
+from ortgate.graph.patterns.norms import decomposed_rmsnorms
+from ortgate.graph.patterns.rotary import decomposed_rotaries
+
+# Fusion kinds ortgate asks onnxscript for, by the rule whose finding each repairs, in the order onnxscript needs them
+# (SkipRMSNorm builds on RMSNorm; the attention rules on SDPA).
+FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
+    ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
+    ("rmsnorm", "skip_rms_normalization", "fuse_skip_rms_normalization"),
+    ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
+    ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
+    ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
+    ("attention", "sdpa", "fuse_sdpa"),
+    ("attention", "gqa", "fuse_gqa"),
+    ("attention", "packed_qkv_for_gqa", "fuse_qkv_gqa"),
+    ("attention", "mha1", "fuse_mha1"),
+    ("attention", "mha2", "fuse_mha2"),
+    ("attention", "mha_scale", "fuse_mha_scale"),
+    ("attention", "mha_bias", "fuse_mha_bias"),
+    ("attention", "attention", "fuse_attention"),
+    ("attention", "sdpa_via_mha", "replace_sdpa_by_mha"),
+)
+FUSED_OPS = {
+    "rmsnorm": {("ai.onnx", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
+                ("ai.onnx", "RMSNormalization")},
+    "rotary": {("com.microsoft", "RotaryEmbedding"), ("ai.onnx", "RotaryEmbedding")},
+    "attention": {("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention"),
+                  ("com.microsoft", "Attention"), ("ai.onnx", "Attention")},
+}
+
+
+@dataclass
+class LayerFusions:
+    layer: int | None
+    applied: dict[str, int] = field(default_factory=dict)  # kind -> fused nodes in this layer after the pass
+    missed: dict[str, tuple[int, str]] = field(default_factory=dict)  # kind -> (still decomposed, why)
+
+
+@dataclass
+class FusionReport:
+    kinds: tuple[str, ...]
+    counts: dict[str, int] = field(default_factory=dict)  # onnxscript's count per fusion rule
+    layers: list[LayerFusions] = field(default_factory=list)
+    available: bool = True
+    note: str | None = None
+
+    def total(self, kind: str) -> int:
+        return sum(layer.applied.get(kind, 0) for layer in self.layers)
+
+
+def onnxscript_available() -> bool:
+    try:
+        import onnxscript.rewriter.ort_fusions  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
+    """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report."""
+    report = FusionReport(kinds)
+    if not kinds:
+        return model, report
+    if not onnxscript_available():
+        raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
+                         "(or pass --select moe-not-fused)")
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import _core, shape_optimization
+
+    before = _inventory(build_graph(model, "before"))
+    ir_model = ir.serde.deserialize_model(model)
+    for value in ir_model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            # Weights the optimizer may read (small shape constants) are found beside the input model.
+            value.const_value = ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype,
+                                                  shape=tensor.shape, name=tensor.name, base_dir=weights_dir)
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        common_passes.ShapeInferencePass()(ir_model)
+        optimize(ir_model)
+        shape_optimization.rules.apply_to_model(ir_model)
+        optimize(ir_model)
+        for kind, label, function in FUSION_STEPS:
+            if kind not in kinds:
+                continue
+            fuse = getattr(_core, function)
+            options = {"apply_shape_inference": True} if label == "sdpa" else {}
+            report.counts[label] = int(fuse(ir_model, **options) or 0)
+        optimize(ir_model)
+    out = ir.serde.serialize_model(ir_model)
+    after = _inventory(build_graph(out, "after"))
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+    return out, report
+
+
+def _inventory(graph: Graph) -> dict[int | None, dict[str, tuple[int, int]]]:
+    """layer -> kind -> (decomposed, fused) counts."""
+    out: dict[int | None, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for norm in decomposed_rmsnorms(graph):
+        out[norm.layer]["rmsnorm"][0] += 1
+    for rotary in decomposed_rotaries(graph):
+        out[rotary.layer]["rotary"][0] += 1
+    for core in attention_cores(graph):
+        out[core.layer]["attention"][0] += 1
+    for node in graph.nodes:
+        for kind, ops in FUSED_OPS.items():
+            if (node.domain, node.op_type) in ops:
+                out[node.layer][kind][1] += 1
+    return {layer: {k: (v[0], v[1]) for k, v in kinds.items()} for layer, kinds in out.items()}
+
+
+def _has_kv_cache(model: onnx.ModelProto) -> bool:
+    return any("past" in i.name.lower() for i in model.graph.input)
+
+
+def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int]) -> list[LayerFusions]:
+    layers = sorted(set(before) | set(after), key=lambda x: (x is None, x or 0))
+    out = []
+    for layer in layers:
+        entry = LayerFusions(layer)
+        for kind in kinds:
+            was_decomposed, was_fused = before.get(layer, {}).get(kind, (0, 0))
+            still, fused = after.get(layer, {}).get(kind, (0, 0))
+            if fused > was_fused:
+                entry.applied[kind] = fused - was_fused
+            if still:
+                entry.missed[kind] = (still, _why(kind, has_kv_cache, counts))
+        if entry.applied or entry.missed:
+            out.append(entry)
+    return out
+
+
+def _why(kind: str, has_kv_cache: bool, counts: dict[str, int]) -> str:
+    if kind == "rotary" and counts.get("rotary_embedding") and not counts.get("cos_sin_cache"):
+        return ("onnxscript matched the rotation (rotary_embedding) but not the cos/sin computation feeding it "
+                "(cos_sin_cache), so no RotaryEmbedding node could be built and the rotation stays decomposed")
+    if kind == "attention" and not has_kv_cache:
+        return ("no onnxscript attention rule matched; its GroupQueryAttention rule needs a graph with a KV cache "
+                "(past_key_values inputs), which this export has not")
+    return f"no onnxscript {kind} rule matched this form"
+
+
+def fusion_totals(report: FusionReport) -> Counter:
+    totals: Counter = Counter()
+    for layer in report.layers:
+        totals.update(layer.applied)
+    return totals

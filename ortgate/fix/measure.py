@@ -1,0 +1,71 @@
+"""Original vs fixed, measured with the runner on ORT's CPU provider: one decode step, the same synthesised inputs,
+buffers bound once (the runner's BoundSession), p50 latency of each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ortgate.evidence import Stats
+from ortgate.graph.index import Graph
+from ortgate.runner.inputs import (
+    dim_role,
+    graph_signature,
+    head_size,
+    resolve_dims,
+    sliding_window,
+    synthesize,
+    token_inputs,
+)
+from ortgate.runner.measure import BoundSession, Deadline, latency_stats, plan_binding, timed_runs
+from ortgate.runner.session import CPU, captured_output, tidy
+from ortgate.runner.settings import RunnerSettings
+
+DECODE = RunnerSettings(batch_size=1, sequence_length=1, past_sequence_length=16, warmup=3, iterations=20)
+
+
+@dataclass
+class Measurement:
+    original: Stats
+    fixed: Stats
+    step: str  # what one run is
+
+    @property
+    def speedup(self) -> float:
+        return self.original.p50_ms / self.fixed.p50_ms if self.fixed.p50_ms > 0 else 0.0
+
+
+def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
+                 settings: RunnerSettings = DECODE) -> Measurement:
+    signature = graph_signature(graph)
+    dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
+                              policy_file=None)
+    feeds = synthesize(signature, dims, step, token_inputs(graph, None))
+    stats = []
+    for model, folder in ((original.SerializeToString(), original_dir), (str(fixed_path), fixed_path.parent)):
+        session = _session(model, folder)
+        bound = BoundSession(session, plan_binding(CPU, {}), feeds)
+        bound.discover_outputs()
+        with Deadline(None) as deadline:
+            stats.append(latency_stats(timed_runs(bound, settings.warmup, settings.iterations, deadline)))
+        del bound, session
+    past = f" after {step.past_sequence_length} cached" if any(dim_role(d) == "past" for d in dims) else ""
+    what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {settings.iterations} "
+            "runs, ORT CPU, ORT_ENABLE_ALL")
+    return Measurement(stats[0], stats[1], what)
+
+
+def _session(model, folder: Path):
+    import onnxruntime as ort
+
+    from ortgate.errors import InputError
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    with captured_output():
+        try:
+            return ort.InferenceSession(model, options, providers=[CPU])
+        except Exception as exc:
+            raise InputError(f"ONNX Runtime cannot load the model to measure it: {tidy(str(exc))}", folder) from None

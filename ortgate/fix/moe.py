@@ -1,0 +1,283 @@
+"""The MoE rewrite: every unfused MoE block whose anatomy com.microsoft.MoE can express becomes one MoE node.
+
+The node follows the contract in knowledge/ort_moe.json: the hidden state as `input`, the router logits reshaped to
+[tokens, experts] as `router_probs` (the kernel applies softmax and top-k itself), fc1 [E, 2I, H] with gate and up
+rows interleaved (swiglu_fusion=1, the only SwiGLU form ORT's CPU kernel accepts) or [E, I, H] without a gate, the
+empty fc1 bias slot ORT >= 1.25 requires, and fc2 [E, H, I]. Its output takes the name of the routed sum it replaces,
+so whatever consumed that sum (a shared expert's Add, the residual) is unchanged; the nodes only the old block used are
+removed. Weights are not read here: new tensors are planned, and written later one expert at a time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ortgate.errors import printable
+from ortgate.fix.weights import DataFile, WeightSource, itemsize
+from ortgate.graph.index import Graph
+from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, view_shape
+from ortgate.knowledge.moe_op import moe_op_facts
+
+PLACEHOLDER_LOCATION = "model.onnx.data"
+
+
+@dataclass
+class MoeRewrite:
+    """One MoE block replaced by one com.microsoft.MoE node."""
+
+    anatomy: MoeAnatomy
+    node_name: str
+    fc1: str
+    fc2: str
+    attributes: dict
+    removed: int = 0
+    added: int = 0
+    bytes_before: int = 0  # expert weight bytes read per decode token (one token), derived from the weight shapes
+    bytes_after: int = 0
+    notes: list[str] = field(default_factory=list)
+    verification: str = "not run"
+
+    @property
+    def layer(self) -> int | None:
+        return self.anatomy.layer
+
+    @property
+    def output(self) -> str:
+        return self.anatomy.output
+
+
+@dataclass
+class MoeRefusal:
+    """A block left as it is, and why."""
+
+    layer: int | None
+    node: str
+    reason: str
+
+
+@dataclass
+class PlannedTensor:
+    """A new initializer whose bytes are produced when the output is written."""
+
+    name: str
+    kind: str  # fc1 | fc2
+    rewrite: MoeRewrite
+    dims: tuple[int, ...]
+    data_type: int
+
+
+def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
+    rewrites, refusals = [], []
+    taken = set(graph.initializers) | {n.name for n in graph.nodes}
+    facts = moe_op_facts()
+    for a in moe_anatomies(graph):
+        if a.refusal is not None:
+            refusals.append(MoeRefusal(a.layer, a.anchor.display_name, a.refusal))
+            continue
+        prefix = f"model.layers.{a.layer}.moe" if a.layer is not None else f"moe.{a.anchor.index}"
+        fc1 = _unique(f"{prefix}.experts.gate_up_proj.weight" if a.activation == "swiglu"
+                      else f"{prefix}.experts.fc1.weight", taken)
+        fc2 = _unique(f"{prefix}.experts.down_proj.weight", taken)
+        name = _unique(f"/model/layers.{a.layer}/moe/MoE" if a.layer is not None else f"/moe.{a.anchor.index}/MoE",
+                       taken)
+        rewrite = MoeRewrite(a, name, fc1, fc2, _attributes(a, facts))
+        _price(graph, rewrite)
+        if a.hidden_size == a.intermediate_size or a.hidden_size == 2 * a.intermediate_size:
+            rewrite.notes.append(facts.square_layout_note(a.hidden_size, a.intermediate_size))
+        rewrites.append(rewrite)
+    return rewrites, refusals
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 0
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
+def _attributes(a: MoeAnatomy, facts) -> dict:
+    attrs: dict = {"k": a.k, "activation_type": a.activation, "normalize_routing_weights": int(a.normalize),
+                   "use_sparse_mixer": 0}
+    if a.activation == "swiglu":
+        attrs.update(swiglu_fusion=facts.cpu_swiglu_fusion, activation_alpha=1.0, activation_beta=0.0)
+    return attrs
+
+
+def _price(graph: Graph, r: MoeRewrite) -> None:
+    a = r.anatomy
+    first = a.experts[0]
+    size = itemsize(_dtype_code(graph, first.down.initializer)) or 4
+    per_expert = sum(view_shape(graph, v)[0] * view_shape(graph, v)[1]
+                     for v in (first.gate, first.up, first.down) if v is not None) * size
+    experts = len(a.experts)
+    k = a.k or 1
+    # A dense loop runs every expert on every token; a token-dispatch loop runs only the experts that got rows.
+    r.bytes_before = per_expert * (experts if a.pattern == "dense_loop" else min(k, experts))
+    r.bytes_after = per_expert * min(k, experts)
+
+
+def _dtype_code(graph: Graph, initializer: str) -> int:
+    dtype = graph.initializers[initializer].dtype or "float"
+    return TensorProto.DataType.Value(dtype.upper())
+
+
+# ---- editing the protobuf ----------------------------------------------------------------------------------------
+
+
+def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) -> list[PlannedTensor]:
+    """Replace each block in `model` (in place); returns the new tensors to write."""
+    if not rewrites:
+        return []
+    g = model.graph
+    nodes = list(g.node)
+    producer: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for o in node.output:
+            if o:
+                producer[o] = i
+    uses: Counter = Counter()
+    for node in nodes:
+        uses.update(i for i in node.input if i)
+        uses.update(_subgraph_references(node))
+    uses.update(o.name for o in g.output)
+    removed: set[int] = set()
+    inserted: dict[int, list[onnx.NodeProto]] = {}
+    planned: list[PlannedTensor] = []
+    new_initializers: list[onnx.TensorProto] = []
+    for r in rewrites:
+        a = r.anatomy
+        assert a.combine is not None
+        position = producer[a.combine.outputs[0]]
+        shape_name = f"{r.node_name}/router_shape"
+        logits_2d = f"{r.node_name}/router_logits"
+        new_initializers.append(onnx.numpy_helper.from_array(np.array([-1, len(a.experts)], dtype=np.int64),
+                                                             shape_name))
+        reshape = helper.make_node("Reshape", [a.logits, shape_name], [logits_2d], name=f"{r.node_name}/Reshape")
+        moe = helper.make_node("MoE", [a.hidden, logits_2d, r.fc1, "", r.fc2], [a.output], name=r.node_name,
+                               domain="com.microsoft", **r.attributes)
+        uses.update([a.logits, a.hidden])
+        before = len(removed)
+        _remove(position, nodes, producer, uses, removed, protect={a.output})
+        r.removed = len(removed) - before
+        r.added = 2
+        inserted[position] = [reshape, moe]
+        dtype = _dtype_code(graph, a.experts[0].down.initializer)
+        rows = 2 * a.intermediate_size if a.activation == "swiglu" else a.intermediate_size
+        planned.append(PlannedTensor(r.fc1, "fc1", r, (len(a.experts), rows, a.hidden_size), dtype))
+        planned.append(PlannedTensor(r.fc2, "fc2", r, (len(a.experts), a.hidden_size, a.intermediate_size), dtype))
+    kept = []
+    for i, node in enumerate(nodes):
+        kept.extend(inserted.get(i, ()))
+        if i not in removed:
+            kept.append(node)
+    del g.node[:]
+    g.node.extend(kept)
+    still_used = set(uses.elements()) | {n for node in kept for n in node.input}
+    survivors = [t for t in g.initializer if t.name in still_used]
+    del g.initializer[:]
+    g.initializer.extend(survivors)
+    g.initializer.extend(new_initializers)
+    for t in planned:
+        tensor = g.initializer.add()
+        tensor.name, tensor.data_type = t.name, t.data_type
+        tensor.dims.extend(t.dims)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", PLACEHOLDER_LOCATION), ("offset", "0"), ("length", "0")):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+    known = {o for node in kept for o in node.output} | {i.name for i in g.input}
+    infos = [v for v in g.value_info if v.name in known]
+    del g.value_info[:]
+    g.value_info.extend(infos)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return planned
+
+
+def _remove(position: int, nodes, producer: dict[str, int], uses: Counter, removed: set[int], protect: set[str]) -> None:
+    """Remove the node at `position` and, transitively, every producer left without a consumer."""
+    stack = [position]
+    while stack:
+        i = stack.pop()
+        if i in removed:
+            continue
+        removed.add(i)
+        for value in nodes[i].input:
+            if not value:
+                continue
+            uses[value] -= 1
+            if uses[value] <= 0:
+                del uses[value]
+                j = producer.get(value)
+                if j is not None and j not in removed and value not in protect and all(
+                        not o or (uses.get(o, 0) <= 0 and o not in protect) for o in nodes[j].output):
+                    stack.append(j)
+
+
+def _subgraph_references(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read from the enclosing scope (counted as used: never removed)."""
+    out: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            for n in sub.node:
+                out.update(i for i in n.input if i)
+                out.update(_subgraph_references(n))
+    return out
+
+
+# ---- writing the fused weights ------------------------------------------------------------------------------------
+
+
+def view_matrix(source: WeightSource, view: WeightView) -> np.ndarray:
+    """One expert matrix in [out, in] order (raw elements)."""
+    matrix = source.read(view.initializer, index=view.index)
+    if view.transposed:
+        matrix = matrix.T
+    if view.rows is not None:
+        start, stop, step = view.rows
+        matrix = matrix[start:stop:step]
+    return np.ascontiguousarray(matrix)
+
+
+def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile) -> tuple[int, int]:
+    """Write one fused tensor expert by expert; (offset, length) in the data file."""
+    offset = out.begin()
+    length = 0
+    for expert in tensor.rewrite.anatomy.experts:
+        if tensor.kind == "fc2":
+            block = view_matrix(source, expert.down)
+        elif expert.gate is not None:
+            gate, up = view_matrix(source, expert.gate), view_matrix(source, expert.up)
+            block = np.empty((gate.shape[0] * 2, gate.shape[1]), dtype=gate.dtype)
+            block[0::2], block[1::2] = gate, up  # swiglu_fusion=1: g0, u0, g1, u1, ...
+        else:
+            block = view_matrix(source, expert.up)
+        expected = tensor.dims[1:]
+        if tuple(block.shape) != tuple(expected):
+            raise ValueError(f"{tensor.name}: expert {expert.index} block {block.shape} is not {expected}")
+        data = block.tobytes()
+        out.append(data)
+        length += len(data)
+    return offset, length
+
+
+def weight_names(rewrites: list[MoeRewrite]) -> list[str]:
+    """Every initializer the fused tensors are read from."""
+    names: list[str] = []
+    for r in rewrites:
+        for e in r.anatomy.experts:
+            names.extend(v.initializer for v in (e.gate, e.up, e.down) if v is not None)
+    return list(dict.fromkeys(names))
+
+
+def describe_refusal(r: MoeRefusal) -> str:
+    where = f"layer {r.layer}" if r.layer is not None else "MoE block"
+    return f"{where} ({printable(r.node)}): left unchanged: {r.reason}"

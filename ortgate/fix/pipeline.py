@@ -1,0 +1,296 @@
+"""`ortgate fix`, short of linting and printing: plan the rewrites, write the new model into a temporary folder
+beside OUT, verify it on ORT CPU. The caller lints and measures the staged folder, then commits (renames) or
+discards it: an interrupted or failed fix never leaves a folder named OUT behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ortgate.config.model_folder import resolve_model_path
+from ortgate.errors import InputError
+from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
+from ortgate.fix.moe import (
+    MoeRefusal,
+    MoeRewrite,
+    PlannedTensor,
+    apply_moe,
+    plan_moe,
+    weight_names,
+    write_planned,
+)
+from ortgate.fix.verify import Probe, VerifyResult, verify
+from ortgate.fix.weights import INLINE_LIMIT, DataFile, WeightSource, external_info, set_external
+from ortgate.graph import build_graph
+from ortgate.graph.index import Graph
+from ortgate.graph.load import load_model
+from ortgate.knowledge.moe_op import moe_op_facts
+from ortgate.rules import match_rules, suggest_rule
+
+# What `fix` repairs, by the rule whose finding it removes.
+FIXES = {
+    "OGF001": "moe",
+    "OGF004": "rmsnorm",
+    "OGF005": "rmsnorm",
+    "OGF006": "rotary",
+    "OGF002": "attention",
+}
+KIND_ORDER = ("moe", "rmsnorm", "rotary", "attention")
+
+
+@dataclass
+class FixRequest:
+    model: str
+    output: str
+    select: list[str] | None = None
+    ignore: list[str] | None = None
+    dry_run: bool = False
+    verify: bool = True
+    force: bool = False
+    target_ort: str | None = None  # the ORT release the deployment runs (policy), checked against known bugs
+    policy: str | None = None  # read by the caller: OUT must not hold it either
+    # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
+    check_output: Callable[[list[Path]], None] | None = None
+
+
+@dataclass
+class FixResult:
+    model: str
+    output: str
+    kinds: tuple[str, ...]
+    rewrites: list[MoeRewrite] = field(default_factory=list)
+    refusals: list[MoeRefusal] = field(default_factory=list)
+    fusions: FusionReport | None = None
+    verification: VerifyResult | None = None
+    warnings: list[str] = field(default_factory=list)
+    ort_installed: str | None = None
+    ort_target: str | None = None
+    files: list[str] = field(default_factory=list)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    written: bool = False
+    dry_run: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.rewrites) or bool(self.fusions and any(layer.applied for layer in self.fusions.layers))
+
+
+@dataclass
+class StagedFix:
+    """The new model folder, written but not yet in place."""
+
+    result: FixResult
+    folder: Path | None  # the temporary folder (None: nothing to write)
+    model_file: Path | None
+    original_graph: Graph
+    original_bytes_folder: Path
+    original: onnx.ModelProto | None = None
+
+    def commit(self) -> None:
+        """Move the folder into place (replacing OUT with --force)."""
+        if self.folder is None:
+            return
+        out = Path(self.result.output)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.ortgate-old-{os.getpid()}")
+            os.rename(out, old)
+        os.rename(self.folder, out)
+        self.folder = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self.result.written = True
+
+    def discard(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, ...]:
+    """The repairs --select / --ignore leave on (rule names, codes or prefixes, as for lint)."""
+    def codes(selectors: list[str], flag: str) -> set[str]:
+        out: set[str] = set()
+        for text in selectors:
+            rules = match_rules(text)
+            if not rules:
+                hint = suggest_rule(text)
+                raise InputError(f"{flag}: unknown rule {text!r}" + (f"; did you mean {hint!r}?" if hint else ""))
+            out.update(r.code for r in rules)
+        return out
+
+    chosen = set(FIXES)
+    if select:
+        wanted = codes(select, "--select")
+        unfixable = sorted(wanted - set(FIXES))
+        if not wanted & set(FIXES):
+            raise InputError(f"--select: {', '.join(unfixable)} {'has' if len(unfixable) == 1 else 'have'} no "
+                             f"automatic fix; `ortgate fix` repairs {', '.join(sorted(FIXES))}")
+        chosen &= wanted
+    if ignore:
+        chosen -= codes(ignore, "--ignore")
+    kinds = {FIXES[c] for c in chosen}
+    return tuple(k for k in KIND_ORDER if k in kinds)
+
+
+def check_output_folder(output: str, inputs: list[Path], *, force: bool) -> Path:
+    """OUT is a new folder that is not, and does not hold, anything ortgate reads."""
+    out = Path(output)
+    resolved = out.resolve()
+    for given in inputs:
+        real = given.resolve()
+        if real == resolved:
+            raise InputError("refusing to write the fixed model over an input", output)
+        if resolved in real.parents:
+            raise InputError(f"refusing to write the fixed model into a folder that holds an input ({given})", output)
+    if out.exists() and not force:
+        raise InputError("already exists; choose a new folder or pass --force to replace it", output)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a folder", output)
+    if not resolved.parent.is_dir():
+        raise InputError("its parent folder does not exist", output)
+    return out
+
+
+def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) -> StagedFix:
+    say = note or (lambda _m: None)
+    files = resolve_model_path(request.model)
+    kinds = fix_kinds(request.select, request.ignore)
+    say(f"loading {files.model}")
+    original = load_model(files.model)
+    graph = build_graph(original, str(files.model))
+    source = WeightSource(original, files.model)
+    inputs = [files.model] + ([files.genai_config] if files.genai_config else [])
+    inputs += [files.model.parent / loc for loc in graph.external_data_files]
+    if request.policy:
+        inputs.append(Path(request.policy))
+    if request.check_output is not None:
+        request.check_output(inputs)
+    if Path(request.model).is_dir():
+        inputs.append(Path(request.model))
+    out = check_output_folder(request.output, inputs, force=request.force)
+    result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run)
+    _ort_gate(result, request)
+
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(original)
+    planned: list[PlannedTensor] = []
+    if "moe" in kinds:
+        say("matching MoE blocks")
+        rewrites, refusals = plan_moe(graph)
+        if rewrites and result.ort_installed and moe_op_facts().swiglu_gate.affects(result.ort_installed):
+            gate = moe_op_facts().swiglu_gate
+            for r in [r for r in rewrites if r.attributes.get("activation_type") == "swiglu"]:
+                rewrites.remove(r)
+                refusals.append(MoeRefusal(r.layer, r.anatomy.anchor.display_name,
+                                           f"the installed onnxruntime {result.ort_installed} computes SwiGLU with "
+                                           f"GPT-OSS constants ({gate.issue}, fixed by {gate.fixed_by} in "
+                                           f"{gate.first_fixed_release}): the rewrite could not be proven"))
+        result.rewrites, result.refusals = rewrites, refusals
+        planned = apply_moe(fixed, graph, rewrites)
+    source.check_all(dict.fromkeys(weight_names(result.rewrites)))
+    fusion_kinds = tuple(k for k in kinds if k != "moe")
+    if fusion_kinds:
+        say("running onnxscript's norm, rotary and attention fusions")
+        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
+    result.nodes_after = len(fixed.graph.node)
+    kept_from_source = [t.name for t in fixed.graph.initializer if t.name in source.tensors]
+    source.check_all(kept_from_source)
+    if request.dry_run or not result.changed:
+        return StagedFix(result, None, None, graph, files.model.parent, original)
+
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.ortgate-tmp-", dir=out.resolve().parent))
+    staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original)
+    try:
+        say(f"writing {len(fixed.graph.initializer)} tensors")
+        _write(fixed, planned, source, staged)
+        if files.genai_config:
+            shutil.copyfile(files.genai_config, folder / files.genai_config.name)
+        result.files = sorted(p.name for p in folder.iterdir())
+        if request.verify:
+            say("verifying on ONNX Runtime CPU")
+            result.verification = verify(original, files.model.parent, fixed, folder, graph,
+                                         _probes(graph, fixed, result), _routers(result.rewrites))
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
+def _write(fixed: onnx.ModelProto, planned: list[PlannedTensor], source: WeightSource, staged: StagedFix) -> None:
+    assert staged.folder is not None and staged.model_file is not None
+    data_name = staged.model_file.name + ".data"
+    out = DataFile(staged.folder / data_name)
+    try:
+        by_name = {t.name: t for t in planned}
+        for tensor in fixed.graph.initializer:
+            if tensor.name in by_name:
+                offset, length = write_planned(by_name[tensor.name], source, out)
+                set_external(tensor, data_name, offset, length)
+            elif tensor.name in source.tensors and _same_tensor(tensor, source.tensors[tensor.name]):
+                original = source.tensors[tensor.name]
+                where = source.locate(tensor.name)
+                if external_info(original) is not None or where.nbytes >= INLINE_LIMIT:
+                    offset, length = source.copy_into(tensor.name, out)
+                    set_external(tensor, data_name, offset, length)
+            elif external_info(tensor) is None and len(tensor.raw_data) >= INLINE_LIMIT:
+                offset, length = out.write(tensor.raw_data)
+                set_external(tensor, data_name, offset, length)
+            elif external_info(tensor) is not None:
+                raise InputError(f"tensor {tensor.name!r} refers to external data ortgate did not write",
+                                 staged.model_file)
+    finally:
+        out.close()
+    if out.size == 0:
+        os.unlink(out.path)
+    with open(staged.model_file, "wb") as f:
+        f.write(fixed.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    return a.data_type == b.data_type and list(a.dims) == list(b.dims)
+
+
+def _probes(graph: Graph, fixed: onnx.ModelProto, result: FixResult) -> list[Probe]:
+    """Outputs of rewritten nodes that the original graph computes under the same name, in the fixed graph's order."""
+    fused = {op for ops in FUSED_OPS.values() for op in ops} | {("com.microsoft", "MoE")}
+    probes = []
+    for node in fixed.graph.node:
+        domain = node.domain if node.domain not in ("", "ai.onnx") else "ai.onnx"
+        if (domain, node.op_type) not in fused:
+            continue
+        for value in node.output:
+            if value and graph.producer(value) is not None and graph.producer(value).op_type != node.op_type:
+                probes.append(Probe(node.name or f"<{node.op_type}>", value))
+    return probes
+
+
+def _routers(rewrites: list[MoeRewrite]) -> list[tuple[str, int]]:
+    return [(r.anatomy.logits, r.anatomy.k or 1) for r in rewrites]
+
+
+def _ort_gate(result: FixResult, request: FixRequest) -> None:
+    try:
+        import onnxruntime
+
+        result.ort_installed = onnxruntime.__version__
+    except ImportError:
+        result.ort_installed = None
+    result.ort_target = request.target_ort
+    gate = moe_op_facts().swiglu_gate
+    if request.target_ort and gate.affects(request.target_ort):
+        result.warnings.append(
+            f"the policy's target onnxruntime {request.target_ort} computes MoE SwiGLU with GPT-OSS constants "
+            f"whatever the attributes say ({gate.issue}; fixed by {gate.fixed_by} in {gate.first_fixed_release}): "
+            f"a SiLU-gated MoE node written here will give wrong outputs there; deploy onnxruntime >= "
+            f"{gate.first_fixed_release}")

@@ -1,0 +1,649 @@
+"""What an unfused MoE block computes, read from its graph: the detail a rewrite into com.microsoft.MoE needs.
+
+`moe_blocks` finds a block (its router, TopK, routing and expert nodes). `moe_anatomy` reads the rest from the
+same graph, metadata only: the routing form (softmax then top-k, top-k then softmax, renormalised or not), k, the
+hidden tensor the experts read, where the routed sum ends, and for every expert its index, the gate / up / down
+weights as views of initializers (which initializer, which slice of a stacked one, transposed or not, which
+rows of a merged gate_up), and the activation. A block the op cannot express gets a `refusal` that says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached
+from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+
+# Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output).
+_VIEW_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand"})
+_COMBINE_OPS = frozenset({"Add", "ScatterND", "ScatterElements"})
+
+
+@dataclass(frozen=True)
+class WeightView:
+    """One expert matrix in [out_features, in_features] order, as a view of an initializer.
+
+    The initializer holds a 2-D matrix, or a 3-D stack of experts of which `index` is taken; `transposed` says
+    that the (selected) matrix is stored [in, out]; `rows` (start, stop, step) picks out-feature rows after
+    orientation (a gate or up half of a merged gate_up projection)."""
+
+    initializer: str
+    index: int | None
+    transposed: bool
+    rows: tuple[int, int, int] | None = None
+
+    def describe(self) -> str:
+        at = f"[{self.index}]" if self.index is not None else ""
+        t = ".T" if self.transposed else ""
+        r = f" rows {self.rows[0]}:{self.rows[1]}" + (f":{self.rows[2]}" if self.rows[2] != 1 else "") if self.rows else ""
+        return f"{self.initializer}{at}{t}{r}"
+
+
+@dataclass
+class ExpertAnatomy:
+    index: int  # the expert's column in the router logits
+    up: WeightView  # gated: the linear branch; not gated: fc1
+    down: WeightView
+    gate: WeightView | None = None  # gated: the branch the activation is applied to
+    nodes: list[Node] = field(default_factory=list)
+
+
+@dataclass
+class MoeAnatomy:
+    block: MoeBlock
+    layer: int | None
+    pattern: str = ""  # dense_loop | gather_loop | ...
+    routing: str = ""  # softmax_topk | topk_softmax
+    k: int | None = None
+    normalize: bool = False
+    hidden: str = ""  # the [tokens, H] (or [B, S, H]) tensor the experts read
+    logits: str = ""  # router logits, [.., E]
+    output: str = ""  # the routed sum (same shape as `hidden`)
+    combine: Node | None = None  # the node producing `output`
+    activation: str = ""  # swiglu (gated SiLU) | silu | gelu | relu | identity
+    experts: list[ExpertAnatomy] = field(default_factory=list)
+    num_experts: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    refusal: str | None = None  # why the block cannot become one com.microsoft.MoE node
+
+    @property
+    def anchor(self) -> Node:
+        return self.block.anchor
+
+
+def moe_anatomies(graph: Graph) -> list[MoeAnatomy]:
+    """One anatomy per unfused MoE block of the main graph (fused blocks have nothing to rewrite)."""
+
+    def compute(g: Graph) -> list[MoeAnatomy]:
+        return [_anatomy(g, b) for b in moe_blocks(g) if b.fused is None and b.router is not None and b.topk is not None
+                and b.router.graph is None]
+
+    return cached(graph, "moe_anatomies", compute)
+
+
+class _Refuse(Exception):
+    pass
+
+
+def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
+    anatomy = MoeAnatomy(block, block.layer, num_experts=block.experts)
+    try:
+        _read_routing(graph, anatomy)
+        _read_experts(graph, anatomy)
+    except _Refuse as why:
+        anatomy.refusal = str(why)
+    return anatomy
+
+
+# ---- constants -------------------------------------------------------------------------------------------------
+
+
+def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
+    """Integer values of a small constant (initializer or Constant node, through Cast/Identity), else None."""
+    for _ in range(4):
+        values = graph.constant_value(value)
+        if values is not None:
+            return tuple(int(v) for v in values) if all(isinstance(v, (int, float)) for v in values) else None
+        node = graph.producer(value)
+        if node is None or node.op_type not in ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze") or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def const_floats(graph: Graph, value: str) -> tuple[float, ...] | None:
+    for _ in range(4):
+        values = graph.constant_value(value)
+        if values is not None:
+            return tuple(float(v) for v in values)
+        node = graph.producer(value)
+        if node is None or node.op_type not in ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze") or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _through_views(graph: Graph, value: str, ops=_VIEW_OPS) -> str:
+    for _ in range(8):
+        node = graph.producer(value)
+        if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in ops or not node.inputs:
+            return value
+        value = node.inputs[0]
+    return value
+
+
+def _single_consumer_through_views(graph: Graph, value: str) -> tuple[list[Node], str]:
+    """Consumers of `value` past pass-through ops, and the value they read."""
+    for _ in range(8):
+        consumers = graph.consumers(value)
+        if len(consumers) == 1 and consumers[0].op_type in _VIEW_OPS and consumers[0].domain == DEFAULT_DOMAIN:
+            value = consumers[0].outputs[0]
+            continue
+        return consumers, value
+    return [], value
+
+
+def _last_axis(graph: Graph, value: str, axis: int | None) -> bool:
+    if axis == -1:
+        return True
+    shape = graph.shape(value)
+    return axis is not None and shape is not None and axis == len(shape) - 1
+
+
+# ---- routing ---------------------------------------------------------------------------------------------------
+
+
+def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
+    block = a.block
+    topk = block.topk
+    assert topk is not None and block.router is not None
+    routing_ops = {n.op_type for n in block.routing_nodes}
+    if sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1:
+        raise _Refuse("group-limited top-k (more than one TopK in the router: DeepSeek-V3 style expert groups); "
+                      "com.microsoft.MoE ranks all experts at once")
+    if "CumSum" in routing_ops:
+        raise _Refuse("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
+                      "expert capacity")
+    if not topk.attr("largest", 1) or not _last_axis(graph, topk.input(0), topk.attr("axis", -1)):
+        raise _Refuse("TopK is not the largest-k over the expert axis")
+    k = const_ints(graph, topk.input(1))
+    if not k or len(k) != 1:
+        raise _Refuse("k of the router's TopK is not a constant")
+    a.k = k[0]
+    experts = block.experts
+    if not experts:
+        raise _Refuse("the router's expert count is unknown")
+    ranked = topk.input(0)
+    scorer = graph.producer(_through_views(graph, ranked, {"Cast", "Identity"}))
+    values = topk.outputs[0]
+    if scorer is not None and scorer.op_type == "Softmax" and scorer.domain == DEFAULT_DOMAIN:
+        if not _last_axis(graph, scorer.input(0), scorer.attr("axis", -1)):
+            raise _Refuse("the router's Softmax is not over the expert axis")
+        a.routing = "softmax_topk"
+        a.logits = _logits_value(graph, scorer.input(0), block)
+        weights, a.normalize = _renormalised(graph, values)
+    elif scorer is not None and scorer.op_type == "Sigmoid":
+        raise _Refuse("sigmoid scoring: com.microsoft.MoE scores experts with softmax")
+    elif scorer is not None and scorer.op_type == "Add":
+        raise _Refuse("bias-corrected top-k (a bias is added to the expert scores before TopK: DeepSeek-V3 style); "
+                      "com.microsoft.MoE ranks the router logits as they are")
+    elif _through_views(graph, ranked) == _through_views(graph, block.router.outputs[0]) or _is_router_output(graph, ranked, block):
+        consumers, _ = _single_consumer_through_views(graph, values)
+        softmax = consumers[0] if len(consumers) == 1 and consumers[0].op_type == "Softmax" else None
+        if softmax is None or not _last_axis(graph, softmax.input(0), softmax.attr("axis", -1)):
+            raise _Refuse("top-k over raw logits without a Softmax over the chosen k: the weights are not the "
+                          "softmax probabilities com.microsoft.MoE uses")
+        a.routing = "topk_softmax"
+        a.logits = _logits_value(graph, ranked, block)
+        weights, a.normalize = softmax.outputs[0], True
+    else:
+        what = scorer.op_type if scorer is not None else "a graph input"
+        raise _Refuse(f"the router's TopK ranks the output of {what}, not softmax(logits) or the logits")
+    width = graph.shape(a.logits)
+    if width and isinstance(width[-1], int) and width[-1] != experts:
+        raise _Refuse(f"router width {width[-1]} differs from the {experts} experts")
+    a.__dict__["_weights"] = weights
+    a.__dict__["_indices"] = topk.outputs[1] if len(topk.outputs) > 1 else ""
+    _check_scaling(graph, weights)
+
+
+def _is_router_output(graph: Graph, value: str, block: MoeBlock) -> bool:
+    assert block.router is not None
+    start = _through_views(graph, value)
+    node = graph.producer(start)
+    # Add of a constant bias after the router projection (GPT-OSS router bias): still the logits.
+    if node is not None and node.op_type == "Add" and any(graph.is_constant(i) for i in node.inputs):
+        start = next(i for i in node.inputs if not graph.is_constant(i))
+    return graph.producer(_through_views(graph, start)) is block.router
+
+
+def _logits_value(graph: Graph, value: str, block: MoeBlock) -> str:
+    """The router logits in the hidden state's dtype: a Cast to float32 before Softmax (fp16 models) is skipped."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "Cast" and node.inputs:
+        return node.inputs[0]
+    if not _is_router_output(graph, value, block):
+        raise _Refuse("the router's scores do not come straight from the router projection")
+    return value
+
+
+def _renormalised(graph: Graph, values: str) -> tuple[str, bool]:
+    """The top-k weights, and whether they are divided by their sum (Qwen3 norm_topk_prob)."""
+    consumers, seen = _single_consumer_through_views(graph, values)
+    sums = [c for c in consumers if c.op_type == "ReduceSum"]
+    divs = [c for c in consumers if c.op_type == "Div" and c.input(0) == seen]
+    if len(sums) == 1 and len(divs) == 1 and divs[0].input(1) in sums[0].outputs:
+        return divs[0].outputs[0], True
+    if len(sums) == 1 and len(divs) == 1:
+        total = graph.producer(divs[0].input(1))
+        if total is not None and total.op_type in _VIEW_OPS | {"Add"} and sums[0].outputs[0] in total.inputs:
+            return divs[0].outputs[0], True  # sum + epsilon, or a Cast of the sum
+    return values, False
+
+
+def _check_scaling(graph: Graph, weights: str) -> None:
+    """A constant factor on the routing weights (DeepSeek routed_scaling_factor) is outside MoE's contract."""
+    consumers, _ = _single_consumer_through_views(graph, weights)
+    for c in consumers:
+        if c.op_type == "Mul":
+            other = c.input(1) if c.input(0) in (weights,) else c.input(0)
+            factor = const_floats(graph, other)
+            if factor is not None and len(factor) == 1 and abs(factor[0] - 1.0) > 1e-6:
+                raise _Refuse(f"routing weights scaled by {factor[0]:g} (routed scaling factor): "
+                              "com.microsoft.MoE has no such attribute")
+
+
+# ---- experts ---------------------------------------------------------------------------------------------------
+
+
+def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
+    weights: str = a.__dict__["_weights"]
+    indices: str = a.__dict__["_indices"]
+    routing_values = _descendants(graph, {weights, indices}, limit=4000)
+    contributions = _contributions(graph, a, routing_values)
+    if not contributions:
+        raise _Refuse("no expert output weighted by the routing weights was found")
+    experts: dict[int, ExpertAnatomy] = {}
+    expert_inputs: set[str] = set()
+    activations: set[str] = set()
+    combine_nodes: set[int] = set()
+    for mul, expert_out, weight in contributions:
+        index = _expert_index(graph, weight, routing_values)
+        if index is None:
+            raise _Refuse(f"cannot tell which expert {mul.display_name} weights (no constant expert index)")
+        expert, x_e, activation = _expert_mlp(graph, index, expert_out)
+        if index in experts:
+            raise _Refuse(f"expert {index} is computed twice")
+        experts[index] = expert
+        expert_inputs.add(x_e)
+        activations.add(activation)
+        combine_nodes.update(n.index for n in graph.consumers(mul.outputs[0]))
+    count = a.num_experts or 0
+    if sorted(experts) != list(range(count)):
+        raise _Refuse(f"{len(experts)} expert outputs for a router of width {count} (expert count differs from the "
+                      "router's width)")
+    if len(activations) != 1:
+        raise _Refuse(f"experts use different activations ({', '.join(sorted(activations))})")
+    a.activation = activations.pop()
+    a.experts = [experts[i] for i in range(count)]
+    hidden = _common_hidden(graph, expert_inputs)
+    if hidden is None:
+        raise _Refuse("the experts do not read one common hidden state")
+    a.hidden, a.pattern = hidden
+    a.output, a.combine = _combine_end(graph, [c[0] for c in contributions])
+    _check_shapes(graph, a)
+
+
+# Ops a routing weight passes through on its way to the expert it scales (selection and reshaping, no arithmetic).
+_ROUTE_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Gather",
+                        "GatherND", "GatherElements", "ScatterElements", "Transpose", "Equal", "NonZero", "Where",
+                        "Split", "OneHot", "Not", "Greater", "Less"})
+
+
+def _descendants(graph: Graph, start: set[str], limit: int) -> set[str]:
+    """Values derived from the routing weights and indices by selection ops only."""
+    seen = set(start)
+    frontier = list(start)
+    while frontier and len(seen) < limit:
+        value = frontier.pop()
+        for c in graph.consumers(value):
+            if c.domain != DEFAULT_DOMAIN or c.op_type not in _ROUTE_OPS:
+                continue
+            if c.op_type == "ScatterElements" and c.attr("reduction", "none") != "none":
+                continue
+            for o in c.outputs:
+                if o and o not in seen:
+                    seen.add(o)
+                    frontier.append(o)
+    return seen
+
+
+def _contributions(graph: Graph, a: MoeAnatomy, routing_values: set[str]) -> list[tuple[Node, str, str]]:
+    """(Mul, expert output, routing weight) for each expert: the expert's down projection times its weight."""
+    out = []
+    muls = {c.index: c for v in routing_values for c in graph.consumers(v) if c.op_type == "Mul"}
+    for node in muls.values():
+        if node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        left, right = node.inputs
+        left_routed, right_routed = _routed(graph, left, routing_values), _routed(graph, right, routing_values)
+        if left_routed == right_routed:
+            continue
+        weight, expert_out = (left, right) if left_routed else (right, left)
+        if _down_projection(graph, expert_out) is None:
+            continue
+        out.append((node, expert_out, weight))
+    out.sort(key=lambda t: t[0].index)
+    return out
+
+
+def _routed(graph: Graph, value: str, routing_values: set[str]) -> bool:
+    return value in routing_values
+
+
+def _down_projection(graph: Graph, value: str) -> Node | None:
+    node = graph.producer(_through_views(graph, value))
+    if node is not None and node.domain == DEFAULT_DOMAIN and node.op_type in ("MatMul", "Gemm"):
+        return node
+    return None
+
+
+def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | None:
+    """The expert column a per-expert routing weight selects: Slice [e:e+1] / Gather e on the expert axis of the
+    routing matrix, or Equal(indices, e) of a token-dispatch loop."""
+    frontier = [weight]
+    seen = set(frontier)
+    for _ in range(12):
+        next_frontier = []
+        for value in frontier:
+            node = graph.producer(value)
+            if node is None:
+                continue
+            if node.op_type == "Slice" and len(node.inputs) >= 3:
+                starts, ends = const_ints(graph, node.input(1)), const_ints(graph, node.input(2))
+                axes = const_ints(graph, node.input(3)) if node.input(3) else None
+                if starts and ends and len(starts) == 1 and ends[0] == starts[0] + 1 and (
+                        axes is None or _last_axis(graph, node.input(0), axes[0])):
+                    return starts[0]
+            if node.op_type == "Gather":
+                index = const_ints(graph, node.input(1))
+                if index and len(index) == 1 and _last_axis(graph, node.input(0), node.attr("axis", 0)):
+                    return index[0]
+            if node.op_type == "Equal":
+                for i, other in ((0, 1), (1, 0)):
+                    index = const_ints(graph, node.input(i))
+                    if index and len(index) == 1 and node.input(other) in routing_values:
+                        return index[0]
+            for i in node.inputs:
+                if i and i not in seen and (i in routing_values):
+                    seen.add(i)
+                    next_frontier.append(i)
+        frontier = next_frontier
+    return None
+
+
+def _expert_mlp(graph: Graph, index: int, expert_out: str) -> tuple[ExpertAnatomy, str, str]:
+    """The expert's weights, the value it reads, and its activation, from its down projection back."""
+    down = _down_projection(graph, expert_out)
+    assert down is not None
+    down_view, h = _linear_view(graph, down)
+    h_node = graph.producer(_through_views(graph, h, {"Cast", "Identity"}))
+    if h_node is None:
+        raise _Refuse(f"expert {index}: the down projection reads a graph input")
+    gated = _gated(graph, h_node)
+    if gated is not None:
+        gate_value, up_value, activation = gated
+        gate_view, x_gate = _projection_part(graph, gate_value)
+        up_view, x_up = _projection_part(graph, up_value)
+        if x_gate != x_up:
+            raise _Refuse(f"expert {index}: gate and up projections read different tensors")
+        return ExpertAnatomy(index, up_view, down_view, gate_view), x_gate, activation
+    activation, pre = _plain_activation(graph, h)
+    fc1_view, x = _projection_part(graph, pre)
+    return ExpertAnatomy(index, fc1_view, down_view), x, activation
+
+
+def _gated(graph: Graph, node: Node) -> tuple[str, str, str] | None:
+    """(gate value, up value, activation) of act(gate) * up."""
+    if node.op_type != "Mul" or len(node.inputs) != 2:
+        return None
+    for act_side, up_side in ((0, 1), (1, 0)):
+        gate = _silu_input(graph, node.input(act_side))
+        if gate is not None:
+            return gate, node.input(up_side), "swiglu"
+        if _gelu_input(graph, node.input(act_side)) is not None:
+            raise _Refuse("GELU-gated experts (GeGLU): com.microsoft.MoE gates with SiLU only")
+    return None
+
+
+def _silu_input(graph: Graph, value: str) -> str | None:
+    """x for x * sigmoid(x) (either operand order), com.microsoft QuickGelu(alpha=1) or a Silu op."""
+    node = graph.producer(value)
+    if node is None:
+        return None
+    if node.op_type == "Mul" and len(node.inputs) == 2 and node.domain == DEFAULT_DOMAIN:
+        for x_side, s_side in ((0, 1), (1, 0)):
+            sig = graph.producer(node.input(s_side))
+            if sig is not None and sig.op_type == "Sigmoid" and sig.input(0) == node.input(x_side):
+                return node.input(x_side)
+    if node.op_type == "QuickGelu" and node.domain == MS_DOMAIN and abs(float(node.attr("alpha", 1.0)) - 1.0) < 1e-6:
+        return node.input(0)
+    if node.op_type == "Silu":
+        return node.input(0)
+    return None
+
+
+def _gelu_input(graph: Graph, value: str) -> str | None:
+    node = graph.producer(value)
+    if node is not None and node.op_type in ("Gelu", "FastGelu", "BiasGelu"):
+        return node.input(0)
+    return None
+
+
+def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
+    """(activation, its input) of a non-gated expert: down(act(fc1 x))."""
+    node = graph.producer(_through_views(graph, value, {"Cast", "Identity"}))
+    if node is None:
+        raise _Refuse("the expert's activation reads a graph input")
+    silu = _silu_input(graph, node.outputs[0])
+    if silu is not None:
+        return "silu", silu
+    if node.op_type == "Gelu" and node.attr("approximate", "none") == "none":
+        return "gelu", node.input(0)
+    if node.op_type == "Relu":
+        return "relu", node.input(0)
+    if node.op_type in ("MatMul", "Gemm", "Split", "Slice"):
+        return "identity", node.outputs[0] if node.op_type != "Split" else value
+    raise _Refuse(f"expert activation {node.op_type} has no com.microsoft.MoE activation_type")
+
+
+def _projection_part(graph: Graph, value: str) -> tuple[WeightView, str]:
+    """The weight view behind `value` (a linear's output, or one part of a merged linear's Split/Slice) and the
+    value that linear reads."""
+    value = _through_views(graph, value, {"Cast", "Identity"})
+    node = graph.producer(value)
+    if node is None:
+        raise _Refuse("an expert projection reads a graph input")
+    if node.op_type in ("MatMul", "Gemm"):
+        return _linear_view(graph, node)
+    if node.op_type == "Split" and node.domain == DEFAULT_DOMAIN:
+        linear = graph.producer(node.input(0))
+        if linear is None or linear.op_type not in ("MatMul", "Gemm"):
+            raise _Refuse("a split expert projection is not a MatMul/Gemm")
+        if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
+            raise _Refuse("a merged gate_up projection is split on another axis than its features")
+        view, x = _linear_view(graph, linear)
+        total = _out_features(graph, view)
+        sizes = const_ints(graph, node.input(1)) if node.input(1) else None
+        if sizes is None:
+            parts = len(node.outputs)
+            if total is None or total % parts:
+                raise _Refuse("cannot size the parts of a merged gate_up projection")
+            sizes = (total // parts,) * parts
+        position = node.outputs.index(value)
+        start = sum(sizes[:position])
+        return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1)), x
+    if node.op_type == "Slice" and node.domain == DEFAULT_DOMAIN:
+        linear = graph.producer(node.input(0))
+        starts, ends = const_ints(graph, node.input(1)), const_ints(graph, node.input(2))
+        axes = const_ints(graph, node.input(3)) if node.input(3) else (-1,)
+        steps = const_ints(graph, node.input(4)) if node.input(4) else (1,)
+        if linear is None or linear.op_type not in ("MatMul", "Gemm") or not (starts and ends and axes and steps) \
+                or len(starts) != 1 or not _last_axis(graph, node.input(0), axes[0]) or steps[0] <= 0:
+            raise _Refuse("an expert projection is sliced in a way the rewrite does not read")
+        view, x = _linear_view(graph, linear)
+        total = _out_features(graph, view) or 0
+        stop = min(ends[0], total)
+        return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0])), x
+    raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
+
+
+def _linear_view(graph: Graph, node: Node) -> tuple[WeightView, str]:
+    """The [out, in] weight view of a MatMul(x, W) / Gemm(x, W, transB) and its input x."""
+    if node.op_type == "Gemm":
+        if node.attr("transA", 0) or abs(float(node.attr("alpha", 1.0)) - 1.0) > 1e-6 or node.input(2):
+            raise _Refuse("an expert Gemm has transA, alpha or a bias (expert biases are not rewritten)")
+        transposed = not node.attr("transB", 0)
+    else:
+        transposed = True  # MatMul(x, W): W is [in, out]
+    _no_bias_after(graph, node)
+    value = node.input(1)
+    index = None
+    for _ in range(6):
+        if value in graph.initializers:
+            init = graph.initializers[value]
+            rank = len(init.dims)
+            if (index is None and rank != 2) or (index is not None and rank != 3):
+                raise _Refuse(f"expert weight {value} has rank {rank}")
+            return WeightView(value, index, transposed), node.input(0)
+        producer = graph.producer(value)
+        if producer is None:
+            break
+        if producer.op_type == "Transpose" and producer.domain == DEFAULT_DOMAIN:
+            perm = producer.attr("perm", [])
+            if perm not in ([1, 0], [0, 2, 1]) and perm:
+                raise _Refuse("an expert weight is transposed on other axes")
+            transposed = not transposed
+        elif producer.op_type == "Gather" and producer.domain == DEFAULT_DOMAIN and producer.attr("axis", 0) == 0:
+            picked = const_ints(graph, producer.input(1))
+            if index is not None or not picked or len(picked) != 1:
+                raise _Refuse("an expert weight is gathered from its stack by a non-constant index")
+            index = picked[0]
+        elif producer.op_type == "Identity":
+            pass
+        else:
+            raise _Refuse(f"an expert weight is computed by {producer.op_type} (quantized or cast weights are not "
+                          "rewritten)")
+        value = producer.input(0)
+    raise _Refuse("an expert weight is not an initializer")
+
+
+def _no_bias_after(graph: Graph, node: Node) -> None:
+    for c in graph.consumers(node.outputs[0]):
+        if c.op_type == "Add" and any(graph.is_constant(i) for i in c.inputs):
+            raise _Refuse("expert projections with a bias are not rewritten")
+
+
+def _out_features(graph: Graph, view: WeightView) -> int | None:
+    dims = graph.initializers[view.initializer].dims
+    matrix = dims[1:] if view.index is not None else dims
+    return matrix[1] if view.transposed else matrix[0]
+
+
+def _in_features(graph: Graph, view: WeightView) -> int | None:
+    dims = graph.initializers[view.initializer].dims
+    matrix = dims[1:] if view.index is not None else dims
+    return matrix[0] if view.transposed else matrix[1]
+
+
+def view_shape(graph: Graph, view: WeightView) -> tuple[int, int]:
+    """[out, in] of the view (rows applied)."""
+    out = _out_features(graph, view) or 0
+    if view.rows is not None:
+        start, stop, step = view.rows
+        out = len(range(start, min(stop, out), step))
+    return out, _in_features(graph, view) or 0
+
+
+def _common_hidden(graph: Graph, inputs: set[str]) -> tuple[str, str] | None:
+    """(hidden tensor, pattern): every expert reads it directly (dense loop), or rows gathered from it (token
+    dispatch loop)."""
+    if len(inputs) == 1:
+        return next(iter(inputs)), "dense_loop"
+    sources = set()
+    for value in inputs:
+        node = graph.producer(value)
+        if node is None or node.op_type != "Gather" or node.attr("axis", 0) != 0:
+            return None
+        sources.add(node.input(0))
+    if len(sources) == 1:
+        return next(iter(sources)), "gather_loop"
+    return None
+
+
+def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
+    """The value where the chain of Add / ScatterND(add) over the experts' weighted outputs ends."""
+    values = {m.outputs[0] for m in muls}
+    members: dict[int, Node] = {}
+    changed = True
+    while changed:  # a fixpoint: an Add joins once both its operands are in the sum (or zeros it starts from)
+        changed = False
+        for value in list(values):
+            for c in graph.consumers(value):
+                if c.index in members or c.op_type not in _COMBINE_OPS or c.domain != DEFAULT_DOMAIN:
+                    continue
+                if c.op_type == "Add":
+                    ok = all(i in values or _zeros(graph, i) for i in c.inputs)
+                else:  # ScatterND / ScatterElements(reduction=add) of weighted outputs into the sum
+                    ok = c.attr("reduction", "none") == "add" and c.input(2) in values and (
+                        c.input(0) in values or _zeros(graph, c.input(0)))
+                if ok:
+                    members[c.index] = c
+                    values.add(c.outputs[0])
+                    changed = True
+    chain = list(members.values())
+    if not chain:
+        raise _Refuse("the experts' weighted outputs are not summed")
+    ends = [n for n in chain if not any(c.index in members for c in graph.consumers(n.outputs[0]))]
+    if len(chain) < len(muls) - 1:
+        raise _Refuse("not every weighted expert output reaches the sum")
+    if len(ends) != 1:
+        raise _Refuse("the experts' weighted outputs are not summed into one tensor")
+    end = ends[0]
+    return end.outputs[0], end
+
+
+def _zeros(graph: Graph, value: str) -> bool:
+    """A tensor of zeros the sum starts from: ConstantOfShape(0), Expand(0) or a zero constant."""
+    node = graph.producer(value)
+    if node is None:
+        values = graph.constant_value(value)
+        return values is not None and all(v == 0 for v in values)
+    if node.op_type == "ConstantOfShape":
+        fill = node.attr("value")
+        return fill is None or (getattr(fill, "values", None) is not None and all(v == 0 for v in fill.values))
+    if node.op_type in ("Expand", "Cast", "Identity", "Reshape") and node.inputs:
+        return _zeros(graph, node.inputs[0])
+    if node.op_type == "Constant":
+        values = graph.constant_value(value)
+        return values is not None and all(v == 0 for v in values)
+    return False
+
+
+def _check_shapes(graph: Graph, a: MoeAnatomy) -> None:
+    first = a.experts[0]
+    inter, hidden = view_shape(graph, first.up)
+    down_out, down_in = view_shape(graph, first.down)
+    if down_in != inter or down_out != hidden:
+        raise _Refuse(f"expert 0's down projection is [{down_out}, {down_in}], not [{hidden}, {inter}]")
+    for e in a.experts:
+        shapes = [view_shape(graph, e.up), view_shape(graph, e.down)] + ([view_shape(graph, e.gate)] if e.gate else [])
+        expected = [(inter, hidden), (hidden, inter)] + ([(inter, hidden)] if e.gate else [])
+        if shapes != expected:
+            raise _Refuse(f"expert {e.index}'s projections differ in shape from expert 0's")
+        dtypes = {graph.initializers[v.initializer].dtype for v in (e.up, e.down, e.gate) if v is not None}
+        if len(dtypes) != 1 or dtypes != {graph.dtype(a.hidden) or next(iter(dtypes))}:
+            raise _Refuse("expert weights and hidden state differ in dtype")
+    a.hidden_size, a.intermediate_size = hidden, inter

@@ -1,0 +1,76 @@
+"""The com.microsoft.MoE contract and the ORT releases whose MoE kernels miscompute it (ort_moe.json)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ORT_MOE_JSON = Path(__file__).with_name("ort_moe.json")
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """'1.27.1' -> (1, 27, 1); '1.28.0.dev20260601' -> (1, 28, 0); None when it is not a version."""
+    match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+@dataclass(frozen=True)
+class SwigluGate:
+    issue: str
+    fixed_by: str
+    first_fixed_release: str
+    effect: str
+    sources: tuple[str, ...]
+
+    def affects(self, version: str) -> bool | None:
+        """Whether ORT `version` computes SwiGLU with GPT-OSS constants whatever the attributes say (None: not a
+        version)."""
+        parsed, fixed = parse_version(version), parse_version(self.first_fixed_release)
+        if parsed is None or fixed is None:
+            return None
+        return parsed < fixed
+
+
+@dataclass(frozen=True)
+class MoeOpFacts:
+    ort_version: str
+    inputs: tuple[str, ...]
+    min_inputs: int
+    min_inputs_since: str
+    cpu_swiglu_fusion: int
+    square_layout: str  # what the reference release reads a square fc1/fc2 as: "new" ([E, N, K])
+    square_seen: str
+    swiglu_gate: SwigluGate
+
+    def input_position(self, name: str) -> int:
+        return self.inputs.index(name)
+
+    def square_layout_note(self, hidden: int | None, intermediate: int | None) -> str:
+        which = "fc2 [E, H, I] is square" if hidden == intermediate else "fc1 [E, 2I, H] is square"
+        return (f"hidden {hidden} and intermediate {intermediate}: {which}, which older ORT releases could read as "
+                f"the legacy transposed layout; written as [E, N, K], which ORT {self.ort_version} reads as such "
+                f"({self.square_seen}), and confirmed by running it")
+
+
+@functools.cache
+def moe_op_facts() -> MoeOpFacts:
+    with open(ORT_MOE_JSON, encoding="utf-8") as f:
+        data = json.load(f)
+    gate = data["swiglu_release_gate"]
+    square = data["layout"]["square_seen"]
+    return MoeOpFacts(
+        ort_version=data["ort_version"],
+        inputs=tuple(data["op"]["inputs"]),
+        min_inputs=int(data["op"]["min_inputs"]["value"]),
+        min_inputs_since=data["op"]["min_inputs"]["since"],
+        cpu_swiglu_fusion=int(data["cpu_swiglu_fusion"]["value"]),
+        square_layout=square["value"],
+        square_seen=square["seen"],
+        swiglu_gate=SwigluGate(gate["issue"], gate["fixed_by"], gate["first_fixed_release"], gate["effect"],
+                               tuple(gate["sources"])),
+    )

@@ -1,0 +1,172 @@
+"""The `ortgate fix` report: per rewrite (layer, pattern, nodes removed/added, weight bytes per decode token before and
+after, verification), refusals with their reasons, fusions per layer, verification, lint before/after, measurement."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+FIX_REPORT_VERSION = 1
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _probe_results(outcome) -> dict[str, dict]:
+    v = outcome.result.verification
+    out = {}
+    if v is None:
+        return out
+    for p in v.probes:
+        c = p.comparison
+        out[p.value] = {"node": p.node, "max_abs_diff": c.max_abs_diff if c else None,
+                        "ok": bool(c and c.ok and c.compared)}
+    return out
+
+
+def rewrite_verdict(outcome, rewrite) -> str:
+    v = outcome.result.verification
+    if outcome.result.dry_run:
+        return "not run (--dry-run)"
+    if v is None:
+        return "not run (--no-verify)"
+    probe = _probe_results(outcome).get(rewrite.output)
+    if probe is None:
+        return "covered by the model outputs"
+    if probe["ok"]:
+        return f"equal (max abs diff {probe['max_abs_diff']:.2g})"
+    return f"DIVERGES (max abs diff {probe['max_abs_diff']:.3g})"
+
+
+def render_fix_text(outcome) -> str:
+    r = outcome.result
+    lines = [f"ortgate fix {r.model} -> {r.output}" + (" (dry run: nothing written)" if r.dry_run else "")]
+    lines.append(f"repairs: {', '.join(r.kinds) or 'none'}; onnxruntime {r.ort_installed or 'not installed'}"
+                 + (f", policy target {r.ort_target}" if r.ort_target else ""))
+    for w in r.warnings:
+        lines.append(f"warning: {w}")
+    if "moe" in r.kinds:
+        lines.append("")
+        lines.append(f"MoE rewrites: {len(r.rewrites)} block(s) -> com.microsoft.MoE, {len(r.refusals)} left unchanged")
+        for rw in r.rewrites:
+            a = rw.anatomy
+            attrs = ", ".join(f"{k}={v}" for k, v in rw.attributes.items())
+            lines.append(f"  layer {a.layer}: {a.pattern} ({a.routing}, {len(a.experts)} experts, k={a.k}, "
+                         f"hidden {a.hidden_size}, intermediate {a.intermediate_size}) -> {rw.node_name}")
+            lines.append(f"    nodes removed {rw.removed}, added {rw.added}; expert weight bytes per decode token "
+                         f"{_mb(rw.bytes_before)} -> {_mb(rw.bytes_after)}; verification: {rewrite_verdict(outcome, rw)}")
+            lines.append(f"    {attrs}")
+            for note in rw.notes:
+                lines.append(f"    note: {note}")
+        for ref in r.refusals:
+            where = f"layer {ref.layer}" if ref.layer is not None else "block"
+            lines.append(f"  {where} ({ref.node}): left unchanged: {ref.reason}")
+    if r.fusions is not None:
+        lines.append("")
+        counts = ", ".join(f"{k} {v}" for k, v in r.fusions.counts.items() if v) or "none"
+        lines.append(f"onnxscript fusions ({', '.join(r.fusions.kinds)}): {counts}")
+        for layer in r.fusions.layers:
+            name = f"layer {layer.layer}" if layer.layer is not None else "outside the layers"
+            applied = ", ".join(f"{k} x{n}" for k, n in layer.applied.items()) or "nothing"
+            lines.append(f"  {name}: fused {applied}")
+            for kind, (count, why) in layer.missed.items():
+                lines.append(f"    {kind}: {count} still decomposed: {why}")
+    v = r.verification
+    lines.append("")
+    if v is None:
+        lines.append("verification: not run" + (" (--dry-run)" if r.dry_run else " (--no-verify)"))
+    else:
+        margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
+        lines.append(f"verification on ORT CPU (inputs seed {v.seed}{margin}): {'PASSED' if v.passed else 'FAILED'}; "
+                     f"max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        for c in v.outputs:
+            shown = f"{c.max_abs_diff:.3g}" if c.max_abs_diff is not None else "n/a"
+            lines.append(f"  {c.output} [{c.dtype}]: max abs {shown}"
+                         f", max rel {v.max_rel_diff.get(c.output, 0.0):.3g}, {c.mismatched}/{c.total} outside "
+                         f"rtol {c.rtol:g} atol {c.atol:g}")
+    before, after = Counter(f.rule for f in outcome.findings_before), Counter(f.rule for f in outcome.findings_after)
+    if before or after:
+        rules = sorted(set(before) | set(after))
+        shown = "; ".join(f"{rule} {before.get(rule, 0)} -> {after.get(rule, 0) if r.written else '-'}" for rule in rules)
+        lines.append(f"lint (repaired rules, input -> output): {shown}")
+    m = outcome.measurement
+    if m is not None:
+        predicted = (f"; predicted by the cost model {outcome.predicted_speedup:.2f}x" if outcome.predicted_speedup
+                     else "")
+        lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
+                     f"speedup {m.speedup:.2f}x{predicted}")
+    lines.append("")
+    if outcome.failure:
+        lines.append(f"FAILED: {outcome.failure}")
+    elif r.written:
+        lines.append(f"wrote {r.output}: {', '.join(r.files)} ({r.nodes_before} -> {r.nodes_after} nodes)")
+    elif r.dry_run:
+        lines.append(f"dry run: {r.nodes_before} -> {r.nodes_after} nodes; nothing written")
+    else:
+        lines.append("nothing to fix: nothing written")
+    return "\n".join(lines) + "\n"
+
+
+def fix_json(outcome) -> dict:
+    r = outcome.result
+    v = r.verification
+    m = outcome.measurement
+    return {
+        "version": FIX_REPORT_VERSION,
+        "model": r.model,
+        "output": r.output,
+        "written": r.written,
+        "dry_run": r.dry_run,
+        "repairs": list(r.kinds),
+        "onnxruntime": {"installed": r.ort_installed, "target": r.ort_target},
+        "warnings": r.warnings,
+        "nodes": {"before": r.nodes_before, "after": r.nodes_after},
+        "rewrites": [{
+            "layer": rw.layer,
+            "pattern": rw.anatomy.pattern,
+            "routing": rw.anatomy.routing,
+            "node": rw.node_name,
+            "experts": len(rw.anatomy.experts),
+            "k": rw.anatomy.k,
+            "hidden_size": rw.anatomy.hidden_size,
+            "intermediate_size": rw.anatomy.intermediate_size,
+            "attributes": rw.attributes,
+            "nodes_removed": rw.removed,
+            "nodes_added": rw.added,
+            "weight_bytes_per_decode_token": {"before": rw.bytes_before, "after": rw.bytes_after},
+            "verification": rewrite_verdict(outcome, rw),
+            "notes": rw.notes,
+        } for rw in r.rewrites],
+        "refusals": [{"layer": ref.layer, "node": ref.node, "reason": ref.reason} for ref in r.refusals],
+        "fusions": None if r.fusions is None else {
+            "kinds": list(r.fusions.kinds),
+            "counts": r.fusions.counts,
+            "layers": [{"layer": layer.layer, "applied": layer.applied,
+                        "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
+                       for layer in r.fusions.layers],
+        },
+        "verification": None if v is None else {
+            "passed": v.passed,
+            "seed": v.seed,
+            "routing_margin": v.routing_margin,
+            "inputs": v.feeds,
+            "max_abs_diff": v.max_abs,
+            "max_rel_diff": v.max_rel,
+            "outputs": [{"output": c.output, "dtype": c.dtype, "max_abs_diff": c.max_abs_diff,
+                         "max_rel_diff": v.max_rel_diff.get(c.output), "mismatched": c.mismatched, "total": c.total,
+                         "rtol": c.rtol, "atol": c.atol} for c in v.outputs],
+            "first_divergent_node": v.first_divergent.node if v.first_divergent else None,
+        },
+        "lint": {"before": [f.code for f in outcome.findings_before], "after": [f.code for f in outcome.findings_after]},
+        "measurement": None if m is None else {
+            "step": m.step, "original_p50_ms": m.original.p50_ms, "fixed_p50_ms": m.fixed.p50_ms,
+            "speedup": m.speedup, "predicted_speedup": outcome.predicted_speedup,
+        },
+        "failure": outcome.failure,
+        "files": r.files,
+    }
+
+
+def render_fix_json(outcome) -> str:
+    return json.dumps(fix_json(outcome), indent=2, sort_keys=False) + "\n"

@@ -1,0 +1,75 @@
+"""The graph rules on torch.onnx (dynamo) exports of MoE families (tests/fixtures/exported/dynamo-*, made by
+make_dynamo_moe_fixtures.py): every unfused structure found in the layer it sits in, and nothing that is not there.
+
+Each table row is what the exported graph holds, read from the model's code (transformers 5.24) and its config
+in BUILD_INFO.json: which layers are MoE, which attention, norm and rotary forms the family computes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnxruntime as ort
+import pytest
+
+from tests.conftest import EXPORTED
+from tests.helpers import lint_findings
+
+GRAPH_RULES = [
+    "moe-not-fused", "gqa-not-fused", "rmsnorm-not-fused", "skip-rmsnorm-not-fused", "rotary-not-fused",
+    "qkv-not-packed", "gate-up-not-merged", "swiglu-not-fused", "moe-routing-mismatch", "gqa-config-mismatch",
+    "norm-epsilon-default",
+]
+OUT = None  # findings outside the decoder layers (the final norm)
+
+# fixture -> rule -> the layers it must report (a rule not named must report nothing)
+EXPECTED: dict[str, dict[str, list]] = {
+    "dynamo-mixtral": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+    "dynamo-qwen2_moe": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+    "dynamo-olmoe": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+}
+
+def _layers(findings, rule):
+    return sorted((f.layer for f in findings if f.rule == rule), key=lambda layer: (layer is None, layer or 0))
+
+
+@pytest.fixture(scope="module")
+def findings():
+    cache: dict[str, list] = {}
+
+    def get(fixture: str):
+        if fixture not in cache:
+            cache[fixture] = lint_findings(EXPORTED / fixture / "model.onnx", select=GRAPH_RULES)
+        return cache[fixture]
+
+    return get
+
+
+@pytest.mark.parametrize("fixture", sorted(EXPECTED))
+def test_every_unfused_structure_in_its_layer_and_nothing_else(fixture, findings):
+    found = findings(fixture)
+    expected = EXPECTED[fixture]
+    got = {rule: _layers(found, rule) for rule in GRAPH_RULES if _layers(found, rule)}
+    assert got == {rule: layers for rule, layers in expected.items() if layers}
+
+
+@pytest.mark.parametrize("fixture", sorted(EXPECTED))
+def test_fixture_runs_on_ort_cpu_as_built(fixture):
+    """The fixture is a model ORT executes: its recorded build run and a run here agree."""
+    import numpy as np
+
+    info = json.loads((EXPORTED / fixture / "BUILD_INFO.json").read_text())
+    assert info["cpu_run"]["output0_finite"] is True
+    sess = ort.InferenceSession(str(EXPORTED / fixture / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[1, 5, 9, 17]], dtype=np.int64)
+    (logits,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    assert logits.shape == (1, 4, info["hf_config"]["vocab_size"]) and np.isfinite(logits).all()

@@ -1,0 +1,277 @@
+"""`ortgate fix`: every MoE form the generator builds becomes com.microsoft.MoE, equal on ORT CPU to the model's fused
+twin (the same spec built with moe="fused"), with the twin's exact fc1/fc2 bytes; the real dynamo export of Qwen3-MoE
+is rewritten and verified; routers the op cannot express are left with their reason; bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from ortgate.cli import main
+from ortgate.knowledge.moe_op import moe_op_facts
+from tests.conftest import EXPORTED
+from tests.helpers import rule_findings
+from tests.models.qwen_moe import ModelSpec, build_model, make_feeds, save_model
+
+DYNAMO_QWEN3_MOE = EXPORTED / "dynamo-qwen3_moe" / "model.onnx"
+
+
+def fix_json(*args) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["fix", *map(str, args), "--format", "json"])
+    return code, (json.loads(out.getvalue()) if out.getvalue().strip() else {})
+
+
+def run(path: Path, feeds: dict) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], feeds)[0]
+
+
+def moe_nodes(path: Path) -> list[onnx.NodeProto]:
+    model = onnx.load(str(path), load_external_data=False)
+    return [n for n in model.graph.node if n.op_type == "MoE" and n.domain == "com.microsoft"]
+
+
+def initializer(path: Path, name: str) -> np.ndarray:
+    model = onnx.load(str(path))
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+FORMS = [
+    dict(moe="dense_loop"),
+    dict(moe="dense_loop", gate_up="separate", router_order="topk_softmax"),
+    dict(moe="dense_loop", normalize_routing_weights=0),
+    dict(moe="dense_loop", shared_expert=True, naming="none"),
+    dict(moe="dense_loop", naming="opaque", experts=8, top_k=2, hidden=32, moe_intermediate=32),
+    dict(moe="gather_loop"),
+    dict(moe="gather_loop", gate_up="separate", router_order="topk_softmax", naming="hf"),
+    dict(moe="gather_loop", shared_expert=True),
+    dict(moe="dense_loop", dtype="float16"),
+]
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_every_generated_moe_form_becomes_its_fused_twin(tmp_path, form):
+    spec = ModelSpec(layers=2, **form)
+    src = save_model(build_model(spec), tmp_path / "in" / "model.onnx", external_data=True)
+    twin = save_model(build_model(ModelSpec(layers=2, **{**form, "moe": "fused"})), tmp_path / "twin" / "model.onnx")
+    out = tmp_path / "out"
+    code, report = fix_json(src, "-o", out, "--select", "moe-not-fused")
+    assert code == 0, report
+    assert report["written"] and report["verification"]["passed"]
+    assert [r["layer"] for r in report["rewrites"]] == [0, 1] and not report["refusals"]
+    fixed = out / "model.onnx"
+    nodes = moe_nodes(fixed)
+    assert len(nodes) == spec.layers
+    attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
+    assert attrs["k"] == spec.top_k and attrs["swiglu_fusion"] == 1 and attrs["activation_type"] == b"swiglu"
+    assert attrs["normalize_routing_weights"] == (1 if spec.router_order == "topk_softmax" else spec.normalize_routing_weights)
+    assert len(nodes[0].input) == moe_op_facts().min_inputs and nodes[0].input[3] == ""
+    # The twin stacks the same logical parameters: fc1 interleaved (g0, u0, g1, ...), fc2 [E, H, I].
+    twin_moe = moe_nodes(twin)[0]
+    np.testing.assert_array_equal(initializer(fixed, nodes[0].input[2]), initializer(twin, twin_moe.input[2]))
+    np.testing.assert_array_equal(initializer(fixed, nodes[0].input[4]), initializer(twin, twin_moe.input[4]))
+    feeds = make_feeds(src, seq=5)
+    tol = 2e-2 if spec.dtype == "float16" else 1e-4
+    np.testing.assert_allclose(run(fixed, feeds).astype(np.float32), run(twin, feeds).astype(np.float32),
+                               rtol=tol, atol=tol)
+    assert not rule_findings(fixed, "moe-not-fused")
+    assert report["rewrites"][0]["weight_bytes_per_decode_token"]["after"] < \
+        report["rewrites"][0]["weight_bytes_per_decode_token"]["before"] or spec.moe == "gather_loop"
+
+
+def test_dynamo_qwen3_moe_export_is_rewritten_verified_and_lints_clean(tmp_path):
+    out = tmp_path / "out"
+    code, report = fix_json(DYNAMO_QWEN3_MOE, "-o", out)
+    assert code == 0, report.get("failure")
+    assert len(report["rewrites"]) == 2 and report["verification"]["passed"]
+    assert report["verification"]["max_abs_diff"] < 1e-4
+    assert report["rewrites"][0]["pattern"] == "dense_loop"
+    assert report["measurement"]["original_p50_ms"] > 0 and report["measurement"]["fixed_p50_ms"] > 0
+    fixed = out / "model.onnx"
+    assert len(moe_nodes(fixed)) == 2
+    assert not rule_findings(fixed, "moe-not-fused")
+    assert not rule_findings(fixed, "rmsnorm-not-fused")
+    # The per-layer fusion report says what onnxscript fused and what it left, with a reason.
+    layers = {entry["layer"]: entry for entry in report["fusions"]["layers"]}
+    assert layers[0]["applied"]["rmsnorm"] >= 2
+    assert all(m["reason"] for entry in layers.values() for m in entry["missed"].values())
+    assert "moe-not-fused" not in report["lint"]["after"] and "OGF001" not in report["lint"]["after"]
+    assert "OGF001" in report["lint"]["before"]
+    # The input is untouched and still runs.
+    assert DYNAMO_QWEN3_MOE.stat().st_size == 951036
+
+
+def _routing_node(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op_type and "/moe/" in n.name)
+
+
+def test_deepseek_style_router_is_left_unchanged_with_its_reason(tmp_path):
+    """Sigmoid scores plus a correction bias before TopK (DeepSeek-V3's noaux_tc router): not expressible."""
+    model = build_model(ModelSpec(moe="dense_loop", layers=1))
+    softmax = _routing_node(model, "Softmax")
+    softmax.op_type = "Sigmoid"
+    del softmax.attribute[:]
+    topk = _routing_node(model, "TopK")
+    bias = numpy_helper.from_array(np.linspace(-0.1, 0.1, 4).astype(np.float32), "e_score_correction_bias")
+    model.graph.initializer.append(bias)
+    corrected = helper.make_node("Add", [topk.input[0], bias.name], ["corrected_scores"], name="/model/layers.0/moe/Add_bias")
+    topk.input[0] = "corrected_scores"
+    nodes = list(model.graph.node)
+    nodes.insert(nodes.index(topk), corrected)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    src = save_model(model, tmp_path / "deepseek.onnx")
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0
+    assert not report["rewrites"] and not report["written"]
+    assert "bias-corrected top-k" in report["refusals"][0]["reason"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigmoid_router_is_refused(tmp_path):
+    model = build_model(ModelSpec(moe="dense_loop", layers=1))
+    softmax = _routing_node(model, "Softmax")
+    softmax.op_type = "Sigmoid"
+    del softmax.attribute[:]
+    src = save_model(model, tmp_path / "sigmoid.onnx")
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and "sigmoid scoring" in report["refusals"][0]["reason"]
+
+
+def test_dry_run_writes_nothing(tmp_path, make_model):
+    src = make_model(moe="dense_loop")
+    code, report = fix_json(src, "-o", tmp_path / "out", "--dry-run", "--select", "moe-not-fused")
+    assert code == 0 and report["dry_run"] and len(report["rewrites"]) == 2
+    assert report["verification"] is None and not (tmp_path / "out").exists()
+
+
+def test_text_report_names_layers_patterns_and_bytes(tmp_path, make_model, capsys):
+    src = make_model(moe="dense_loop")
+    assert main(["fix", str(src), "-o", str(tmp_path / "out"), "--select", "moe-not-fused"]) == 0
+    text = capsys.readouterr().out
+    assert "layer 0: dense_loop (softmax_topk, 4 experts, k=2" in text
+    assert "nodes removed" in text and "expert weight bytes per decode token" in text
+    assert "verification on ORT CPU" in text and "PASSED" in text and "max rel diff" in text
+    assert "measured (" in text and "speedup" in text
+
+
+# ---- the ORT release gate ------------------------------------------------------------------------------------------
+
+
+def test_swiglu_release_gate_versions():
+    gate = moe_op_facts().swiglu_gate
+    assert gate.affects("1.27.1") and gate.affects("1.22.0")
+    assert not gate.affects("1.28.0") and not gate.affects("1.31.1")
+    assert gate.affects("not a version") is None
+
+
+def test_policy_target_on_an_affected_release_warns(tmp_path, make_model, write_policy):
+    src = make_model(moe="dense_loop")
+    policy = write_policy("name: old-ort\nexecution_provider:\n  name: CPUExecutionProvider\n"
+                          "  onnxruntime_version: '1.27.1'\n")
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused", "--policy", policy)
+    assert code == 0
+    assert any("1.27.1" in w and "#28738" in w for w in report["warnings"])
+
+
+def test_installed_release_with_the_swiglu_bug_refuses_the_rewrite(tmp_path, make_model, monkeypatch):
+    monkeypatch.setattr(ort, "__version__", "1.27.1")
+    src = make_model(moe="dense_loop")
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and not report["rewrites"]
+    assert all("1.27.1" in r["reason"] for r in report["refusals"]) and len(report["refusals"]) == 2
+
+
+# ---- bad input, failures, interruption ---------------------------------------------------------------------------
+
+
+def test_missing_external_weights_exit_2_naming_file_and_tensor(tmp_path, make_model, capsys):
+    src = make_model(moe="dense_loop", external_data=True, drop_data=True)
+    code = main(["fix", str(src), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{src.name}.data" in err and "tensor '" in err and "missing" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_external_weights_exit_2(tmp_path, make_model, capsys):
+    src = make_model(moe="dense_loop", external_data=True)
+    data = src.with_name(src.name + ".data")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    code = main(["fix", str(src), "-o", str(tmp_path / "out"), "--select", "moe-not-fused"])
+    err = capsys.readouterr().err
+    assert code == 2 and "truncated" in err and "tensor '" in err and str(data.name) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_folder_rules(tmp_path, make_model, capsys):
+    src = make_model(moe="dense_loop")
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    assert main(["fix", str(src), "-o", str(existing)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["fix", str(src), "-o", str(src)]) == 2  # the input itself
+    assert "over an input" in capsys.readouterr().err
+    assert main(["fix", str(src), "-o", str(tmp_path), "--force"]) == 2  # holds the input
+    assert "holds an input" in capsys.readouterr().err
+    assert src.exists()
+    # --force replaces a folder that holds no input
+    assert main(["fix", str(src), "-o", str(existing), "--force", "--select", "moe-not-fused"]) == 0
+    assert len(moe_nodes(existing / src.name)) == 2
+
+
+def test_verification_mismatch_writes_nothing_and_names_the_node(tmp_path, make_model, monkeypatch, capsys):
+    """An fc1 written with gate and up swapped: ORT computes something else, and the fix refuses to write it."""
+    import ortgate.fix.moe as moe
+
+    original = moe.view_matrix
+
+    def swapped(source, view):
+        matrix = original(source, view)
+        return matrix[::-1].copy() if view.rows is not None and view.rows[0] == 0 else matrix
+
+    monkeypatch.setattr(moe, "view_matrix", swapped)
+    src = make_model(moe="dense_loop")
+    code = main(["fix", str(src), "-o", str(tmp_path / "out"), "--select", "moe-not-fused"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "verification failed" in out and "first rewritten node whose output diverges: /model/layers.0/moe/MoE" in out
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if "ortgate-tmp" in p.name]
+
+
+def test_interrupted_fix_leaves_no_output(tmp_path, make_model, monkeypatch):
+    import ortgate.fix.pipeline as pipeline
+
+    calls = {"n": 0}
+    original = pipeline.write_planned
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_planned", interrupted)
+    src = make_model(moe="dense_loop")
+    assert main(["fix", str(src), "-o", str(tmp_path / "out")]) == 130
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if "ortgate-tmp" in p.name]
+
+
+def test_unknown_or_unfixable_rule_is_an_input_error(tmp_path, make_model, capsys):
+    src = make_model(moe="dense_loop")
+    assert main(["fix", str(src), "-o", str(tmp_path / "o"), "--select", "moe-not-fusd"]) == 2
+    assert "unknown rule" in capsys.readouterr().err
+    assert main(["fix", str(src), "-o", str(tmp_path / "o"), "--select", "OGM003"]) == 2
+    assert "no automatic fix" in capsys.readouterr().err
