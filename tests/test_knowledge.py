@@ -260,7 +260,7 @@ def test_catalog_structure():
         cat = provider_catalog(name)
         prov = data["providers"][name]
         assert cat.ort_version == data["ort_version"]
-        assert cat.source["repo"] == "microsoft/onnxruntime" and cat.source["files"]
+        assert cat.source.repo == "microsoft/onnxruntime" and cat.source.files
         assert cat.unknown_key_behavior in ("error", "ignored")
         for key, raw_opt in prov["options"].items():
             assert {"type", "default", "description"} <= set(raw_opt), key
@@ -370,7 +370,7 @@ def test_graph_optimization_levels():
 
 def test_session_config_keys():
     assert is_known_session_config_key("session.disable_cpu_ep_fallback")
-    assert session_config_key("session.disable_cpu_ep_fallback")["default"] == "0"
+    assert session_config_key("session.disable_cpu_ep_fallback").default == "0"
     assert is_known_session_config_key("session.intra_op.allow_spinning")
     assert is_known_session_config_key("optimization.disable_specified_optimizers")
     assert is_known_session_config_key("ep.context_enable")
@@ -379,9 +379,9 @@ def test_session_config_keys():
     assert suggest_session_config_key("session.disable_cpu_fallback") == "session.disable_cpu_ep_fallback"
     assert not is_known_session_config_key("session.intra_op_threads_count")
     assert run_config_key("gpu_graph_id") is not None
-    for key, info in ort_facts()["session_config"]["keys"].items():
+    for key, info in ort_facts().session_config.keys.items():
         assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", key), key
-        assert info["description"] and info["source"], key
+        assert info.description and info.source, key
 
 
 def test_graph_capture_options():

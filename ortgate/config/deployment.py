@@ -16,8 +16,9 @@ from ortgate.config.policy import Policy
 from ortgate.config.source import format_key_path
 from ortgate.errors import InputError
 from ortgate.findings import Location
+from ortgate.knowledge import default_optimization_level
 
-ORT_DEFAULT_OPTIMIZATION_LEVEL = "ORT_ENABLE_ALL"
+ORT_DEFAULT_OPTIMIZATION_LEVEL = default_optimization_level()
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def canonical_provider(name: str, location: Location) -> str:
 
     canonical = canonical_provider_name(name)
     if canonical is None:
-        known = ort_facts()["known_providers"]
+        known = ort_facts().known_providers
         hint = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
         suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
         raise InputError(f"{location.key_path}: unknown execution provider {name!r}{suggestion}", location.file,
@@ -210,7 +211,7 @@ def setup_from_genai(config: GenaiConfig) -> SessionSetup:
     if "graph_optimization_level" in options:
         setup.optimization_level = Setting(options["graph_optimization_level"], loc("graph_optimization_level"))
     for key, value in options.items():
-        if key not in GENAI_NAMED_SESSION_OPTIONS and key != "provider_options" and not isinstance(value, (dict, list)):
+        if key not in GENAI_NAMED_SESSION_OPTIONS and not isinstance(value, (dict, list)):
             setup.config_entries[key] = Setting(value, loc(key))
         elif key in POLICY_SESSION_ATTRIBUTES:
             setup.session_attributes[key] = Setting(value, loc(key))

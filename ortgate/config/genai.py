@@ -13,14 +13,12 @@ from typing import Any
 
 from ortgate.config.source import LocatedDocument, format_key_path, load_json
 from ortgate.errors import InputError
+from ortgate.knowledge.facts import ORT_FACTS
 
-# session_options keys genai maps to SessionOptions fields; any other scalar is a config entry.
-GENAI_NAMED_SESSION_OPTIONS = {
-    "log_id", "enable_profiling", "intra_op_num_threads", "inter_op_num_threads", "log_severity_level",
-    "log_verbosity_level", "enable_cpu_mem_arena", "enable_mem_pattern", "graph_optimization_level",
-    "custom_ops_library",
-}
-GENAI_OPTIMIZATION_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
+# session_options keys genai maps to SessionOptions fields (provider_options included); any other scalar is a
+# config entry.
+GENAI_NAMED_SESSION_OPTIONS = frozenset(ORT_FACTS.genai.session_option_keys)
+GENAI_OPTIMIZATION_LEVELS = ORT_FACTS.genai.graph_optimization_levels
 
 
 @dataclass

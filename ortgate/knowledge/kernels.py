@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortgate.knowledge.loader import build, read_json
+
 KERNELS_JSON = Path(__file__).with_name("kernels.json")
 # Kernels ONNX Runtime registered after the table's commit, each with the change that added it.
 KERNEL_ADDITIONS_JSON = Path(__file__).with_name("kernel_additions.json")
@@ -217,17 +219,16 @@ class KernelTable:
         with open(path, encoding="utf-8") as f:
             return cls.from_json(json.load(f))
 
-    def add_kernels(self, additions: Sequence[Mapping[str, Any]]) -> None:
+    def add_kernels(self, additions: Sequence[KernelAddition]) -> None:
         """Register kernels added to ORT after the table's commit. The op must be in the table for some
         provider (its formal inputs are taken from there)."""
         for add in additions:
-            provider, domain, op_type = add["provider"], normalize_domain(add["domain"]), add["op_type"]
+            provider, domain, op_type = add.provider, normalize_domain(add.domain), add.op_type
             template = next((self._ops[p][domain][op_type] for p in self._ops
                              if op_type in self._ops[p].get(domain, {})), None)
             if template is None:
                 raise ValueError(f"kernel addition {domain}.{op_type}: op not in the table")
-            reg = KernelRegistration(add["since"], add.get("until"), {k: tuple(v) for k, v in add["types"].items()},
-                                     added_by=add["source"])
+            reg = KernelRegistration(add.since, add.until, dict(add.types), added_by=add.source)
             existing = self._ops.setdefault(provider, {}).setdefault(domain, {}).get(op_type)
             if existing is None:
                 existing = OpKernels(provider, domain, op_type, template.signatures, ())
@@ -426,10 +427,34 @@ def _canonical_provider(name: str) -> str:
     return canonical_provider_name(name) or name
 
 
-@functools.cache
-def kernel_table() -> KernelTable:
-    """The packaged kernel table plus the kernels added after its commit, loaded once."""
+@dataclass(frozen=True)
+class KernelAddition:
+    provider: str
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    types: Mapping[str, tuple[str, ...]]  # type-constraint name -> accepted dtypes
+    source: str  # the change that registered it
+
+
+@dataclass(frozen=True)
+class _KernelAdditionsFile:
+    about: str
+    ort_version: str
+    kernels: tuple[KernelAddition, ...]
+
+
+def _load_table() -> KernelTable:
     table = KernelTable.load()
-    with open(KERNEL_ADDITIONS_JSON, encoding="utf-8") as f:
-        table.add_kernels(json.load(f)["kernels"])
+    additions = build(_KernelAdditionsFile, read_json(KERNEL_ADDITIONS_JSON), KERNEL_ADDITIONS_JSON.name)
+    table.add_kernels(additions.kernels)
     return table
+
+
+_TABLE = _load_table()
+
+
+def kernel_table() -> KernelTable:
+    """The packaged kernel table plus the kernels added after its commit, loaded once (at import)."""
+    return _TABLE

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from ortgate.knowledge.loader import KnowledgeError, build, read_json
+from ortgate.knowledge.moe import formal_inputs
 
 ORT_MOE_JSON = Path(__file__).with_name("ort_moe.json")
 
@@ -57,20 +59,92 @@ class MoeOpFacts:
                 f"({self.square_seen}), and confirmed by running it")
 
 
-@functools.cache
-def moe_op_facts() -> MoeOpFacts:
-    with open(ORT_MOE_JSON, encoding="utf-8") as f:
-        data = json.load(f)
-    gate = data["swiglu_release_gate"]
-    square = data["layout"]["square_seen"]
+# ---- ort_moe.json, as its schema ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SourcedCount:
+    value: int
+    since: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _Op:
+    domain: str
+    op_type: str
+    inputs: tuple[str, ...]
+    min_inputs: _SourcedCount
+    router_probs: str
+
+
+@dataclass(frozen=True)
+class _SquareSeen:
+    value: Literal["new", "legacy"]
+    what: str
+    seen: str
+
+
+@dataclass(frozen=True)
+class _Layout:
+    fc1: str
+    fc2: str
+    since: str
+    square_seen: _SquareSeen
+
+
+@dataclass(frozen=True)
+class _SourcedValue:
+    value: int
+    source: str
+
+
+@dataclass(frozen=True)
+class _SwigluReleaseGate:
+    issue: str
+    fixed_by: str
+    first_fixed_release: str
+    effect: str
+    providers: tuple[str, ...]
+    sources: tuple[str, ...]
+    seen_correct: str
+
+
+@dataclass(frozen=True)
+class _OrtMoeFile:
+    schema: Literal[1]
+    ort_version: str
+    about: str
+    op: _Op
+    layout: _Layout
+    cpu_swiglu_fusion: _SourcedValue
+    swiglu_release_gate: _SwigluReleaseGate
+
+
+def _load() -> MoeOpFacts:
+    data = build(_OrtMoeFile, read_json(ORT_MOE_JSON), ORT_MOE_JSON.name)
+    formal = formal_inputs(data.op.domain, data.op.op_type)
+    if data.op.inputs != formal:
+        raise KnowledgeError(f"{ORT_MOE_JSON.name}: op.inputs {list(data.op.inputs)} differ from the kernel table's "
+                             f"formal inputs of {data.op.domain}.{data.op.op_type} {list(formal)}")
+    if parse_version(data.swiglu_release_gate.first_fixed_release) is None:
+        raise KnowledgeError(f"{ORT_MOE_JSON.name}: swiglu_release_gate.first_fixed_release is not a version")
+    gate = data.swiglu_release_gate
     return MoeOpFacts(
-        ort_version=data["ort_version"],
-        inputs=tuple(data["op"]["inputs"]),
-        min_inputs=int(data["op"]["min_inputs"]["value"]),
-        min_inputs_since=data["op"]["min_inputs"]["since"],
-        cpu_swiglu_fusion=int(data["cpu_swiglu_fusion"]["value"]),
-        square_layout=square["value"],
-        square_seen=square["seen"],
-        swiglu_gate=SwigluGate(gate["issue"], gate["fixed_by"], gate["first_fixed_release"], gate["effect"],
-                               tuple(gate["sources"])),
+        ort_version=data.ort_version,
+        inputs=data.op.inputs,
+        min_inputs=data.op.min_inputs.value,
+        min_inputs_since=data.op.min_inputs.since,
+        cpu_swiglu_fusion=data.cpu_swiglu_fusion.value,
+        square_layout=data.layout.square_seen.value,
+        square_seen=data.layout.square_seen.seen,
+        swiglu_gate=SwigluGate(gate.issue, gate.fixed_by, gate.first_fixed_release, gate.effect, gate.sources),
     )
+
+
+_FACTS = _load()
+
+
+def moe_op_facts() -> MoeOpFacts:
+    """ort_moe.json, loaded and checked at import (its input list against the kernel table's)."""
+    return _FACTS

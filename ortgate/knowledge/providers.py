@@ -16,27 +16,22 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from ortgate.knowledge.facts import ORT_FACTS, ConfigKey, CpuFallback, CudaGraphCapture, GraphCapture, OrtFacts
+from ortgate.knowledge.loader import KnowledgeError, build, read_json
 
 PROVIDER_OPTIONS_JSON = Path(__file__).with_name("provider_options.json")
-ORT_FACTS_JSON = Path(__file__).with_name("ort_facts.json")
 
 OPTION_TYPES = ("bool", "int", "size", "float", "enum", "string", "path")
 _INT_RE = re.compile(r"^[+-]?[0-9]+$")
 _SIZE_RE = re.compile(r"^\+?[0-9]+$")
 _INT32 = (-(2**31), 2**31 - 1)
 _SIZE_MAX = 2**64 - 1
-
-
-@functools.cache
-def _load(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _as_option_string(value: Any) -> str | None:
@@ -76,6 +71,13 @@ class ProviderOption:
                 return "1" if self.default else "0"
             return "True" if self.default else "False"
         return str(self.default)
+
+    @property
+    def default_words(self) -> str:
+        """The default for a message: "default on" / "default off" for booleans, else "default '<value>'"."""
+        if isinstance(self.default, bool):
+            return "default on" if self.default else "default off"
+        return f"default {self.default_string!r}"
 
     def validate(self, value: Any) -> str | None:
         """None if ORT would accept `value` for this option, else a short reason."""
@@ -118,7 +120,7 @@ class ProviderCatalog:
     name: str  # the ORT execution provider name, e.g. "CUDAExecutionProvider"
     short_names: tuple[str, ...]
     ort_version: str
-    source: Mapping[str, Any]
+    source: ProviderSource
     unknown_key_behavior: str  # "error" (session creation fails / falls back to CPU) or "ignored"
     unknown_key_note: str
     options: Mapping[str, ProviderOption] = field(repr=False)
@@ -179,58 +181,107 @@ class ProviderCatalog:
         return problems
 
 
-@functools.cache
-def _catalogs() -> dict[str, ProviderCatalog]:
-    data = _load(PROVIDER_OPTIONS_JSON)
-    default_bools = tuple(data["bool_values"])
-    out = {}
-    for name, prov in data["providers"].items():
-        bools = tuple(prov.get("bool_values", default_bools))
-        options = {}
-        for key, o in prov["options"].items():
-            options[key] = ProviderOption(
-                provider=name,
-                key=key,
-                type=o["type"],
-                default=o["default"],
-                description=o["description"],
-                values=tuple(o.get("values", ())),
-                min=o.get("min"),
-                max=o.get("max"),
-                bool_values=bools,
-                python_api=o.get("python_api", True),
-                validated_by=o.get("validated_by", "ort"),
-                note=o.get("note"),
-            )
-        pv = prov.get("possibly_valid") or {}
-        out[name] = ProviderCatalog(
-            name=name,
-            short_names=tuple(prov.get("short_names", ())),
-            ort_version=data["ort_version"],
-            source=prov["source"],
-            unknown_key_behavior=prov["unknown_key_behavior"],
-            unknown_key_note=prov.get("unknown_key_note", ""),
-            options=options,
-            possibly_valid=tuple(pv.get("keys", ())),
-            possibly_valid_note=pv.get("note"),
-            graph_capture_option=prov.get("graph_capture_option"),
-        )
-    return out
+# ---- provider_options.json, as its schema ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _OptionEntry:
+    type: Literal["bool", "int", "size", "float", "enum", "string", "path"]
+    default: Any
+    description: str
+    values: tuple[str, ...] = ()
+    min: int | None = None
+    max: int | None = None
+    python_api: bool = True
+    validated_by: str = "ort"
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class _PossiblyValid:
+    keys: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
+class ProviderSource:
+    """Where a provider's option catalog was read."""
+
+    repo: str
+    files: tuple[str, ...]
+    commits: Mapping[str, str]  # file -> commit read
+    checked_against: str
+
+
+@dataclass(frozen=True)
+class _ProviderEntry:
+    short_names: tuple[str, ...]
+    graph_capture_option: str | None
+    unknown_key_behavior: Literal["error", "ignored"]
+    unknown_key_note: str
+    source: ProviderSource
+    options: Mapping[str, _OptionEntry]
+    graph_capture_note: str | None = None
+    bool_values: tuple[str, ...] | None = None
+    bool_values_note: str | None = None
+    possibly_valid: _PossiblyValid | None = None
+
+
+@dataclass(frozen=True)
+class _ProviderOptionsFile:
+    schema: Literal[1]
+    ort_version: str
+    about: str
+    bool_values: tuple[str, ...]
+    providers: Mapping[str, _ProviderEntry]
+
+
+def _catalog(name: str, prov: _ProviderEntry, data: _ProviderOptionsFile) -> ProviderCatalog:
+    bools = prov.bool_values or data.bool_values
+    options = {
+        key: ProviderOption(provider=name, key=key, type=o.type, default=o.default, description=o.description,
+                            values=o.values, min=o.min, max=o.max, bool_values=bools, python_api=o.python_api,
+                            validated_by=o.validated_by, note=o.note)
+        for key, o in prov.options.items()
+    }
+    catalog = ProviderCatalog(
+        name=name, short_names=prov.short_names, ort_version=data.ort_version, source=prov.source,
+        unknown_key_behavior=prov.unknown_key_behavior, unknown_key_note=prov.unknown_key_note, options=options,
+        possibly_valid=prov.possibly_valid.keys if prov.possibly_valid else (),
+        possibly_valid_note=prov.possibly_valid.note if prov.possibly_valid else None,
+        graph_capture_option=prov.graph_capture_option,
+    )
+    where = f"{PROVIDER_OPTIONS_JSON.name}: providers.{name}"
+    for option in options.values():
+        if option.type == "enum" and option.default not in option.values:
+            raise KnowledgeError(f"{where}.options.{option.key}: default {option.default!r} is not one of its values")
+        if option.type != "enum" and option.values:
+            raise KnowledgeError(f"{where}.options.{option.key}: only an enum lists values")
+        problem = option.validate(option.default_string)
+        if problem:
+            raise KnowledgeError(f"{where}.options.{option.key}: its default {problem}")
+    if catalog.graph_capture_option is not None and catalog.graph_capture_option not in options:
+        raise KnowledgeError(f"{where}: graph_capture_option {catalog.graph_capture_option!r} is not one of its options")
+    return catalog
+
+
+_PROVIDER_OPTIONS = build(_ProviderOptionsFile, read_json(PROVIDER_OPTIONS_JSON), PROVIDER_OPTIONS_JSON.name)
+_CATALOGS: dict[str, ProviderCatalog] = {name: _catalog(name, prov, _PROVIDER_OPTIONS)
+                                         for name, prov in _PROVIDER_OPTIONS.providers.items()}
 
 
 @functools.cache
 def _alias_map() -> dict[str, str]:
     """lowercased name -> EP name, for every known provider, short name and genai spelling."""
-    facts = _load(ORT_FACTS_JSON)
     m: dict[str, str] = {}
-    for ep in facts["known_providers"]:
+    for ep in ORT_FACTS.known_providers:
         m[ep.lower()] = ep
         m[ep.lower().removesuffix("executionprovider")] = ep
-    for short, info in facts["genai"]["provider_names"].items():
-        if info.get("ep"):
-            m[short] = info["ep"]
-            m[info["genai_name"].lower()] = info["ep"]
-    for name, cat in _catalogs().items():
+    for short, info in ORT_FACTS.genai.provider_names.items():
+        if info.ep:
+            m[short] = info.ep
+            m[info.genai_name.lower()] = info.ep
+    for name, cat in _CATALOGS.items():
         m[name.lower()] = name
         for s in cat.short_names:
             m[s.lower()] = name
@@ -264,74 +315,85 @@ def provider_catalog(name: str) -> ProviderCatalog | None:
     """The option catalog of a provider (EP name or short name, case-insensitive), or None if the provider is
     unknown or has no catalog (only CUDA, TensorRT, CANN and CPU have one)."""
     ep = canonical_provider_name(name)
-    return _catalogs().get(ep) if ep else None
+    return _CATALOGS.get(ep) if ep else None
 
 
 def catalog_providers() -> list[str]:
-    return list(_catalogs())
+    return list(_CATALOGS)
 
 
 # ---- ORT facts --------------------------------------------------------------------------------------------------
 
 
-def ort_facts() -> Mapping[str, Any]:
-    """The raw ort_facts.json (read-only by convention)."""
-    return _load(ORT_FACTS_JSON)
+def ort_facts() -> OrtFacts:
+    """ort_facts.json as typed, frozen data (loaded and checked when ortgate.knowledge is imported)."""
+    return ORT_FACTS
 
 
 def graph_optimization_levels() -> dict[str, int]:
     """ORT's GraphOptimizationLevel names -> values: ORT_DISABLE_ALL=0 ... ORT_ENABLE_LAYOUT=3, ORT_ENABLE_ALL=99."""
-    return dict(ort_facts()["graph_optimization_levels"])
+    return dict(ORT_FACTS.level_values)
+
+
+def default_optimization_level() -> str:
+    """The level ORT uses when none is set (ORT_ENABLE_ALL)."""
+    return ORT_FACTS.graph_optimization_level_default
+
+
+def optimization_level_skips(level: str) -> str | None:
+    """What a session at `level` leaves out (for messages), or None for a name ORT does not have."""
+    info = ORT_FACTS.level(level)
+    return info.skips if info else None
 
 
 def genai_graph_optimization_levels() -> list[str]:
     """The level names onnxruntime-genai's genai_config.json accepts (no ORT_ENABLE_LAYOUT)."""
-    return list(ort_facts()["genai"]["graph_optimization_levels"])
+    return list(ORT_FACTS.genai.graph_optimization_levels)
 
 
-def session_config_key(key: str) -> Mapping[str, Any] | None:
+def session_config_key(key: str) -> ConfigKey | None:
     """What ort_facts.json knows about a session config key (description, values, default, source), or None."""
-    return ort_facts()["session_config"]["keys"].get(key)
+    return ORT_FACTS.session_config.keys.get(key)
 
 
 def is_known_session_config_key(key: str) -> bool:
     """True for a documented/seen session config key, or a provider-scoped 'ep.<provider>.<option>' key.
     ORT silently accepts and ignores any other key, so an unknown key is most likely a typo."""
-    if key in ort_facts()["session_config"]["keys"]:
+    if key in ORT_FACTS.session_config.keys:
         return True
     parts = key.split(".")
     return len(parts) >= 3 and parts[0] == "ep" and canonical_provider_name(parts[1]) is not None
 
 
 def suggest_session_config_key(key: str) -> str | None:
-    hits = difflib.get_close_matches(key, list(ort_facts()["session_config"]["keys"]), n=1, cutoff=0.75)
+    hits = difflib.get_close_matches(key, list(ORT_FACTS.session_config.keys), n=1, cutoff=0.75)
     return hits[0] if hits else None
 
 
-def graph_capture_info(provider: str) -> Mapping[str, Any] | None:
-    """How graph capture/replay is switched on for a provider: {"kind": "provider_option" | "session_config",
-    "key": ..., "source": ...}; None if the provider has no such switch (CPU, CANN) or is unknown."""
+def graph_capture_info(provider: str) -> GraphCapture | None:
+    """How graph capture/replay is switched on for a provider (a provider option or a session config entry, its
+    key and source); None if the provider has no such switch (CPU, CANN) or is unknown."""
     ep = canonical_provider_name(provider)
-    return ort_facts()["graph_capture"].get(ep) if ep else None
+    return ORT_FACTS.graph_capture.get(ep) if ep else None
 
 
 def graph_capture_option(provider: str) -> str | None:
     """The provider option that turns graph capture on (CUDA: enable_cuda_graph, TensorRT: trt_cuda_graph_enable,
     NvTensorRTRTX: enable_cuda_graph, WebGPU: enableGraphCapture); None if it is not a provider option."""
     info = graph_capture_info(provider)
-    return info["key"] if info and info["kind"] == "provider_option" else None
+    return info.key if info and info.kind == "provider_option" else None
 
 
-def run_config_key(key: str) -> Mapping[str, Any] | None:
-    return ort_facts()["run_config"]["keys"].get(key)
+def run_config_key(key: str) -> ConfigKey | None:
+    return ORT_FACTS.run_config.keys.get(key)
 
 
 def genai_provider_name(name: str) -> str | None:
     """How onnxruntime-genai normalizes a provider_options name ('cuda' -> 'cuda', 'dml' -> 'DML',
     'CUDAExecutionProvider' -> 'cuda'); None if genai does not know it (it then reaches ORT unchanged and fails)."""
     low = name.strip().lower().removesuffix("executionprovider") if isinstance(name, str) else ""
-    info = ort_facts()["genai"]["provider_names"].get(low)
-    return info["genai_name"] if info else None
+    info = ORT_FACTS.genai.provider_names.get(low)
+    return info.genai_name if info else None
 
 
 # ---- placement: which provider runs a node, and what CUDA graph capture demands ------------------------------
@@ -341,27 +403,54 @@ def kernel_free_op(domain: str, op_type: str) -> str | None:
     """Why ORT runs (domain, op_type) without a kernel (Constant becomes an initializer), or None."""
     if domain not in ("", "ai.onnx"):
         return None
-    return ort_facts()["kernel_free_ops"]["ops"].get(op_type)
+    return ORT_FACTS.kernel_free_ops.ops.get(op_type)
 
 
-def cpu_fallback_facts() -> Mapping[str, Any]:
+def cpu_fallback_facts() -> CpuFallback:
     """session.disable_cpu_ep_fallback: its key, the value ORT honours, and what it really does."""
-    return ort_facts()["cpu_fallback"]
+    return ORT_FACTS.cpu_fallback
 
 
-def cuda_graph_capture_facts() -> Mapping[str, Any]:
+def cuda_graph_capture_facts() -> CudaGraphCapture:
     """What CUDA graph capture demands of a session (control flow, placement, fixed shapes), with sources."""
-    return ort_facts()["cuda_graph_capture"]
+    return ORT_FACTS.cuda_graph_capture
 
 
 def data_dependent_shape_inputs(domain: str, op_type: str) -> tuple[int, ...] | None:
     """Input positions whose VALUES decide the output shape of an ai.onnx op (NonZero: (0,), TopK: (1,)), or None."""
     if domain not in ("", "ai.onnx"):
         return None
-    inputs = cuda_graph_capture_facts()["data_dependent_shape_ops"]["ops"].get(op_type)
-    return tuple(inputs) if inputs is not None else None
+    return ORT_FACTS.cuda_graph_capture.data_dependent_shape_ops.ops.get(op_type)
 
 
 def tensorrt_untaken_domain(domain: str) -> str | None:
     """Why TensorRT leaves nodes of this domain to another provider (com.microsoft), or None."""
-    return ort_facts()["tensorrt"]["not_taken_domains"].get(domain)
+    return ORT_FACTS.tensorrt.not_taken_domains.get(domain)
+
+
+def cuda_providers() -> tuple[str, ...]:
+    """Providers that run on the CUDA runtime (CUDA, TensorRT, NvTensorRTRTX): their graph capture is CUDA graph,
+    they need the CUDA libraries loaded, and they pick the GPU with a provider option."""
+    return ORT_FACTS.cuda_providers.names
+
+
+def device_option(provider: str) -> str | None:
+    """The provider option that selects the GPU of a CUDA-family provider ("device_id"), else None."""
+    entry = ORT_FACTS.cuda_providers.providers.get(provider)
+    return entry.device_option if entry else None
+
+
+def memcpy_ops() -> tuple[str, ...]:
+    """The copy nodes ORT inserts between a device provider and the CPU: MemcpyToHost, MemcpyFromHost."""
+    return ORT_FACTS.memcpy_ops.ops
+
+
+def compute_ops() -> frozenset[str]:
+    """op_types whose placement on CPU in a GPU session costs real time (not the shape nodes left on CPU on
+    purpose)."""
+    return frozenset(ORT_FACTS.compute_ops.ops)
+
+
+def tf32_ops() -> tuple[tuple[str, str], ...]:
+    """(domain, op_type) of the ops whose float32 math CUDA runs as TF32 when use_tf32 allows it."""
+    return ORT_FACTS.tf32.op_keys

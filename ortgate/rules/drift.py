@@ -41,7 +41,8 @@ def _option_value(provider: str, key: str, setting: Setting | None) -> tuple[Any
 
 def _config_value(key: str, setting: Setting | None) -> tuple[Any, str]:
     if setting is None:
-        default = (session_config_key(key) or {}).get("default")
+        info = session_config_key(key)
+        default = info.default if info else None
         return default, (f"leaves it unset (default {default!r})" if default is not None else "leaves it unset")
     text = config_text(setting.value)
     return text, f"has {text!r}"

@@ -12,18 +12,20 @@ from ortgate.graph.patterns.attention import gqa_nodes
 from ortgate.graph.patterns.common import is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims
-from ortgate.knowledge.families import family_names
+from ortgate.knowledge.families import family_labels, family_names, swiglu_parameters_text
 from ortgate.knowledge.fusions import attribute_default
+from ortgate.knowledge.moe import moe_inputs
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.norms import close, resolved_family
 
 MOE_ROUTING_FIX = (
     "Re-export the MoE nodes with the model's routing: k = num_experts_per_tok, normalize_routing_weights = "
-    "norm_topk_prob (1 for Qwen3-MoE checkpoints, Qwen3.5-MoE, GPT-OSS, Mixtral), use_sparse_mixer=1 only for "
-    "PhiMoE, activation_type=swiglu for SiLU-gated experts with activation_alpha / activation_beta / swiglu_limit as "
-    "the family's (1.0 / 0.0 / none for Qwen; 1.702 / 1.0 / 7.0 for GPT-OSS). onnxruntime-genai's builder writes "
-    "these from config.json. If the policy is wrong, correct model.top_k / norm_topk_prob / activation / family."
+    f"norm_topk_prob (1 for {', '.join(family_labels(lambda f: bool(f.norm_topk_prob)))}), use_sparse_mixer=1 only "
+    f"for {', '.join(family_labels(lambda f: bool(f.use_sparse_mixer)))}, activation_type=swiglu for SiLU-gated "
+    "experts with activation_alpha / activation_beta / swiglu_limit as the family's "
+    f"({swiglu_parameters_text()}). onnxruntime-genai's builder writes these from config.json. If the policy is "
+    "wrong, correct model.top_k / norm_topk_prob / activation / family."
 )
 
 
@@ -51,7 +53,7 @@ def _expected_bool(ctx: RuleContext, key: str, family_value: Any, family_label: 
 
 
 def _fc3(node: Node) -> str:
-    return node.input(6) if node.op_type == "MoE" else node.input(8)
+    return node.input(moe_inputs(node.op_type).fc3_experts_weights)
 
 
 @rule("OGM001", "moe-routing-mismatch", Severity.ERROR)
@@ -392,7 +394,7 @@ def _moe_intermediate(graph: Graph) -> int | None:
     for node in fused_moe_nodes(graph):
         if node.op_type != "MoE":
             continue  # QMoE packs and may prepack its weights: shapes do not say the width plainly
-        fc2 = graph.value(node.input(4))
+        fc2 = graph.value(node.input(moe_inputs(node.op_type).fc2_experts_weights))
         if fc2 is not None and fc2.shape and len(fc2.shape) == 3 and isinstance(fc2.shape[2], int):
             return fc2.shape[2]
     return None

@@ -20,6 +20,7 @@ from ortgate.knowledge import (
     data_dependent_shape_inputs,
     kernel_free_op,
     kernel_table,
+    memcpy_ops,
     tensorrt_untaken_domain,
 )
 from ortgate.rules.base import rule
@@ -29,7 +30,7 @@ from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
-MEMCPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+MEMCPY_OPS = memcpy_ops()
 _FLOAT_DTYPES = frozenset({"float", "float16", "bfloat16", "double"})
 
 
@@ -232,7 +233,7 @@ def value_dependent(graph: Graph, value: str) -> bool:
 
 def data_dependent_shape_nodes(graph: Graph) -> list[tuple[Node, list[str]]]:
     """Nodes whose output shape follows runtime tensor values, with the inputs that carry those values."""
-    ops = cuda_graph_capture_facts()["data_dependent_shape_ops"]["ops"]
+    ops = cuda_graph_capture_facts().data_dependent_shape_ops.ops
     out = []
     for node in graph.by_op_type(*ops):
         positions = data_dependent_shape_inputs(node.domain, node.op_type) or ()
@@ -299,7 +300,7 @@ def cuda_graph_blocker(ctx: RuleContext):
         labels = [s.label for s in setups]
         option = cuda_graph_option(setups[0])
         on = f"{option} is on in the {_declared_by(labels)}"
-        for node in graph.by_op_type(*facts["control_flow_ops"]):
+        for node in graph.by_op_type(*facts.control_flow_ops):
             if node.graph is not None:
                 continue  # nested control flow sits inside a main-graph one, which is reported
             yield ctx.finding(

@@ -7,11 +7,13 @@ from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
 from ortgate.graph.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
-from ortgate.knowledge.fusions import fusions_version, pass_applies
+from ortgate.knowledge.families import swiglu_parameters_text
+from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
+from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.providers import graph_optimization_levels
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
-from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, target
+from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, short_providers, target
 
 QKV_FIX = (
     "Pack Q, K and V into one projection: one MatMul (or MatMulNBits) with the weights concatenated to "
@@ -27,10 +29,11 @@ GATE_UP_FIX = (
     "onnxruntime-genai's builder writes this form."
 )
 SWIGLU_FIX = (
-    "For MoE experts use com.microsoft MoE / QMoE activation_type=swiglu, swiglu_fusion=1 (activation_alpha=1, "
-    "activation_beta=0 for SiLU-gated families; 1.702 / 1 with swiglu_limit=7 for GPT-OSS). For dense MLPs and shared "
-    "experts, let ORT fuse the SiLU: create the session at ORT_ENABLE_EXTENDED or above, where QuickGeluFusion turns "
-    "x * Sigmoid(x) into com.microsoft QuickGelu(alpha=1) (CPU, CUDA, DirectML, ROCm, ACL)."
+    "For MoE experts use com.microsoft MoE / QMoE activation_type=swiglu, swiglu_fusion=1 (activation_alpha / "
+    f"activation_beta / swiglu_limit: {swiglu_parameters_text()}). For dense MLPs and shared experts, let ORT fuse "
+    f"the SiLU: create the session at {optimizer_pass('QuickGeluFusion').level} or above, where QuickGeluFusion "
+    "turns x * Sigmoid(x) into com.microsoft QuickGelu(alpha=1) "
+    f"({short_providers(optimizer_pass('QuickGeluFusion').providers)})."
 )
 
 
@@ -129,7 +132,7 @@ def qkv_not_packed(ctx: RuleContext):
 
 
 def _fc3_input(node: Node) -> str:
-    return node.input(6) if node.op_type == "MoE" else node.input(8)
+    return node.input(moe_inputs(node.op_type).fc3_experts_weights)
 
 
 def _routing_indices(block: MoeBlock) -> set[int]:

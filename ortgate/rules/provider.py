@@ -6,21 +6,17 @@ from collections import Counter
 
 from ortgate.config.deployment import SessionSetup
 from ortgate.findings import Severity
-from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
-from ortgate.knowledge import graph_capture_option, normalize_option_value, provider_catalog
+from ortgate.graph.index import MS_DOMAIN, Graph
+from ortgate.knowledge import cuda_providers, graph_capture_option, normalize_option_value, provider_catalog, tf32_ops
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
 
 def cuda_graph_option(setup: SessionSetup) -> str | None:
     """The option that turns CUDA graph capture on for this setup's provider, if it has one."""
-    if setup.provider_name not in CUDA_GRAPH_PROVIDERS:
+    if setup.provider_name not in cuda_providers():
         return None
     return graph_capture_option(setup.provider_name)
-
-
-# Providers whose graph capture is CUDA graph (DirectML and WebGPU capture graphs of their own).
-CUDA_GRAPH_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 
 
 def is_true(value: str | None) -> bool:
@@ -76,7 +72,7 @@ def cuda_graph_disabled(ctx: RuleContext):
         setting = setup.provider_options.get(key)
         if setting is not None and is_true(str(setting.value)):
             continue
-        state = f"{key} is {str(setting.value)!r}" if setting is not None else f"{key} is not set (default off)"
+        state = f"{key} is {str(setting.value)!r}" if setting is not None else f"{key} {unset_words(setup.provider_name, key)}"
         yield ctx.finding(
             f"{setup.label}: CUDA graph is off for {setup.provider_name}: {state}",
             location=setting.location if setting is not None else setup.missing(_options_path(setup, key)),
@@ -310,13 +306,16 @@ def provider_option_invalid_value(ctx: RuleContext):
             )
 
 
-# Ops whose float32 math cuBLAS/cuDNN run on tensor cores when TF32 is allowed.
-_TF32_OPS = ((DEFAULT_DOMAIN, "MatMul"), (DEFAULT_DOMAIN, "Gemm"), (MS_DOMAIN, "FusedMatMul"), (DEFAULT_DOMAIN, "Conv"))
-
-
 def float32_gemms(graph: Graph) -> list:
-    """MatMul / Gemm / FusedMatMul / Conv nodes whose first input is float32."""
-    return [n for domain, op in _TF32_OPS for n in graph.by_op(domain, op) if graph.dtype(n.input(0)) == "float"]
+    """The nodes whose float32 math TF32 speeds up (MatMul / Gemm / FusedMatMul / Conv) with a float32 first input."""
+    return [n for domain, op in tf32_ops() for n in graph.by_op(domain, op) if graph.dtype(n.input(0)) == "float"]
+
+
+def unset_words(provider: str | None, key: str) -> str:
+    """"is not set (default off)" with the default from the provider's option catalog, when it has one."""
+    catalog = provider_catalog(provider) if provider else None
+    option = catalog.option(key) if catalog else None
+    return f"is not set ({option.default_words})" if option else "is not set"
 
 
 @rule("OGP004", "tf32-disabled", Severity.WARNING)
@@ -369,7 +368,7 @@ def tf32_disabled(ctx: RuleContext):
             f"({', '.join(f'{k} x{v}' for k, v in sorted(kinds.items()))}) on CUDA: they run at full FP32 rate, "
             "without tensor cores",
             location=setting.location,
-            fix="Remove use_tf32 (default on) or set it to \"1\"; or export the model in float16/bfloat16.",
+            fix=f"Remove use_tf32 ({option.default_words}) or set it to \"1\"; or export the model in float16/bfloat16.",
             related=gemms,
             properties={"provider": setup.provider_name, "float32_gemms": len(gemms)},
         )
@@ -426,7 +425,8 @@ def compile_cache_disabled(ctx: RuleContext):
                         or _config_on(setup, "ep.context_enable"))
         if not engine_cache:
             setting = setup.provider_options.get("trt_engine_cache_enable")
-            state = f"is {str(setting.value)!r}" if setting is not None else "is not set (default off)"
+            state = (f"is {str(setting.value)!r}" if setting is not None
+                     else unset_words(setup.provider_name, "trt_engine_cache_enable"))
             yield ctx.finding(
                 f"{setup.label}: TensorRT engine cache {state} and no EP context model is written or given: "
                 "every session start rebuilds the TensorRT engines",
@@ -488,6 +488,6 @@ def cann_graph_disabled(ctx: RuleContext):
         yield ctx.finding(
             f"{setup.label}: enable_cann_graph is {str(setting.value)!r}: CANN runs every node as a single operator",
             location=setting.location,
-            fix='Remove enable_cann_graph (default on) or set it to "1".',
+            fix=f'Remove enable_cann_graph ({option.default_words}) or set it to "1".',
             properties={"provider": setup.provider_name, "option": "enable_cann_graph"},
         )

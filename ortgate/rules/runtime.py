@@ -8,21 +8,13 @@ from __future__ import annotations
 
 from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
 from ortgate.findings import Location, Severity
+from ortgate.knowledge import compute_ops, memcpy_ops
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
 CPU = "CPUExecutionProvider"
-# Compute-heavy ops whose placement on CPU in a GPU session costs a step real time (shape-computation nodes that
-# GPU providers leave on CPU on purpose are not listed).
-COMPUTE_OPS = frozenset({
-    "MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MoE", "QMoE", "GroupQueryAttention", "MultiHeadAttention",
-    "Attention", "PagedAttention", "SparseAttention", "Softmax", "SkipSimplifiedLayerNormalization",
-    "SimplifiedLayerNormalization", "SkipLayerNormalization", "LayerNormalization", "RMSNormalization",
-    "RotaryEmbedding", "MRotaryEmbedding", "LinearAttention", "LinearAttentionGate", "CausalConvWithState",
-    "GatedRMSNorm", "GatedDeltaNet", "GatedAdd", "LpNormalization", "Conv", "TopK", "QuickGelu", "BiasGelu",
-    "FastGelu", "Gelu", "Einsum", "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid",
-})
-MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
+COMPUTE_OPS = compute_ops()
+MEMCPY_OPS = frozenset(memcpy_ops())
 
 
 def run_evidence(ctx: RuleContext) -> RunEvidence | None:

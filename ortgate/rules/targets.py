@@ -48,7 +48,8 @@ def judged_graph(ctx: RuleContext) -> tuple[Graph, bool]:
     return ctx.executed, ctx.optimized is not None
 
 
-def _short(providers: Iterable[str]) -> str:
+def short_providers(providers: Iterable[str]) -> str:
+    """"CPU/CUDA/DirectML" for a list of provider names."""
     return "/".join(_SHORT_PROVIDER.get(p, p) for p in providers) or "no provider"
 
 
@@ -57,16 +58,16 @@ def ort_pass_note(pass_name: str, tgt: Target, repaired: bool, form_providers: I
 
     form_providers: the providers for which the pass matches this particular form (None: not form-specific)."""
     info = optimizer_pass(pass_name)
-    providers = _short(info.get("providers", ()))
+    providers = short_providers(info.providers)
     where = f"{tgt.provider_label} at {tgt.level}"
     if repaired:
-        return (f"ORT's {pass_name} ({info['level']} and above, {providers}; ORT {fusions_version()}) is expected to "
+        return (f"ORT's {pass_name} ({info.level} and above, {providers}; ORT {fusions_version()}) is expected to "
                 f"rewrite it at session creation for {where}: confirm with an optimized dump (--optimized)")
     if not pass_applies(pass_name, tgt.provider, tgt.level):
-        return f"ORT's {pass_name} ({info['level']}+, {providers}) does not run for {where}"
+        return f"ORT's {pass_name} ({info.level}+, {providers}) does not run for {where}"
     others = sorted(set(form_providers or ()))
     if others:
-        return (f"ORT's {pass_name} (ORT {fusions_version()}) matches this form only on {_short(others)}, not on "
+        return (f"ORT's {pass_name} (ORT {fusions_version()}) matches this form only on {short_providers(others)}, not on "
                 f"{tgt.provider_label}, so it runs as exported")
     return f"ORT's {pass_name} (ORT {fusions_version()}) does not match this form, so it runs as exported"
 

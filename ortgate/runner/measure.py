@@ -24,19 +24,16 @@ from typing import Any
 import numpy as np
 
 from ortgate.evidence import DeviceInfo, Stats
-from ortgate.knowledge import normalize_option_value, ort_facts
+from ortgate.knowledge import cuda_graph_capture_facts, device_option, normalize_option_value
 from ortgate.runner.inputs import Feeds
 
 GPU_GRAPH_ID_KEY = "gpu_graph_id"  # run config key (onnxruntime_run_options_config_keys.h)
 GRAPH_ID_SKIP = -1  # this run neither captures nor replays
 CAPTURE_GRAPH_ID = 1  # the annotation id the measured runs capture and replay
 # The CUDA EP captures a graph only after this many regular runs (knowledge/ort_facts.json).
-RUNS_BEFORE_CAPTURE = ort_facts()["cuda_graph_capture"]["runs_before_capture"]["value"]
+RUNS_BEFORE_CAPTURE = cuda_graph_capture_facts().runs_before_capture.value
 MIN_GRAPH_WARMUP = RUNS_BEFORE_CAPTURE + 1  # the first timed run is then a replay
 
-# Providers whose inputs/outputs live in CUDA device memory, and the option naming their device.
-CUDA_DEVICE_PROVIDERS = {"CUDAExecutionProvider": "device_id", "TensorrtExecutionProvider": "device_id",
-                         "NvTensorRTRTXExecutionProvider": "device_id"}
 
 
 class RunTimeout(Exception):
@@ -66,8 +63,9 @@ def plan_binding(provider: str, effective_options: dict[str, str]) -> BindingPla
     """The plan for a session on `provider` with the provider options ORT reports as effective."""
     from ortgate.knowledge import graph_capture_option
 
-    if provider in CUDA_DEVICE_PROVIDERS:
-        device_id = int(effective_options.get(CUDA_DEVICE_PROVIDERS[provider], "0") or 0)
+    option = device_option(provider)  # the CUDA-family providers: inputs and outputs live in device memory
+    if option is not None:
+        device_id = int(effective_options.get(option, "0") or 0)
         capture_key = graph_capture_option(provider)
         graph = capture_key is not None and normalize_option_value(effective_options.get(capture_key, "0")) == "1"
         return BindingPlan("cuda", device_id, graph, CAPTURE_GRAPH_ID if graph else GRAPH_ID_SKIP,

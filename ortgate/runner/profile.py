@@ -14,9 +14,10 @@ from typing import Any
 
 from ortgate.errors import InputError
 from ortgate.evidence import ProfileSummary
+from ortgate.knowledge import memcpy_ops
 
 KERNEL_SUFFIX = "_kernel_time"
-MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
+MEMCPY_OPS = frozenset(memcpy_ops())
 
 
 def load_profile(path: str | Path) -> list[dict[str, Any]]:

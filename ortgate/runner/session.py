@@ -25,7 +25,7 @@ from ortgate.config.deployment import SessionSetup
 from ortgate.errors import InputError
 from ortgate.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
 from ortgate.graph.index import Graph
-from ortgate.knowledge import normalize_option_value
+from ortgate.knowledge import cpu_fallback_facts, cuda_providers, normalize_option_value
 
 CPU = "CPUExecutionProvider"
 RECORD_PLACEMENT_KEY = "session.record_ep_graph_assignment_info"  # makes get_provider_graph_assignment_info work
@@ -37,7 +37,6 @@ _COMPILED_NODES = re.compile(r"compiled nodes", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ORT_LOG = re.compile(r"\[([EWF]):onnxruntime[^\]]*\]\s*(.*)")
 MAX_MESSAGES = 20
-CUDA_LIBRARY_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 MAX_MESSAGE_CHARS = 500
 
 
@@ -149,7 +148,7 @@ def provider_availability(provider: str) -> tuple[bool, str | None]:
                        f"(it has {', '.join(built)})")
     so = ort.SessionOptions()
     with captured_output() as out:
-        if provider in CUDA_LIBRARY_PROVIDERS and hasattr(ort, "preload_dlls"):
+        if provider in cuda_providers() and hasattr(ort, "preload_dlls"):
             # CUDA / cuDNN from pip (nvidia-*-cu13) are not on the loader path; onnxruntime.preload_dlls loads them.
             with contextlib.suppress(Exception):
                 ort.preload_dlls()
@@ -249,9 +248,7 @@ class BuiltSession:
 
 
 def fallback_config_key() -> str:
-    from ortgate.knowledge import ort_facts
-
-    return ort_facts().get("cpu_fallback", {}).get("config_key", "session.disable_cpu_ep_fallback")
+    return cpu_fallback_facts().config_key
 
 
 def create_session(model_path: str, setup: SessionSetup | None, *, kind: str = "policy",

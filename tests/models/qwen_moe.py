@@ -77,7 +77,8 @@ WEIGHT_KINDS = ("random", "external_stub")
 ROUTER_ORDERS = ("softmax_topk", "topk_softmax")
 MOE_ACTIVATIONS = ("swiglu", "silu", "gelu", "relu", "identity")
 
-_ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+# bfloat16 is for external-stub skeletons (sizes only): ORT's CPU provider has few bfloat16 kernels.
+_ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class ModelSpec:
     num_heads: int = 4
     kv_num_heads: int = 2
     head_dim: int = 16
-    dtype: str = "float32"  # "float32" | "float16"
+    dtype: str = "float32"  # "float32" | "float16" | "bfloat16" (external-stub skeletons only)
     layer_types: tuple[str, ...] | None = None  # per layer, see LAYER_TYPES; None = all full_attention
     moe: str = "fused"  # see MOE_KINDS
     swiglu_fusion: int = 1  # fused/qmoe: 0 separate fc3, 1 interleaved, 2 concatenated
@@ -217,6 +218,10 @@ class ModelSpec:
 
     @property
     def np_dtype(self) -> type:
+        if self.dtype == "bfloat16":
+            import ml_dtypes
+
+            return ml_dtypes.bfloat16
         return np.float16 if self.dtype == "float16" else np.float32
 
     @property

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached, consumers_through, linear_nodes, matmul_weight
+from ortgate.knowledge.moe import MOE_OPS, moe_inputs
 
-MOE_OPS = ("MoE", "QMoE")
 ROUTING_OPS = frozenset({"TopK", "Softmax", "Sigmoid", "ScatterElements", "ScatterND", "GatherElements", "Gather",
                          "GatherND", "Where", "NonZero", "OneHot", "ReduceSum", "Div", "Equal", "ArgMax"})
 MAX_EXPERTS = 4096
@@ -55,9 +55,10 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
     blocks: list[MoeBlock] = []
     claimed: set[int] = set()
     for node in fused_moe_nodes(graph):
-        fc1 = graph.value(node.input(2))
+        positions = moe_inputs(node.op_type)
+        fc1 = graph.value(node.input(positions.fc1_experts_weights))
         experts = fc1.shape[0] if fc1 and fc1.shape and isinstance(fc1.shape[0], int) else None
-        router = _producer_linear(graph, node.input(1))
+        router = _producer_linear(graph, node.input(positions.router_probs))
         blocks.append(MoeBlock(router, experts, node.layer, fused=node))
         if router is not None:
             claimed.add(router.index)

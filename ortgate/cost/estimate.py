@@ -1,0 +1,524 @@
+"""A decode step's time on a device, as exported and with every fix: the estimate the gate, the reports and
+`ortgate estimate` share.
+
+Per node, the roofline time max(bytes / (bandwidth x memory efficiency), FLOPs / (peak x compute efficiency));
+the step adds launches x per-kernel time (larger without CUDA graph) and host synchronisations x per-sync time.
+The hard ceiling is the floor no real run can beat: max(bytes / peak bandwidth, FLOPs / peak), no overhead.
+Tokens per second = batch x new tokens / step time. Every figure is an estimate for its device, never a
+measurement.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, step_model
+from ortgate.cost.repairs import Repair, find_repairs
+from ortgate.cost.shapes import StepShape
+from ortgate.graph.index import Graph
+from ortgate.graph.patterns.common import cached
+from ortgate.knowledge.devices import Device
+
+GPU_GRAPH_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
+
+
+@dataclass(frozen=True)
+class CostSetup:
+    """What the estimate is for: a device, the step's shape, and how the session runs the graph."""
+
+    device: Device
+    shape: StepShape = StepShape()
+    provider: str | None = None  # the execution provider (None: the device's usual one)
+    optimization_level: str | None = None  # None: ORT's default, ORT_ENABLE_ALL
+    cuda_graph: bool = False  # CUDA graph capture requested
+    optimized: bool = False  # the graph is ORT's optimized dump (ORT's fusions are already in it)
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.is_gpu_like and (self.provider is None or self.provider != "CPUExecutionProvider")
+
+
+@dataclass
+class Totals:
+    """Additive totals of a set of nodes on one device."""
+
+    bytes: float = 0.0
+    flops: float = 0.0
+    launches: int = 0
+    syncs: int = 0
+    roofline_s: float = 0.0  # sum of the nodes' max(memory time, compute time)
+    flop_floor_s: float = 0.0  # sum of FLOPs / peak: the compute floor
+
+    def add(self, cost: Cost, roofline_s: float, flop_floor_s: float, sign: int = 1) -> None:
+        self.bytes += sign * cost.bytes
+        self.flops += sign * cost.flops
+        self.launches += sign * cost.launches
+        self.syncs += sign * cost.syncs
+        self.roofline_s += sign * roofline_s
+        self.flop_floor_s += sign * flop_floor_s
+
+    def add_totals(self, other: Totals, sign: int = 1) -> None:
+        self.bytes += sign * other.bytes
+        self.flops += sign * other.flops
+        self.launches += sign * other.launches
+        self.syncs += sign * other.syncs
+        self.roofline_s += sign * other.roofline_s
+        self.flop_floor_s += sign * other.flop_floor_s
+
+    def copy(self) -> Totals:
+        return Totals(self.bytes, self.flops, self.launches, self.syncs, self.roofline_s, self.flop_floor_s)
+
+
+@dataclass
+class StepEstimate:
+    """One step of one graph form ("as exported" or "with fixes") on the device."""
+
+    label: str
+    totals: Totals
+    cuda_graph: bool
+    kernel_us: float  # per-launch time used
+    sync_us: float
+    bandwidth: float  # bytes/s
+    tokens: int
+    _breakdown: tuple = ()  # (model, nodes() of the repaired form or None, device): components on demand
+    _removed_of: Callable[[], set[int]] | None = None  # the nodes repairs removed (with fixes)
+    _components: dict[str, Totals] | None = None
+    _layers: dict[int | None, dict[str, Totals]] | None = None
+    _by_dtype: dict[str, float] | None = None
+
+    @property
+    def components(self) -> dict[str, Totals]:
+        """Totals per component (computed on first use: a pass over every node)."""
+        if self._components is None:
+            self._tally()
+        return self._components  # type: ignore[return-value]
+
+    @property
+    def layers(self) -> dict[int | None, dict[str, Totals]]:
+        """Totals per decoder layer (None: outside the layers) and component."""
+        if self._layers is None:
+            self._tally()
+        return self._layers  # type: ignore[return-value]
+
+    @property
+    def bytes_by_dtype(self) -> dict[str, float]:
+        if self._by_dtype is None:
+            self._tally()
+        return self._by_dtype  # type: ignore[return-value]
+
+    def _tally(self) -> None:
+        model, nodes, device = self._breakdown
+        components: dict[str, Totals] = {c: Totals() for c in COMPONENTS}
+        layers: dict[int | None, dict[str, Totals]] = defaultdict(dict)
+        component = model.components.get
+        graph_nodes = model.graph.nodes
+        removed = self._removed_of() if self._removed_of is not None else set()
+        for i, count in enumerate(model.launches):
+            if count and i not in removed:
+                c = component(i, "other")
+                layer = graph_nodes[i].layer
+                components[c].launches += count
+                layers[layer].setdefault(c, Totals()).launches += count
+        items = nodes() if nodes is not None else model.costs.values()
+        by_dtype: dict[str, float] = defaultdict(float)
+        for nc in items:
+            roof, floor = _node_time(nc, device)
+            components[nc.component].add(nc.cost, roof, floor)
+            layers[nc.layer].setdefault(nc.component, Totals()).add(nc.cost, roof, floor)
+            for k, v in nc.cost.bytes_by_dtype.items():
+                by_dtype[k] += v
+        self._by_dtype = dict(by_dtype)
+        self._components = {c: t for c, t in components.items() if t.bytes or t.launches or t.flops or t.syncs}
+        self._layers = dict(layers)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.totals.launches * self.kernel_us * 1e-6 + self.totals.syncs * self.sync_us * 1e-6
+
+    @property
+    def expected_s(self) -> float:
+        return self.totals.roofline_s + self.overhead_s
+
+    @property
+    def ceiling_s(self) -> float:
+        """The floor time: perfect overlap, no overhead."""
+        return max(self.totals.bytes / self.bandwidth if self.bandwidth else 0.0, self.totals.flop_floor_s)
+
+    @property
+    def tokens_per_s_expected(self) -> float | None:
+        return self.tokens / self.expected_s if self.expected_s > 0 else None
+
+    @property
+    def tokens_per_s_ceiling(self) -> float | None:
+        return self.tokens / self.ceiling_s if self.ceiling_s > 0 else None
+
+    def component_time_s(self, component: str) -> float:
+        t = self.components.get(component)
+        if t is None:
+            return 0.0
+        return t.roofline_s + t.launches * self.kernel_us * 1e-6 + t.syncs * self.sync_us * 1e-6
+
+    def to_dict(self) -> dict[str, Any]:
+        expected = self.expected_s
+        return {
+            "bytes_per_step": round(self.totals.bytes),
+            "bytes_per_token": round(self.totals.bytes / self.tokens) if self.tokens else None,
+            "bytes_by_dtype": {k: round(v) for k, v in sorted(self.bytes_by_dtype.items()) if v},
+            "flops_per_step": round(self.totals.flops),
+            "kernel_launches": self.totals.launches,
+            "host_syncs": self.totals.syncs,
+            "cuda_graph": self.cuda_graph,
+            "ms_per_step_ceiling": _ms(self.ceiling_s),
+            "ms_per_step_expected": _ms(expected),
+            "tokens_per_s_ceiling": _round(self.tokens_per_s_ceiling),
+            "tokens_per_s_expected": _round(self.tokens_per_s_expected),
+            "components": {
+                name: {
+                    "bytes_per_step": round(t.bytes),
+                    "flops_per_step": round(t.flops),
+                    "kernel_launches": t.launches,
+                    "host_syncs": t.syncs,
+                    "ms_expected": _ms(self.component_time_s(name)),
+                    "share_of_step": round(self.component_time_s(name) / expected, 4) if expected else None,
+                }
+                for name, t in self.components.items()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What a set of repairs saves on one step: the time per output token and its share of the step."""
+
+    ms_per_token: float  # each sequence's time per output token (the step time) saved
+    share: float  # of the as-exported expected step
+    repairs: int
+
+
+@dataclass(frozen=True)
+class CostItem:
+    """One of the step's largest costs, in plain words."""
+
+    words: str
+    ms: float
+    share: float
+
+
+@dataclass
+class LayerGroup:
+    layers: list[int]
+    signature: tuple
+    totals: dict[str, Totals]
+    forms: str
+
+
+@dataclass
+class Estimate:
+    setup: CostSetup
+    model: StepModel
+    as_exported: StepEstimate
+    with_fixes: StepEstimate
+    repairs: list[Repair]
+    node_times: dict[int, tuple[float, float]]  # node index -> (roofline s, flop floor s)
+
+    @property
+    def uncounted(self) -> list[Uncounted]:
+        return self.model.uncounted
+
+    @property
+    def device(self) -> Device:
+        return self.setup.device
+
+    def saving(self, repairs: Iterable[Repair]) -> Saving:
+        repairs = list(repairs)
+        repaired = _apply(self, repairs)
+        saved = max(0.0, self.as_exported.expected_s - repaired.expected_s)
+        expected = self.as_exported.expected_s
+        return Saving(saved * 1e3, saved / expected if expected else 0.0, len(repairs))
+
+    def repairs_of(self, kind: str, layer: int | None | str = "any") -> list[Repair]:
+        return [r for r in self.repairs if r.kind == kind and (layer == "any" or r.layer == layer)]
+
+    def largest_costs(self, n: int = 3) -> list[CostItem]:
+        return largest_costs(self, n)
+
+    def layer_groups(self) -> list[LayerGroup]:
+        return layer_groups(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.setup
+        d = s.device
+        return {
+            "estimate": True,
+            "device": d.name,
+            "device_label": d.label,
+            "figures": d.figures(),
+            "batch_size": s.shape.batch,
+            "new_tokens": s.shape.new_tokens,
+            "context_length": s.shape.context,
+            "provider": s.provider,
+            "as_exported": self.as_exported.to_dict(),
+            "with_fixes": self.with_fixes.to_dict(),
+            "moe_layers": [{"layer": f.layer, "form": f.form, "experts": f.experts, "top_k": f.top_k,
+                            "experts_read": None if f.experts_read is None else round(f.experts_read, 2)}
+                           for f in self.model.moe_forms],
+            "largest_costs": [{"what": c.words, "ms": round(c.ms, 4), "share_of_step": round(c.share, 4)}
+                              for c in self.largest_costs()],
+            "ort_fusions_counted": list(self.model.ort_fusions_applied),
+            "not_counted": [{"component": u.component, "what": u.what} for u in self.uncounted],
+        }
+
+
+def estimate(graph: Graph, setup: CostSetup) -> Estimate:
+    """The step estimate of `graph` for `setup` (see the module docstring). Never reads a weight byte."""
+    device = setup.device
+    if device.bandwidth is None:
+        raise ValueError(f"device {device.name}: no bandwidth figure (the cpu device needs its probe first)")
+    model = step_model(graph, setup.shape, gpu=setup.gpu, provider=setup.provider,
+                       optimization_level=setup.optimization_level, optimized=setup.optimized)
+    times = _node_times(model, device)
+    totals = Totals(launches=sum(model.launches))
+    for i, nc in model.costs.items():
+        totals.add(nc.cost, *times[i])
+    repairs = list(_repairs(model))
+    cuda_graph_now = setup.cuda_graph and _graph_capturable(setup, model.control_flow, totals.syncs)
+    as_exported = _step("as exported", totals, setup, cuda_graph_now, None, model)
+    est = Estimate(setup, model, as_exported, as_exported, repairs, times)
+    if setup.gpu and not setup.cuda_graph and (setup.provider is None or setup.provider in GPU_GRAPH_PROVIDERS):
+        repairs.append(Repair("cuda_graph", None, "", frozenset(), []))
+    est.with_fixes = _apply(est, repairs, label="with fixes")
+    return est
+
+
+def _repairs(model: StepModel) -> list[Repair]:
+    return cached(model.graph, f"cost.repairs.{id(model)}", lambda _g: find_repairs(model))
+
+
+def _node_times(model: StepModel, device: Device) -> dict[int, tuple[float, float]]:
+    """Per costed node (roofline seconds, FLOP floor seconds); factors computed once per (kind, dtype)."""
+    bandwidth = device.bandwidth or 0.0
+    compute_eff = device.compute_efficiency.value or 1.0
+    memory_factor: dict[str | None, float] = {}
+    flop_factor: dict[str | None, float] = {}
+    out: dict[int, tuple[float, float]] = {}
+    for i, nc in model.costs.items():
+        cost = nc.cost
+        kind = nc.efficiency_kind
+        mf = memory_factor.get(kind)
+        if mf is None:
+            mf = memory_factor[kind] = 1.0 / (bandwidth * device.efficiency(kind)) if bandwidth else 0.0
+        memory = cost.bytes * mf
+        floor = 0.0
+        if cost.flops:
+            ff = flop_factor.get(nc.compute_dtype)
+            if ff is None:
+                peak = device.peak_flops(nc.compute_dtype)
+                ff = flop_factor[nc.compute_dtype] = 1.0 / peak if peak else 0.0
+            floor = cost.flops * ff
+        out[i] = (max(memory, floor / compute_eff), floor)
+    return out
+
+
+def _graph_capturable(setup: CostSetup, control_flow: int, syncs: int) -> bool:
+    return setup.gpu and control_flow == 0 and syncs == 0
+
+
+def _node_time(nc: NodeCost, device: Device) -> tuple[float, float]:
+    cost = nc.cost
+    bandwidth = device.bandwidth or 0.0
+    memory = cost.bytes / (bandwidth * device.efficiency(nc.efficiency_kind)) if cost.bytes and bandwidth else 0.0
+    compute = floor = 0.0
+    if cost.flops:
+        peak = device.peak_flops(nc.compute_dtype)
+        if peak:
+            floor = cost.flops / peak
+            efficiency = device.compute_efficiency.value or 1.0
+            compute = floor / efficiency
+    return max(memory, compute), floor
+
+
+def _per_kernel_us(setup: CostSetup, cuda_graph: bool) -> float:
+    d = setup.device
+    figure = d.graph_kernel_us if cuda_graph and d.graph_kernel_us.value is not None else d.kernel_us
+    return figure.value or 0.0
+
+
+def _step(label: str, totals: Totals, setup: CostSetup, cuda_graph: bool,
+          nodes: Callable[[], Iterable[NodeCost]] | None = None, model: StepModel | None = None) -> StepEstimate:
+    sync = (setup.device.sync_us.value or 0.0) if setup.gpu else 0.0
+    step = StepEstimate(label, totals, cuda_graph, _per_kernel_us(setup, cuda_graph), sync,
+                        setup.device.bandwidth or 0.0, setup.shape.tokens)
+    step._breakdown = (model, nodes, setup.device)
+    return step
+
+
+def _usable(repairs: Iterable[Repair]) -> list[Repair]:
+    """Repairs applied together, in order; one whose nodes another already replaced is skipped."""
+    taken: set[int] = set()
+    out = []
+    for r in sorted(repairs, key=lambda r: r.order):
+        if r.removed & taken:
+            continue
+        taken |= r.removed
+        out.append(r)
+    return out
+
+
+def _removed_totals(est: Estimate, repair: Repair) -> Totals:
+    """What a repair's removed nodes cost (summed once per repair and kept)."""
+    cache = est.__dict__.setdefault("_removed", {})
+    key = id(repair)
+    found = cache.get(key)
+    if found is None:
+        model, times = est.model, est.node_times
+        launches, costs = model.launches, model.costs
+        n = syncs = 0
+        nbytes = flops = roof = floor = 0.0
+        for i in repair.removed:
+            n += launches[i]
+            nc = costs.get(i)
+            if nc is not None:
+                c = nc.cost
+                nbytes += c.bytes
+                flops += c.flops
+                syncs += c.syncs
+                t = times[i]
+                roof += t[0]
+                floor += t[1]
+        found = cache[key] = Totals(nbytes, flops, n, syncs, roof, floor)
+    return found
+
+
+def _apply(est: Estimate, repairs: list[Repair], label: str = "repaired") -> StepEstimate:
+    """The as-exported step with `repairs` applied (each repair's removed cost is summed once)."""
+    base = est.as_exported
+    totals = base.totals.copy()
+    usable = _usable(repairs)
+    device = est.device
+    model = est.model
+    for r in usable:
+        totals.add_totals(_removed_totals(est, r), sign=-1)
+        for nc in r.added:
+            totals.add(nc.cost, *_node_time(nc, device))
+    cuda_graph = base.cuda_graph or (any(r.kind == "cuda_graph" for r in usable)
+                                     and _graph_capturable(est.setup, model.control_flow, totals.syncs))
+
+    def nodes() -> list[NodeCost]:
+        removed = set().union(*(r.removed for r in usable)) if usable else set()
+        return [*(nc for i, nc in model.costs.items() if i not in removed), *(n for r in usable for n in r.added)]
+
+    step = _step(label, totals, est.setup, cuda_graph, nodes, model)
+    step._removed_of = lambda: set().union(*(r.removed for r in usable)) if usable else set()
+    return step
+
+
+# ---- plain words --------------------------------------------------------------------------------------------------
+
+_COMPONENT_WORDS = {
+    "attention": "attention weights (q/k/v/o projections)",
+    "moe": "MoE router and expert weights",
+    "mlp": "dense MLP weights",
+    "norms": "norm weights",
+    "embedding": "the embedding rows",
+    "lm_head": "the lm_head (the whole vocabulary projection)",
+    "other": "other weights",
+}
+
+
+def largest_costs(est: Estimate, n: int = 3) -> list[CostItem]:
+    """The step's largest costs: bytes grouped by what reads them, kernel launches, host synchronisations."""
+    step = est.as_exported
+    expected = step.expected_s or 1.0
+    groups: dict[str, list] = defaultdict(lambda: [0.0, 0.0, set()])  # words -> [bytes, seconds, layers]
+    for i, nc in est.model.costs.items():
+        if not nc.cost.bytes:
+            continue
+        words = nc.label or _COMPONENT_WORDS.get(nc.component, nc.component)
+        g = groups[words]
+        g[0] += nc.cost.bytes
+        g[1] += est.node_times[i][0]
+        if nc.layer is not None:
+            g[2].add(nc.layer)
+    items = []
+    bw = format_bandwidth(step.bandwidth)
+    for words, (nbytes, seconds, layers) in groups.items():
+        where = f" in {len(layers)} layer{'s' if len(layers) != 1 else ''}" if len(layers) > 1 else ""
+        text = f"{words}{where}: {format_bytes(nbytes)} per step = {format_ms(seconds * 1e3)} at {bw}"
+        items.append(CostItem(text, seconds * 1e3, seconds / expected))
+    launches = step.totals.launches
+    if launches:
+        seconds = launches * step.kernel_us * 1e-6
+        how = ("CPU dispatches" if not est.setup.gpu else
+               "kernel launches with CUDA graph" if step.cuda_graph else "kernel launches without CUDA graph")
+        items.append(CostItem(f"{launches:,} {how} x {step.kernel_us:g} us = {format_ms(seconds * 1e3)}",
+                              seconds * 1e3, seconds / expected))
+    syncs = step.totals.syncs
+    if syncs and step.sync_us:
+        seconds = syncs * step.sync_us * 1e-6
+        items.append(CostItem(f"{syncs:,} host synchronisations (data-dependent shapes, copies) x {step.sync_us:g} us "
+                              f"= {format_ms(seconds * 1e3)}", seconds * 1e3, seconds / expected))
+    items.sort(key=lambda c: (-c.ms, c.words))
+    return items[:n]
+
+
+def layer_groups(est: Estimate) -> list[LayerGroup]:
+    """Decoder layers grouped by identical cost (a 48-layer model is usually one group; a hybrid one, two)."""
+    step = est.as_exported
+    forms: dict[int | None, str] = {}
+    for f in est.model.moe_forms:
+        forms[f.layer] = f"MoE {f.form}"
+    groups: dict[tuple, LayerGroup] = {}
+    for layer, comps in step.layers.items():
+        if layer is None:
+            continue
+        attention = est.model.attention_forms.get(layer, "")
+        kind = ", ".join(x for x in (f"attention {attention}" if attention else "", forms.get(layer, "")) if x)
+        signature = (kind,) + tuple(sorted((c, round(t.bytes), t.launches, t.syncs) for c, t in comps.items()))
+        group = groups.get(signature)
+        if group is None:
+            groups[signature] = LayerGroup([layer], signature, comps, kind)
+        else:
+            group.layers.append(layer)
+    return sorted(groups.values(), key=lambda g: g.layers[0])
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_ms(ms: float) -> str:
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 1:
+        return f"{ms:.1f} ms"
+    if ms >= 0.01:
+        return f"{ms:.2f} ms"
+    return f"{ms * 1e3:.1f} us"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    if bytes_per_s >= 1e12:
+        return f"{bytes_per_s / 1e12:.3g} TB/s"
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def format_rate(tokens_per_s: float | None) -> str:
+    if tokens_per_s is None:
+        return "n/a"
+    if tokens_per_s >= 100:
+        return f"{tokens_per_s:,.0f}"
+    return f"{tokens_per_s:.3g}"
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 6)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,187 @@
+"""What fixing a finding changes in the step: each repair removes a decomposed pattern's nodes and puts the fused
+op's cost in their place (its bytes, FLOPs and launches), or turns CUDA graph on.
+
+One repair per kind and decoder layer (the findings are per layer too). Kinds (stable names;
+`ortgate.engine.pricing` maps rule names to them):
+moe, attention, qkv, rotary, skip_rmsnorm, rmsnorm, gate_up, swiglu, cuda_graph.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ortgate.cost.model import Cost, NodeCost, StepModel, attention_core_nodes, expected_experts
+from ortgate.graph.index import Node
+from ortgate.graph.patterns.attention import attention_cores
+from ortgate.graph.patterns.norms import decomposed_rmsnorms, residual_norms
+from ortgate.graph.patterns.projections import gated_mlps, qkv_projections
+from ortgate.graph.patterns.rotary import decomposed_rotaries
+from ortgate.knowledge.devices import op_costs
+
+REPAIR_KINDS = ("moe", "attention", "qkv", "rotary", "skip_rmsnorm", "rmsnorm", "gate_up", "swiglu", "cuda_graph")
+_ORDER = {kind: i for i, kind in enumerate(REPAIR_KINDS)}
+_FUSED_OP = {
+    "moe": "com.microsoft.MoE",
+    "attention": "com.microsoft.GroupQueryAttention",
+    "qkv": "MatMul",
+    "rotary": "com.microsoft.RotaryEmbedding",
+    "skip_rmsnorm": "com.microsoft.SkipSimplifiedLayerNormalization",
+    "rmsnorm": "SimplifiedLayerNormalization",
+    "gate_up": "MatMul",
+    "swiglu": "com.microsoft.QuickGelu",
+}
+_COMPONENT = {"moe": "moe", "attention": "attention", "qkv": "attention", "rotary": "attention",
+              "skip_rmsnorm": "norms", "rmsnorm": "norms"}
+_WHAT = {
+    "moe": "decomposed MoE -> com.microsoft.MoE",
+    "attention": "decomposed attention -> com.microsoft.GroupQueryAttention",
+    "qkv": "q, k, v -> one packed GEMM",
+    "rotary": "rotate_half -> com.microsoft.RotaryEmbedding",
+    "skip_rmsnorm": "residual Add + RMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization",
+    "rmsnorm": "decomposed RMSNorm -> SimplifiedLayerNormalization",
+    "gate_up": "gate and up -> one merged GEMM",
+    "swiglu": "Sigmoid + Mul -> QuickGelu",
+    "cuda_graph": "CUDA graph capture on",
+}
+
+
+@dataclass
+class Repair:
+    kind: str
+    layer: int | None
+    anchor: str  # the first node the repair is about (display name)
+    removed: frozenset[int]  # node indices whose cost goes away
+    added: list[NodeCost] = field(default_factory=list)  # the fused op(s) in their place (summed)
+    instances: int = 1  # patterns repaired (e.g. 128 experts' gate/up pairs in one layer)
+
+    @property
+    def order(self) -> int:
+        return _ORDER.get(self.kind, len(_ORDER))
+
+    @property
+    def description(self) -> str:
+        return _WHAT.get(self.kind, self.kind)
+
+
+class _Group:
+    """Instances of one repair kind in one layer, summed into one repair."""
+
+    def __init__(self) -> None:
+        self.removed: set[int] = set()
+        self.cost = Cost()
+        self.anchor: Node | None = None
+        self.dtype: str | None = None
+        self.label: str | None = None
+        self.component: str | None = None
+        self.instances = 0
+        self.efficiency_kind: str | None = None
+
+
+def find_repairs(model: StepModel) -> list[Repair]:
+    """Every repair the graph allows, one per kind and layer, in the order they are applied together."""
+    graph = model.graph
+    launches = op_costs().gpu_launches if model.gpu_launches else (lambda _key: 1)
+    costs = model.costs
+    groups: dict[tuple[str, int | None], _Group] = defaultdict(_Group)
+
+    def removed_cost(indices) -> Cost:
+        total = Cost()
+        for i in indices:
+            total.launches += model.launches[i]
+            nc = costs.get(i)
+            if nc is not None:
+                total.add(nc.cost)
+        return total
+
+    def dtype_of(index: int) -> str | None:
+        nc = costs.get(index)
+        return nc.compute_dtype if nc is not None else None
+
+    def add(kind: str, layer: int | None, anchor: Node, indices, cost: Cost, dtype: str | None = None,
+            label: str | None = None, component: str | None = None, efficiency_kind: str | None = None) -> None:
+        g = groups[(kind, layer)]
+        g.removed.update(indices)
+        g.cost.add(cost)
+        g.instances += 1
+        if g.anchor is None:
+            g.anchor, g.dtype, g.label, g.component, g.efficiency_kind = anchor, dtype, label, component, efficiency_kind
+
+    tokens = model.shape.tokens
+    moe_launches = launches("com.microsoft.MoE")
+    for form in model.moe_forms:
+        if form.form.startswith("fused") or not form.nodes or not form.experts:
+            continue
+        k = form.top_k or 1
+        touched = expected_experts(form.experts, k, tokens)
+        cost = Cost()
+        dtype = next((d for n in form.nodes if n.index in costs for d in costs[n.index].cost.bytes_by_dtype), None)
+        cost.add_bytes(form.expert_bytes * touched / form.experts + form.shared_bytes, dtype)
+        cost.flops = 2.0 * tokens * (k * form.expert_macs + form.shared_macs)
+        cost.launches = moe_launches + form.shared_linears + (2 if form.shared_linears else 0)
+        add("moe", form.layer, form.anchor, (n.index for n in form.nodes), cost, graph.dtype(form.anchor.input(0)),
+            f"the fused MoE reads {touched:.1f} of {form.experts} experts per step", "moe", "moe")
+    gqa = launches("com.microsoft.GroupQueryAttention")
+    for core in attention_cores(graph):
+        if core.softmax.graph is not None:
+            continue
+        indices = [n.index for n in attention_core_nodes(graph, core)]
+        info = model.kv.get(core.layer)
+        cost = Cost(flops=removed_cost(indices).flops, launches=gqa)
+        if info is not None:
+            cost.add_bytes(info["bytes"], info["dtype"])
+        label = None if info is None else f"the KV cache at {info['positions']:,} positions"
+        add("attention", core.layer, core.softmax, indices, cost, dtype_of(core.softmax.index), label)
+    # patterns whose fused op reads the same bytes with fewer launches: grouped first, summed once per layer
+    simple: dict[tuple[str, int | None], list] = defaultdict(lambda: [[], None, 0, None])  # indices, anchor, n, dtype
+
+    def collect(kind: str, layer: int | None, anchor: Node, indices, dtype_index: int | None = None) -> None:
+        entry = simple[(kind, layer)]
+        entry[0].extend(indices)
+        entry[2] += 1
+        if entry[1] is None:
+            entry[1] = anchor
+            entry[3] = dtype_index
+
+    for qkv in qkv_projections(graph):
+        separate = qkv.separate
+        if not qkv.packed and qkv.shared_input and len(separate) >= 2:
+            collect("qkv", qkv.layer, separate[0], [n.index for n in separate], separate[0].index)
+    for rot in decomposed_rotaries(graph):
+        collect("rotary", rot.layer, rot.neg, [n.index for n in rot.nodes + rot.trig])
+    for res in residual_norms(graph):
+        nodes: list[Node] = [res.add] + (res.decomposed.nodes if res.decomposed is not None else [res.norm])
+        collect("skip_rmsnorm", res.layer, res.norm, [n.index for n in nodes])
+    launch_list = model.launches
+    for norm in decomposed_rmsnorms(graph):
+        indices = [n.index for n in norm.nodes]
+        if sum(launch_list[i] for i in indices) > 1:  # else ORT's own fusion already makes it one node
+            collect("rmsnorm", norm.layer, norm.last, indices)
+    for mlp in gated_mlps(graph):
+        if mlp.separate and mlp.gate is not None and mlp.up is not None:
+            collect("gate_up", mlp.layer, mlp.gate, (mlp.gate.index, mlp.up.index), mlp.gate.index)
+        if not mlp.fused_activation:
+            sigmoid = [n.index for n in mlp.activation if n.op_type == "Sigmoid" and launch_list[n.index]]
+            if sigmoid:
+                collect("swiglu", mlp.layer, mlp.activation[0], sigmoid)
+    for (kind, layer), (indices, anchor, instances, dtype_index) in simple.items():
+        cost = removed_cost(set(indices))
+        cost.launches = 0 if kind == "swiglu" else instances
+        g = groups[(kind, layer)]
+        g.removed.update(indices)
+        g.cost.add(cost)
+        g.instances = instances
+        g.anchor = anchor
+        g.dtype = dtype_of(dtype_index) if dtype_index is not None else None
+        g.component = model.component(anchor.index)
+    out: list[Repair] = []
+    for (kind, layer), g in groups.items():
+        assert g.anchor is not None
+        added = [NodeCost(-1 - len(out), f"{_FUSED_OP.get(kind, kind)} ({kind} repair, layer {layer})",
+                          _FUSED_OP.get(kind, kind), layer, g.component or _COMPONENT.get(kind, "other"), g.cost,
+                          compute_dtype=g.dtype, efficiency_kind=g.efficiency_kind, label=g.label)]
+        if not (g.cost.bytes or g.cost.flops or g.cost.launches or g.cost.syncs):
+            added = []
+        out.append(Repair(kind, layer, g.anchor.display_name, frozenset(g.removed), added, g.instances))
+    out.sort(key=lambda r: (r.order, -1 if r.layer is None else r.layer))
+    return out

@@ -1,0 +1,231 @@
+"""ONNX Runtime and onnxruntime-genai facts (ort_facts.json) as frozen dataclasses, loaded and checked at import.
+
+    from ortgate.knowledge.facts import ORT_FACTS
+    ORT_FACTS.cuda_graph_capture.runs_before_capture.value   # 2
+    ORT_FACTS.level("ORT_ENABLE_BASIC").skips                 # what a session at that level does not run
+
+Every field is a key of ort_facts.json (see ortgate.knowledge.loader): a typo or a missing key there is an error
+when this module is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ortgate.knowledge.loader import build, read_json
+
+ORT_FACTS_JSON = Path(__file__).with_name("ort_facts.json")
+
+
+def split_op_key(key: str) -> tuple[str, str]:
+    """'[domain.]op_type' (the spelling knowledge files use) -> (domain, op_type); no domain is the ONNX domain."""
+    domain, _, op_type = key.rpartition(".")
+    return domain, op_type
+
+
+@dataclass(frozen=True)
+class OptimizationLevel:
+    value: int
+    skips: str  # what a session at this level leaves out, for messages
+
+
+@dataclass(frozen=True)
+class GraphCapture:
+    kind: Literal["provider_option", "session_config"]
+    key: str
+    source: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class CudaProvider:
+    device_option: str  # the provider option that selects the GPU
+
+
+@dataclass(frozen=True)
+class CudaProviders:
+    about: str
+    providers: Mapping[str, CudaProvider]
+    source: str
+
+    def __contains__(self, provider: object) -> bool:
+        return provider in self.providers
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.providers)
+
+
+@dataclass(frozen=True)
+class OpList:
+    about: str
+    ops: tuple[str, ...]
+    source: str
+
+    def __contains__(self, op_type: object) -> bool:
+        return op_type in self.ops
+
+
+@dataclass(frozen=True)
+class Tf32:
+    about: str
+    option: str
+    ops: tuple[str, ...]  # [domain.]op_type
+    source: str
+
+    @property
+    def op_keys(self) -> tuple[tuple[str, str], ...]:
+        """(domain, op_type) of each op; '' is the ONNX domain."""
+        return tuple(split_op_key(op) for op in self.ops)
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    description: str
+    source: str
+    values: tuple[str, ...] = ()
+    default: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    unknown_key_behavior: str
+    key_prefixes: Mapping[str, str]
+    source: Mapping[str, str]
+    keys: Mapping[str, ConfigKey]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    source: str
+    keys: Mapping[str, ConfigKey]
+
+
+@dataclass(frozen=True)
+class GenaiSource:
+    repo: str
+    files: Mapping[str, str]  # file -> commit read
+    checked_against: str
+
+
+@dataclass(frozen=True)
+class GenaiProviderName:
+    genai_name: str
+    ep: str | None  # None: a genai-only device with no ORT provider of that name
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Genai:
+    version: str
+    source: GenaiSource
+    provider_name_normalization: str
+    provider_names: Mapping[str, GenaiProviderName]  # lowercased, 'executionprovider'-less name -> entry
+    unsupported_provider_names: Mapping[str, str]
+    provider_option_values: str
+    graph_optimization_levels: tuple[str, ...]
+    graph_optimization_levels_note: str
+    session_option_keys: Mapping[str, Literal["string", "number", "bool", "array"]]
+    session_option_keys_note: str
+    builder_provider_options: Mapping[str, Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class KernelFreeOps:
+    about: str
+    ops: Mapping[str, str]  # ONNX-domain op_type -> why it runs without a kernel
+
+
+@dataclass(frozen=True)
+class CpuFallback:
+    config_key: str
+    enabled_value: str
+    about: str
+    disabled_behavior: str
+    value_parsing: str
+    source: str
+
+
+@dataclass(frozen=True)
+class SourcedInt:
+    value: int
+    source: str
+
+
+@dataclass(frozen=True)
+class DataDependentShapeOps:
+    about: str
+    ops: Mapping[str, tuple[int, ...]]  # ONNX-domain op_type -> the inputs whose values decide the output shape
+
+
+@dataclass(frozen=True)
+class CudaGraphCapture:
+    source: str
+    control_flow_ops: tuple[str, ...]
+    control_flow_rule: str
+    cuda_rule: str
+    tensorrt_rule: str
+    fixed_shapes: str
+    runs_before_capture: SourcedInt
+    data_dependent_shape_ops: DataDependentShapeOps
+
+
+@dataclass(frozen=True)
+class Tensorrt:
+    not_taken_domains: Mapping[str, str]
+    cuda_graph_consequence: str
+    source: str
+
+
+@dataclass(frozen=True)
+class OrtFacts:
+    schema: Literal[1]
+    ort_version: str
+    about: str
+    graph_optimization_levels: Mapping[str, OptimizationLevel]
+    graph_optimization_levels_source: str
+    graph_optimization_level_default: str
+    graph_capture: Mapping[str, GraphCapture]  # provider -> how its graph capture is switched on
+    execution_modes: Mapping[str, int]
+    known_providers: tuple[str, ...]
+    known_providers_source: str
+    cuda_providers: CudaProviders
+    memcpy_ops: OpList
+    compute_ops: OpList
+    tf32: Tf32
+    session_config: SessionConfig
+    run_config: RunConfig
+    genai: Genai
+    kernel_free_ops: KernelFreeOps
+    cpu_fallback: CpuFallback
+    cuda_graph_capture: CudaGraphCapture
+    tensorrt: Tensorrt
+    _level_values: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.graph_optimization_level_default not in self.graph_optimization_levels:
+            raise ValueError(f"graph_optimization_level_default {self.graph_optimization_level_default!r} "
+                             "is not one of graph_optimization_levels")
+        unknown = set(self.genai.graph_optimization_levels) - set(self.graph_optimization_levels)
+        if unknown:
+            raise ValueError(f"genai.graph_optimization_levels names unknown levels {sorted(unknown)}")
+        for provider in (*self.graph_capture, *self.cuda_providers.providers):
+            if provider not in self.known_providers:
+                raise ValueError(f"{provider!r} is not one of known_providers")
+        object.__setattr__(self, "_level_values",
+                           {name: level.value for name, level in self.graph_optimization_levels.items()})
+
+    @property
+    def level_values(self) -> Mapping[str, int]:
+        """GraphOptimizationLevel name -> value: ORT_DISABLE_ALL=0 ... ORT_ENABLE_ALL=99."""
+        return self._level_values
+
+    def level(self, name: str) -> OptimizationLevel | None:
+        return self.graph_optimization_levels.get(name)
+
+
+ORT_FACTS: OrtFacts = build(OrtFacts, read_json(ORT_FACTS_JSON), ORT_FACTS_JSON.name)

@@ -1,0 +1,79 @@
+"""The device catalog is data with sources: every figure names where it comes from and how sure it is."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ortgate.knowledge.devices import (
+    CONFIDENCES,
+    DEVICES_JSON,
+    device_for_reported_name,
+    device_names,
+    find_device,
+    op_costs,
+    suggest_device,
+)
+
+REQUIRED = {"h100-sxm", "h100-pcie", "h100-nvl", "h200", "a100-40gb", "a100-80gb", "l40s", "l4", "a10g", "rtx-4090",
+            "b200", "mi300x", "ascend-910b", "cpu"}
+
+
+def _figures(node, path=""):
+    if isinstance(node, dict) and "source" in node and "confidence" in node:
+        yield path, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _figures(v, f"{path}.{k}" if path else k)
+
+
+def test_the_catalog_holds_every_device_the_gate_names():
+    assert REQUIRED <= set(device_names())
+
+
+def test_every_figure_has_a_source_and_a_known_confidence():
+    data = json.loads(DEVICES_JSON.read_text())
+    figures = list(_figures(data))
+    assert len(figures) > 60
+    for path, figure in figures:
+        assert figure["source"].strip(), path
+        assert figure["confidence"] in CONFIDENCES, path
+
+
+def test_uncertain_sources_are_marked_uncertain():
+    for name in ("a10g", "ascend-910b"):
+        device = find_device(name)
+        assert device.bandwidth_gb_s.confidence == "uncertain" or device.tflops["bfloat16"].confidence == "uncertain"
+
+
+def test_the_cpu_device_is_measured_on_the_spot_not_looked_up():
+    cpu = find_device("cpu")
+    assert cpu.bandwidth is None and cpu.bandwidth_gb_s.confidence == "probe"
+    assert cpu.kind == "cpu"
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("h100", "h100-"), ("H200-SXM", "h200"), ("a100", "a100-"),
+                                              ("l40", "l40s"), ("mi300", "mi300x")])
+def test_a_misspelt_device_gets_a_suggestion(typed, meant):
+    assert find_device(typed) is None or find_device(typed).name.startswith(meant)
+    hints = suggest_device(typed)
+    assert hints and all(h.startswith(meant) for h in hints)
+
+
+def test_names_the_runner_reports_map_to_catalog_devices():
+    assert device_for_reported_name("NVIDIA H100 80GB HBM3").name == "h100-sxm"
+    assert device_for_reported_name("NVIDIA H100 PCIe").name == "h100-pcie"
+    assert device_for_reported_name("NVIDIA H200").name == "h200"
+    assert device_for_reported_name("NVIDIA A100-SXM4-80GB").name == "a100-80gb"
+    assert device_for_reported_name("NVIDIA L4").name == "l4"
+    assert device_for_reported_name("cpu: Intel(R) Xeon(R) Processor").name == "cpu"
+    assert device_for_reported_name("Some Future GPU") is None
+
+
+def test_fused_ops_launch_several_kernels_and_views_launch_none():
+    costs = op_costs()
+    assert costs.gpu_launches("com.microsoft.MoE") > 1
+    assert costs.gpu_launches("Reshape") == 0 and costs.gpu_launches("Shape") == 0
+    assert costs.gpu_launches("MatMul") == 1
+    assert "NonZero" in costs.host_sync

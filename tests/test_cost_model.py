@@ -1,0 +1,179 @@
+"""Known answers for the decode cost model: bytes per step computed here, by hand, from each generated model's
+config (never by calling the implementation), against what `ortgate.cost` counts from the graph alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ortgate.cost import CostSetup, StepShape, estimate, step_model
+from ortgate.graph import build_graph
+from ortgate.knowledge.devices import find_device
+from tests.models.qwen_moe import ModelSpec, build_model
+
+H100 = find_device("h100-sxm")
+BF16 = 2
+
+# Qwen3-30B-A3B: 48 layers, 128 experts, top-8, hidden 2048, expert intermediate 768, 32 q / 4 kv heads of 128.
+QWEN3_30B = dict(
+    layers=48, experts=128, top_k=8, hidden=2048, num_heads=32, kv_num_heads=4, head_dim=128,
+    moe_intermediate=768, vocab=151936, qk_norm=True, dtype="bfloat16", weights="external_stub", max_position=4096,
+)
+FUSED = dict(moe="fused", attention="gqa", rotary="fused", norm="fused", naming="genai")
+DENSE_LOOP = dict(moe="dense_loop", gate_up="separate", attention="decomposed", rotary="decomposed",
+                  norm="decomposed", naming="hf")
+
+
+def graph_of(**spec):
+    return build_graph(build_model(ModelSpec(**spec)), "model.onnx")
+
+
+@pytest.fixture(scope="module")
+def qwen3_fused():
+    return graph_of(**QWEN3_30B, **FUSED)
+
+
+@pytest.fixture(scope="module")
+def qwen3_dense_loop():
+    return graph_of(**QWEN3_30B, **DENSE_LOOP)
+
+
+def qwen3_hand_counts(context: int) -> dict[str, float]:
+    """Bytes one batch-1 decode step reads, from the config alone."""
+    h, inter, e, k, heads, kv, hd, vocab = 2048, 768, 128, 8, 32, 4, 128, 151936
+    qkv = h * (heads + 2 * kv) * hd
+    o_proj = heads * hd * h
+    attention = (qkv + o_proj) * BF16
+    router = h * e * BF16
+    one_expert = (2 * inter * h + h * inter) * BF16  # gate+up (fc1) and down (fc2)
+    kv_cache = 2 * kv * hd * BF16 * 1 * context
+    embedding_row = h * BF16
+    lm_head = h * vocab * BF16
+    return {"attention": attention, "router": router, "one_expert": one_expert, "kv": kv_cache,
+            "embedding_row": embedding_row, "lm_head": lm_head, "layers": 48, "top_k": k, "experts": e}
+
+
+def test_fused_qwen3_30b_at_batch_1_reads_attention_router_eight_experts_embedding_row_and_lm_head(qwen3_fused):
+    context = 4096
+    hand = qwen3_hand_counts(context)
+    per_layer = hand["attention"] + hand["router"] + hand["top_k"] * hand["one_expert"] + hand["kv"]
+    expected = hand["layers"] * per_layer + hand["embedding_row"] + hand["lm_head"]
+    est = estimate(qwen3_fused, CostSetup(H100, StepShape(1, 1, context), provider="CUDAExecutionProvider"))
+    counted = est.as_exported.totals.bytes
+    assert counted == pytest.approx(expected, rel=0.01)
+    components = est.as_exported.components
+    assert components["embedding"].bytes == pytest.approx(hand["embedding_row"], rel=0.01)
+    assert components["lm_head"].bytes == pytest.approx(hand["lm_head"], rel=0.01)
+    experts = hand["layers"] * (hand["router"] + hand["top_k"] * hand["one_expert"])
+    assert components["moe"].bytes == pytest.approx(experts, rel=0.01)
+    assert {f.form for f in est.model.moe_forms} == {"fused"}
+    assert all(f.experts_read == pytest.approx(8.0, abs=1e-6) for f in est.model.moe_forms)
+    # the ceiling is the bytes at the catalog's 3.35 TB/s, and nothing can be faster
+    assert est.as_exported.ceiling_s == pytest.approx(expected / 3.35e12, rel=0.01)
+    assert est.as_exported.expected_s > est.as_exported.ceiling_s
+
+
+def test_the_dense_loop_twin_reads_every_expert_sixteen_times_the_fused_expert_bytes(qwen3_fused, qwen3_dense_loop):
+    shape = StepShape(1, 1, 4096)
+    hand = qwen3_hand_counts(4096)
+    fused = step_model(qwen3_fused, shape, gpu=True)
+    dense = step_model(qwen3_dense_loop, shape, gpu=True)
+    fused_experts = sum(f.expert_bytes * f.experts_read / f.experts for f in fused.moe_forms)
+    dense_experts = sum(f.expert_bytes * f.experts_read / f.experts for f in dense.moe_forms)
+    assert dense_experts / fused_experts == pytest.approx(128 / 8, rel=0.01)
+    assert dense_experts == pytest.approx(48 * 128 * hand["one_expert"], rel=0.01)
+    assert {f.form for f in dense.moe_forms} == {"dense-loop"}
+    est = estimate(qwen3_dense_loop, CostSetup(H100, shape, provider="CUDAExecutionProvider"))
+    # every fix applied: the MoE layers read top-8 experts like the fused export does
+    moe_fixed = est.with_fixes.components["moe"].bytes
+    assert moe_fixed == pytest.approx(48 * (hand["router"] + 8 * hand["one_expert"]), rel=0.01)
+    assert est.with_fixes.tokens_per_s_expected > 10 * est.as_exported.tokens_per_s_expected
+
+
+def test_a_sliding_window_layer_reads_min_of_context_and_window_of_its_kv_cache():
+    window, context, kv, hd = 16, 1000, 2, 16
+    g = graph_of(layers=2, layer_types=("full_attention", "sliding_attention"), sliding_window=window,
+                 kv_num_heads=kv, head_dim=hd, num_heads=4)
+    model = step_model(g, StepShape(1, 1, context), gpu=True)
+    fp32 = 4
+    assert model.kv[0]["bytes"] == 2 * kv * hd * fp32 * context
+    assert model.kv[1]["bytes"] == 2 * kv * hd * fp32 * min(context, window)
+    assert model.kv[1]["window"] == window
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_qmoe_reads_the_packed_expert_bytes_plus_their_scales(bits):
+    hidden, inter, experts, k = 256, 128, 16, 2
+    g = graph_of(moe="qmoe", qmoe_bits=bits, hidden=hidden, moe_intermediate=inter, experts=experts, top_k=k,
+                 dtype="float16", num_heads=4, kv_num_heads=2, head_dim=64)
+    pack = 8 // bits
+    fp16 = 2
+    fc1 = 2 * inter * hidden // pack + 2 * inter * fp16  # uint8 packed gate+up rows, one scale per row
+    fc2 = hidden * inter // pack + hidden * fp16
+    model = step_model(g, StepShape(1, 1, 64), gpu=True)
+    (qmoe, *_rest) = [nc for nc in model.costs.values() if nc.op == "QMoE"]
+    assert qmoe.cost.bytes == pytest.approx(k * (fc1 + fc2), rel=1e-9)
+    assert {f.form for f in model.moe_forms} == {"fused-quantized"}
+
+
+def test_a_batch_of_64_touches_the_expected_distinct_experts():
+    experts, k, batch = 128, 4, 64
+    touched = experts * (1 - (1 - k / experts) ** batch)  # GPT-OSS-120B's shape: about 111 of 128
+    assert touched == pytest.approx(111.2, abs=0.05)
+    hidden, inter = 64, 32
+    g = graph_of(experts=experts, top_k=k, hidden=hidden, moe_intermediate=inter, layers=1)
+    model = step_model(g, StepShape(batch, 1, 16), gpu=True)
+    (form,) = model.moe_forms
+    assert form.experts_read == pytest.approx(touched, rel=1e-9)
+    fp32 = 4
+    one_expert = (2 * inter * hidden + hidden * inter + 2 * inter + hidden) * fp32  # fc1, fc2 and their biases
+    moe_node = model.costs[form.anchor.index]
+    assert moe_node.cost.bytes == pytest.approx(touched * one_expert, rel=1e-9)
+    # and each token goes through k experts: 2 x MACs x tokens x k
+    assert moe_node.cost.flops == pytest.approx(2 * batch * k * (2 * inter * hidden + hidden * inter), rel=1e-9)
+
+
+def test_the_gather_loop_reads_min_of_tokens_times_k_and_experts_without_dedup():
+    experts, k, hidden, inter = 8, 2, 64, 32
+    g = graph_of(moe="gather_loop", experts=experts, top_k=k, hidden=hidden, moe_intermediate=inter, layers=1,
+                 gate_up="separate")
+    fp32 = 4
+    one_expert = 3 * hidden * inter * fp32
+    for batch in (1, 2, 16):
+        model = step_model(g, StepShape(batch, 1, 16), gpu=True)
+        (form,) = model.moe_forms
+        assert form.form == "gather-loop"
+        read = min(batch * k, experts)
+        assert form.experts_read == read
+        linears = sum(model.costs[n.index].cost.bytes for n in form.nodes
+                      if n.index in model.costs and model.costs[n.index].cost.flops)
+        assert linears == pytest.approx(read * one_expert, rel=1e-9)
+        # NonZero per expert: a host synchronisation each
+        assert sum(model.costs[n.index].cost.syncs for n in form.nodes if n.index in model.costs) == experts
+
+
+def test_symbolic_hidden_sizes_and_unknown_dtypes_are_said_not_guessed():
+    import onnx
+
+    proto = build_model(ModelSpec(layers=1))
+    for vi in proto.graph.input:
+        if vi.name.startswith("past_key_values"):
+            vi.type.tensor_type.shape.dim[3].dim_param = "head_dim_sym"
+    weight = next(t for t in proto.graph.initializer if "qkv_proj" in t.name)
+    weight.data_type = 999  # not a dtype ONNX knows
+    g = build_graph(proto, "odd.onnx")
+    est = estimate(g, CostSetup(H100, StepShape(1, 1, 128)))
+    said = " | ".join(u.what for u in est.uncounted)
+    assert "head_dim_sym" in said and "unknown dtype" in said
+    assert est.as_exported.totals.bytes > 0  # what is known is still counted
+    assert est.as_exported.tokens_per_s_expected is not None
+    del onnx
+
+
+def test_an_estimate_never_opens_the_weights(tmp_path):
+    """The skeleton's external data file does not exist: counting its bytes reads only the protobuf."""
+    spec = dataclasses.replace(ModelSpec(**QWEN3_30B, **FUSED), layers=2)
+    g = build_graph(build_model(spec), str(tmp_path / "model.onnx"))
+    est = estimate(g, CostSetup(H100, StepShape(1, 1, 64)))
+    assert est.as_exported.totals.bytes > 2 * 8 * 9_000_000

@@ -1,0 +1,151 @@
+"""Every knowledge file loads through its typed schema, names the version it reflects, and names only real ops;
+a typo, a missing key or a wrong type in a knowledge file is an error at import."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+import ortgate.knowledge as knowledge
+from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
+from ortgate.knowledge.dims import _DimNamesFile
+from ortgate.knowledge.facts import OrtFacts
+from ortgate.knowledge.families import _FamiliesFile
+from ortgate.knowledge.fusions import OrtFusions
+from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
+from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.moe_op import _OrtMoeFile
+from ortgate.knowledge.providers import _ProviderOptionsFile
+
+KNOWLEDGE = Path(knowledge.__file__).parent
+
+# file -> its schema (kernels.json is generated: scripts/gen_kernel_table.py writes it, its loader reads it)
+SCHEMAS = {
+    "ort_facts.json": OrtFacts,
+    "ort_fusions.json": OrtFusions,
+    "provider_options.json": _ProviderOptionsFile,
+    "model_families.json": _FamiliesFile,
+    "kernel_additions.json": _KernelAdditionsFile,
+    "ort_moe.json": _OrtMoeFile,
+    "dim_names.json": _DimNamesFile,
+}
+GENERATED = {"kernels.json": KernelTable.from_json}
+
+
+def test_every_knowledge_file_has_a_typed_loader():
+    files = {p.name for p in KNOWLEDGE.glob("*.json")}
+    assert files == set(SCHEMAS) | set(GENERATED), "register a new knowledge file's schema here"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_each_file_loads_and_names_what_it_reflects(name):
+    data = read_json(KNOWLEDGE / name)
+    loaded = build(SCHEMAS[name], data, name)
+    reflects = getattr(loaded, "ort_version", None) or getattr(loaded, "reflects", None)
+    assert reflects, f"{name} names no ORT (or library) version"
+    assert "source" in json.dumps(data) or "about" in data, f"{name} names no sources"
+
+
+def test_generated_kernel_table_loads():
+    table = GENERATED["kernels.json"](read_json(KNOWLEDGE / "kernels.json"))
+    assert table.ort_version and table.commit and len(table.providers()) == 3
+
+
+def _mutations(data):
+    """(description, mutated copy) pairs: a typo in a key, a missing key, a value of the wrong type."""
+    typo = copy.deepcopy(data)
+    typo["cuda_graph_capture"]["runs_before_captrue"] = typo["cuda_graph_capture"].pop("runs_before_capture")
+    yield "unknown key 'runs_before_captrue' (did you mean 'runs_before_capture'?)", typo
+    missing = copy.deepcopy(data)
+    del missing["memcpy_ops"]["ops"]
+    yield "memcpy_ops: missing key 'ops'", missing
+    wrong = copy.deepcopy(data)
+    wrong["cuda_graph_capture"]["runs_before_capture"]["value"] = "2"
+    yield "cuda_graph_capture.runs_before_capture.value: expected an integer, got a string", wrong
+    nested = copy.deepcopy(data)
+    nested["session_config"]["keys"]["session.disable_prepacking"]["defualt"] = "0"
+    yield "session_config.keys.session.disable_prepacking: unknown key 'defualt'", nested
+    level = copy.deepcopy(data)
+    level["graph_optimization_level_default"] = "ORT_ENABLE_EVERYTHING"
+    yield "'ORT_ENABLE_EVERYTHING' is not one of graph_optimization_levels", level
+
+
+@pytest.mark.parametrize("expected,data", list(_mutations(read_json(KNOWLEDGE / "ort_facts.json"))))
+def test_a_broken_file_is_an_error_naming_the_path(expected, data):
+    with pytest.raises(KnowledgeError) as info:
+        build(OrtFacts, data, "ort_facts.json")
+    assert expected in str(info.value) and str(info.value).startswith("ort_facts.json: ")
+
+
+def test_provider_option_defaults_are_checked():
+    data = read_json(KNOWLEDGE / "provider_options.json")
+    data["providers"]["CUDAExecutionProvider"]["options"]["arena_extend_strategy"]["default"] = "kNextPowerOf3"
+    from ortgate.knowledge import providers
+
+    parsed = build(_ProviderOptionsFile, data, "provider_options.json")
+    with pytest.raises(KnowledgeError, match="arena_extend_strategy: default 'kNextPowerOf3' is not one of"):
+        providers._catalog("CUDAExecutionProvider", parsed.providers["CUDAExecutionProvider"], parsed)
+
+
+def test_family_fields_are_typed():
+    data = read_json(KNOWLEDGE / "model_families.json")
+    data["families"]["gpt_oss"]["swiglu_limit"] = "7"
+    with pytest.raises(KnowledgeError, match="families.gpt_oss.swiglu_limit: expected a number"):
+        build(_FamiliesFile, data, "model_families.json")
+
+
+# ---- the ops knowledge names are ops ORT has -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ort_schemas() -> set[tuple[str, str]]:
+    return {(s.domain or "", s.name) for s in ort_state.get_all_operator_schema()}
+
+
+def _op_lists():
+    facts = ort_facts()
+    yield "compute_ops", [("*", op) for op in facts.compute_ops.ops]
+    yield "memcpy_ops", [("", op) for op in facts.memcpy_ops.ops]
+    yield "tf32.ops", list(facts.tf32.op_keys)
+    yield "control_flow_ops", [("", op) for op in facts.cuda_graph_capture.control_flow_ops]
+    yield "data_dependent_shape_ops", [("", op) for op in facts.cuda_graph_capture.data_dependent_shape_ops.ops]
+    yield "kernel_free_ops", [("", op) for op in facts.kernel_free_ops.ops]
+
+
+@pytest.mark.parametrize("what,ops", list(_op_lists()), ids=[w for w, _ in _op_lists()])
+def test_every_listed_op_is_registered_by_the_installed_ort(what, ops, ort_schemas):
+    """Against the op schemas onnxruntime-gpu registers (ONNX and contrib domains): a misspelt op fails here."""
+    names = {name for _, name in ort_schemas}
+    for domain, op in ops:
+        found = op in names if domain == "*" else (domain, op) in ort_schemas
+        assert found, f"{what}: {domain or 'ai.onnx'}.{op} is not an op the installed ORT registers"
+
+
+def test_memcpy_ops_are_the_ones_the_kernel_table_registers():
+    for op in ort_facts().memcpy_ops.ops:
+        assert kernel_table().lookup("CUDAExecutionProvider", "", op), op
+
+
+# ---- MoE / QMoE input positions ------------------------------------------------------------------------------
+
+
+def test_moe_input_positions_match_ort_s_schemas():
+    """The positions come from the kernel table; ORT's own schema must list the same formal inputs there."""
+    schemas = {s.name: s for s in ort_state.get_all_operator_schema() if s.domain == "com.microsoft"}
+    for op in ("MoE", "QMoE"):
+        positions = moe_inputs(op)
+        formal = [i.name for i in schemas[op].inputs]
+        for name in ("input", "router_probs", "fc1_experts_weights", "fc2_experts_weights", "fc3_experts_weights",
+                     "fc1_scales", "fc3_zero_points"):
+            index = positions.position(name)
+            if index is None:
+                assert name not in formal, (op, name)
+            else:
+                assert formal[index] == name, (op, name, index)
+    assert moe_inputs("MoE").fc3_experts_weights == 6 and moe_inputs("QMoE").fc3_experts_weights == 8
+    assert not moe_inputs("MoE").quantized and moe_inputs("QMoE").quantized
+    assert moe_inputs("MoE").position("no_such_input") is None and moe_inputs("MoE").position("op_type") is None
