@@ -63,6 +63,8 @@ def rule_annotation(findings: list[Finding]) -> str:
             fixes.append(group.fix)
     if len(groups) > MAX_ENTRIES:
         entries.append(f"... and {len(groups) - MAX_ENTRIES} more (the job summary and the SARIF report list them)")
+    if first.location.label:  # the optimized graph of MODEL, from a dump that was not kept
+        entries[0] = f"[{first.location.label}] {entries[0]}"
     message = "\n".join(entries + [f"fix: {fix}" for fix in fixes])
     return f"::{COMMAND[severity]} {','.join(props)}::{escape_data(message)}"
 
@@ -71,7 +73,7 @@ def render(result: LintResult) -> str:
     active = [f for f in result.findings if f.suppressed is None]
     by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
     for f in active:
-        by_rule[(f.location.file, f.code)].append(f)
+        by_rule[(f.location.file, f.location.label, f.code)].append(f)
     annotations = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), fs[0].code))
     lines: list[str] = []
     left_out: Counter[Severity] = Counter()

@@ -128,7 +128,7 @@ def _target(f: Finding) -> str:
 def group_key(f: Finding) -> tuple:
     """What makes findings identical (see the module doc)."""
     suppressed = None if f.suppressed is None else (f.suppressed.kind, f.suppressed.justification)
-    base = (f.location.file, f.code, f.rule, f.severity, f.fix, suppressed)
+    base = (f.location.file, f.location.label, f.code, f.rule, f.severity, f.fix, suppressed)
     if not f.node:
         return (*base, f.location.line, f.location.key_path, f.message, repr(f.properties), f.layer is None)
     return (*base, _skeleton(f.message), _skeleton(_target(f)), f.op_type, f.layer is None)

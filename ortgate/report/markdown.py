@@ -160,6 +160,8 @@ def _where_summary(findings: list[Finding]) -> str:
 
 
 def _file(f: Finding) -> str:
+    if f.location.label:
+        return _code(f.location.label)
     return _code(_file_line(f.location.file, f.location.line))
 
 

@@ -57,7 +57,7 @@ def write(console: Console, result: LintResult, options: TextOptions) -> None:
     shown_fixes: set[str] = set()
     shown_rules: set[str] = set()
     for file, findings in _by_file(active):
-        console.print(Text(display_path(file), style="bold underline"))
+        console.print(Text(file, style="bold underline"))
         groups = [FindingGroup([f]) for f in findings] if options.expand else group_findings(findings)
         for group in sorted(groups, key=_group_order):
             limit = None if options.expand else (
@@ -77,7 +77,7 @@ def _by_file(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
     """Files with configuration findings (no graph node) first: they are the quickest to fix."""
     by_file: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
-        by_file[f.location.file].append(f)
+        by_file[f.location.label or display_path(f.location.file)].append(f)
     order = {file: i for i, file in enumerate(by_file)}
     return sorted(by_file.items(), key=lambda item: (any(f.node for f in item[1]), order[item[0]]))
 
