@@ -8,6 +8,8 @@
   an attribute's description enumerates ("Choose from relu, gelu ...", "Supported values are 2, 4, and 8").
 - ai.onnx ops: every schema version from ONNX's own registry (onnx.defs) of the installed onnx package: inputs,
   type constraints, attributes. ONNX schemas state no ranks; none are recorded.
+- ORT's own ai.onnx-domain ops (SimplifiedLayerNormalization, ...), documented only by their kernel registrations
+  (OperatorKernels.md, as ortgate/knowledge/kernels.json holds it): input element types; nothing else is checked.
 
 The linter reads this file through ortgate.knowledge.contracts; an op that is not in it is "not checked".
 """
@@ -165,6 +167,27 @@ def onnx_schemas() -> dict[str, list[dict]]:
     return out
 
 
+def kernel_only_ops(known: set[str]) -> dict[str, dict]:
+    """ai.onnx-domain ops ORT registers itself (SimplifiedLayerNormalization, ...), documented only by their kernel
+    registrations (OperatorKernels.md, as knowledge/kernels.json holds it): input names and element types, the
+    union over providers. Whether an input is optional and which attributes exist is not documented: not checked."""
+    data = json.loads((REPO / "ortgate" / "knowledge" / "kernels.json").read_text())
+    out: dict[str, dict] = {}
+    for domains in data["providers"].values():
+        for op_type, entry in domains.get("ai.onnx", {}).items():
+            if op_type in known:
+                continue
+            op = out.setdefault(op_type, {"since": 1, "inputs": [], "attributes": {}, "types": {}})
+            for signature in entry.get("signatures", [])[:1]:
+                if not op["inputs"]:
+                    op["inputs"] = [{"name": i["name"], "type": i["constraint"], "option": "unknown"}
+                                    for i in signature["inputs"]]
+            for kernel in entry.get("kernels", []):
+                for param, types in kernel.get("types", {}).items():
+                    op["types"][param] = sorted(set(op["types"].get(param, [])) | set(types))
+    return {op: [v] for op, v in sorted(out.items())}
+
+
 def generate(contrib_path: Path) -> dict:
     import onnx
 
@@ -174,6 +197,8 @@ def generate(contrib_path: Path) -> dict:
         m = re.search(r"ContribOperators\.md\s+at commit ([0-9a-f]{40})", commit_file.read_text())
         commit = m.group(1) if m else None
     contrib = parse_contrib(contrib_path.read_text(encoding="utf-8"))
+    schemas = onnx_schemas()
+    kernels = json.loads((REPO / "ortgate" / "knowledge" / "kernels.json").read_text())
     for op in contrib.values():
         op.pop("outputs", None)
     return {
@@ -184,9 +209,12 @@ def generate(contrib_path: Path) -> dict:
             "com.microsoft": f"onnxruntime docs/ContribOperators.md at commit {commit}" if commit
             else "onnxruntime docs/ContribOperators.md",
             "ai.onnx": f"onnx {onnx.__version__} onnx.defs (schemas since opset version {MIN_ONNX_SINCE})",
+            "ai.onnx-kernels": f"onnxruntime docs/OperatorKernels.md at commit {kernels.get('commit')} (ORT's own "
+            "ai.onnx-domain ops: input element types only)",
         },
         "com.microsoft": dict(sorted(contrib.items())),
-        "ai.onnx": dict(sorted(onnx_schemas().items())),
+        "ai.onnx": dict(sorted(schemas.items())),
+        "ai.onnx-kernels": kernel_only_ops(set(schemas)),
     }
 
 

@@ -202,3 +202,17 @@ def test_every_real_export_meets_its_contracts(fixture):
     """Every committed real-export fixture runs on ORT CPU (MANIFEST.json): no contract violation may be reported."""
     for model in sorted((EXPORTED / fixture).glob("*.onnx")):
         assert lint_findings(model, select=CONTRACT_RULES) == [], model.name
+
+
+def test_contract_data_is_what_its_generator_writes():
+    """op_contracts.json is generated, never edited: the committed file is what the script makes of the reference."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = REPO / "scripts" / "gen_op_contracts.py"
+    spec = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    if spec.returncode == 2:
+        pytest.skip(f"reference not found: {spec.stderr.strip()}")
+    assert spec.returncode == 0, "ortgate/knowledge/op_contracts.json is stale: run python scripts/gen_op_contracts.py"

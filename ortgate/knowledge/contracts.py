@@ -25,7 +25,7 @@ _DOMAINS = {"": "ai.onnx", "ai.onnx": "ai.onnx", "com.microsoft": "com.microsoft
 class FormalInput:
     name: str
     type: str  # a type parameter ("T") or a literal type ("tensor(int64)")
-    option: str  # single | optional | variadic
+    option: str  # single | optional | variadic | unknown (only its types are documented)
     ranks: tuple[int, ...] | None = None  # ranks the reference states for it
     ranks_text: str | None = None
 
@@ -68,10 +68,10 @@ class OpContracts:
             raise ValueError(f"unsupported op_contracts.json schema {data.get('schema')!r}")
         sources = dict(data["sources"])
         ops: dict[str, dict[str, tuple[OpContract, ...]]] = {}
-        for domain in ("ai.onnx", "com.microsoft"):
-            for op_type, entry in data[domain].items():
+        for key, domain in (("ai.onnx", "ai.onnx"), ("com.microsoft", "com.microsoft"), ("ai.onnx-kernels", "ai.onnx")):
+            for op_type, entry in data[key].items():
                 versions = entry if isinstance(entry, list) else [entry]
-                ops.setdefault(domain, {})[op_type] = tuple(_contract(domain, op_type, v, sources[domain])
+                ops.setdefault(domain, {})[op_type] = tuple(_contract(domain, op_type, v, sources[key])
                                                            for v in versions)
         return cls(sources, ops)
 
