@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ortgate.cli.lint import add_baseline_arguments, baseline_outputs, write_baselines
-from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, write
+from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, terminal_options, write
 from ortgate.errors import InputError
 
 FORMATS = ("text", "json", "sarif", "github", "markdown")
@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     run.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+    run.add_argument("--expand", action="store_true",
+                     help="text and markdown: list every finding on its own, in full, instead of one entry per "
+                          "group of identical findings across layers")
 
 
 def require_onnxruntime() -> None:
@@ -98,7 +101,7 @@ def _emit(args: argparse.Namespace, reports: list[tuple[str, str | None]], outco
 
     result = write_baselines(args, outcome.result, outcome.inputs, outcome.config)
     for fmt, path in reports:
-        write(render_run(fmt, result, outcome.evidence), path)
+        write(render_run(fmt, result, outcome.evidence, **terminal_options(path), expand=args.expand), path)
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
