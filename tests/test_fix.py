@@ -327,3 +327,36 @@ def test_block_verification_catches_a_wrong_rewrite(tmp_path, make_model, monkey
     out = capsys.readouterr().out
     assert code == 1 and "first rewritten node whose output diverges: /model/layers.0/moe/MoE" in out
     assert not (tmp_path / "out").exists()
+
+
+# ---- real torch.onnx (dynamo) exports of other MoE families -------------------------------------------------------
+
+REAL_EXPORTS = {
+    "dynamo-mixtral": "dense_loop",  # TopK -> Softmax router
+    "dynamo-qwen2_moe": "dense_loop",  # shared expert + sigmoid gate stay outside the node
+    "dynamo-olmoe": "batched_matmul",  # experts gathered from stacks by the top-k indices, batched MatMuls
+}
+
+
+@pytest.mark.parametrize("folder", sorted(REAL_EXPORTS))
+def test_real_exports_are_rewritten_verified_and_lint_clean(tmp_path, folder):
+    model = EXPORTED / folder / "model.onnx"
+    if not model.exists():
+        pytest.skip(f"{folder} fixture not committed")
+    out = tmp_path / "out"
+    code, report = fix_json(model, "-o", out)
+    assert code == 0, report.get("failure")
+    assert report["verification"]["passed"] and report["verification"]["mode"] == "whole model"
+    assert [r["pattern"] for r in report["rewrites"]] == [REAL_EXPORTS[folder]] * len(report["rewrites"])
+    assert report["rewrites"] and not report["refusals"]
+    assert not rule_findings(out / "model.onnx", "moe-not-fused")
+
+
+def test_real_deepseek_v3_export_is_refused_with_its_reasons(tmp_path):
+    model = EXPORTED / "dynamo-deepseek_v3" / "model.onnx"
+    if not model.exists():
+        pytest.skip("dynamo-deepseek_v3 fixture not committed")
+    code, report = fix_json(model, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and not report["rewrites"]
+    reason = report["refusals"][0]["reason"]
+    assert "sigmoid scoring" in reason and "bias-corrected" in reason and "group-limited" in reason

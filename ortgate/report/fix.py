@@ -21,7 +21,7 @@ def _probe_results(outcome) -> dict[str, dict]:
     for p in v.probes:
         c = p.comparison
         out[p.value] = {"node": p.node, "max_abs_diff": c.max_abs_diff if c else None,
-                        "ok": bool(c and c.ok and c.compared), "note": p.note}
+                        "ok": bool(c and c.ok and c.compared), "note": p.note or (c.note if c else None)}
     return out
 
 
@@ -40,6 +40,8 @@ def rewrite_verdict(outcome, rewrite) -> str:
         return f"equal, run on its own block (max diff {probe['max_abs_diff']:.2g} of the block output's scale)"
     if probe["ok"]:
         return f"equal (max abs diff {probe['max_abs_diff']:.2g})"
+    if probe["max_abs_diff"] is None:
+        return f"DIVERGES ({probe['note'] or 'its output shape differs'})"
     return f"DIVERGES (max abs diff {probe['max_abs_diff']:.3g})"
 
 
