@@ -45,7 +45,7 @@ def findings(report, prefix="OGR"):
 
 
 def test_genai_qwen35_moe_runs_on_cpu_with_every_figure(write_policy):
-    code, report, err = run_json(QWEN35, "--policy", write_policy(CPU_POLICY), "--baseline")
+    code, report, err = run_json(QWEN35, "--policy", write_policy(CPU_POLICY), "--compare-default")
     run = report["run"]
     assert run["session"]["provider"]["ran_on"] == ["CPUExecutionProvider"]
     assert {d["dim"]: d["status"] for d in run["session"]["dims"]} == {"batch_size": "pinned",
@@ -93,10 +93,12 @@ def test_allow_cpu_runs_the_same_config_and_labels_every_figure_cpu(write_policy
     assert run["measurement"]["provider"] == "CPUExecutionProvider" and run["measurement"]["device_kind"] == "cpu"
     assert any("session.disable_cpu_ep_fallback dropped" in n for n in run["notes"])
     runtime = findings(report)
-    assert runtime["ep-unavailable"]["severity"] == "info" and "CPU figure" in runtime["ep-unavailable"]["message"]
+    assert "ep-unavailable" not in runtime
+    assert runtime["ep-substituted"]["severity"] == "info" and "CPU figure" in runtime["ep-substituted"]["message"]
     # The H100 target is not applicable here: reported as such, neither passed nor failed.
     target = runtime["throughput-target-missed"]
-    assert target["severity"] == "info" and "not applicable on this machine" in target["message"]
+    assert target["severity"] == "info" and target["kind"] == "undecided"
+    assert "not applicable on this machine" in target["message"]
     assert runtime["option-not-applied"]["severity"] == "info"  # CUDA options cannot be verified on CPU
     code, text, _ = run_cli("run", QWEN35, "--policy", policy, "--allow-cpu", *TINY)
     assert "CPU FIGURES" in text
@@ -119,14 +121,15 @@ def test_throughput_on_another_device_is_not_applicable(write_policy):
     policy = CPU_POLICY + "throughput:\n  device: 'NVIDIA*'\n  min_tokens_per_second: 1.0e+12\n"
     _, report, _ = run_json(GPT_OSS, "--policy", write_policy(policy))
     target = findings(report)["throughput-target-missed"]
-    assert target["severity"] == "info" and "not applicable on this machine" in target["message"]
+    assert target["severity"] == "info" and target["kind"] == "undecided"
+    assert "not applicable on this machine" in target["message"]
 
 
 def test_speedup_target_needs_the_baseline(write_policy):
     policy = write_policy(CPU_POLICY + "throughput:\n  device: cpu\n  min_speedup_vs_default: 1000\n")
     _, report, _ = run_json(GPT_OSS, "--policy", policy)
     assert findings(report)["throughput-target-missed"]["severity"] == "info"
-    code, report, _ = run_json(GPT_OSS, "--policy", policy, "--baseline")
+    code, report, _ = run_json(GPT_OSS, "--policy", policy, "--compare-default")
     missed = findings(report)["throughput-target-missed"]
     assert code == 1 and missed["severity"] == "error" and "speedup over ORT's default session" in missed["message"]
 
@@ -161,11 +164,16 @@ def test_text_report_has_figures_then_findings(write_policy):
     assert err == ""
 
 
-def test_timeout_stops_cleanly_with_one_line(write_policy):
+def test_timeout_is_a_finding_in_the_report_with_the_static_findings(write_policy):
     code, out, err = run_cli("run", QWEN35, "--policy", write_policy(CPU_POLICY), "--iterations", "100000000",
-                             "--timeout", "1")
-    assert code == 1 and out == ""
-    assert err.startswith("ortgate: error: run exceeded --timeout 1s while ") and err.count("\n") == 1
+                             "--timeout", "1", "--format", "json")
+    assert code == 1 and err == ""
+    report = json.loads(out)
+    (timeout,) = [f for f in report["findings"] if f["rule"] == "run-timeout"]
+    assert timeout["severity"] == "error" and "--timeout 1s while measuring the policy session" in timeout["message"]
+    assert report["run"]["failures"][0]["kind"] == "timeout" and report["run"]["measurement"] is None
+    assert {f["code"][:3] for f in report["findings"]} - {"OGR"}  # the static findings are still there
+    assert not report["verdict"]["passed"]
 
 
 def test_inputs_that_cannot_be_synthesised_exit_2(make_model, write_policy, tmp_path):
