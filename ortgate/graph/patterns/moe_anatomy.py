@@ -160,9 +160,8 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     topk = block.topk
     assert topk is not None and block.router is not None
     routing_ops = {n.op_type for n in block.routing_nodes}
-    if sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1:
-        raise _Refuse("group-limited top-k (more than one TopK in the router: DeepSeek-V3 style expert groups); "
-                      "com.microsoft.MoE ranks all experts at once")
+    _refuse_unexpressible_scores(graph, block, topk.input(0),
+                                 several_topk=sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1)
     if "CumSum" in routing_ops:
         raise _Refuse("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
                       "expert capacity")
@@ -176,7 +175,6 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     if not experts:
         raise _Refuse("the router's expert count is unknown")
     ranked = topk.input(0)
-    _refuse_unexpressible_scores(graph, block, ranked)
     scorer = graph.producer(_through_views(graph, ranked, {"Cast", "Identity"}))
     values = topk.outputs[0]
     if scorer is not None and scorer.op_type == "Softmax" and scorer.domain == DEFAULT_DOMAIN:
@@ -210,7 +208,7 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     _check_scaling(graph, weights)
 
 
-def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str) -> None:
+def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, several_topk: bool = False) -> None:
     """Name every feature of the scores TopK ranks that com.microsoft.MoE cannot express (DeepSeek-V3 routers have
     all three): sigmoid scoring, a correction bias added before ranking, scores reshaped into expert groups."""
     found: list[str] = []
@@ -231,12 +229,20 @@ def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str) -> 
             before, after = graph.shape(node.inputs[0]), graph.shape(node.outputs[0])
             if before and after and before[-1] != after[-1]:
                 found.append("group-limited top-k (the scores are reshaped into expert groups before TopK)")
+        elif node.op_type == "Where":
+            found.append("group-limited top-k (scores outside the chosen expert groups are masked before TopK)")
+            value = next((i for i in (node.input(2), node.input(1)) if i and not graph.is_constant(i)), "")
+            if not value:
+                break
+            continue
         elif node.op_type not in ("Cast", "Identity", "Softmax"):
             break
         inputs = [i for i in node.inputs if i and not graph.is_constant(i)]
         if not inputs:
             break
         value = inputs[0]
+    if several_topk and not any(f.startswith("group-limited") for f in found):
+        found.append("group-limited top-k (more than one TopK ranks the experts: expert groups)")
     if len(found) > 1 or (found and "sigmoid" not in found[0]):
         raise _Refuse("; ".join(found) + ": DeepSeek-V3-style routing, which com.microsoft.MoE cannot express")
     if found:
