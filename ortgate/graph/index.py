@@ -472,7 +472,7 @@ class Graph:
         info = self._values.get(name)
         if info is not None:
             if info.__class__ is not ValueInfo:  # decoded on first use
-                info = self._values[name] = _value_info(cast(onnx.ValueInfoProto, info))
+                info = self._values[name] = _value_info(cast("onnx.ValueInfoProto", info))
             return info
         init = self.initializers.get(name)
         if init is not None:
@@ -590,7 +590,7 @@ class Graph:
         info = self._values.get(name)
         if info is not None:
             if info.__class__ is not ValueInfo:
-                info = self._values[name] = _value_info(cast(onnx.ValueInfoProto, info))
+                info = self._values[name] = _value_info(cast("onnx.ValueInfoProto", info))
             return info.dtype
         init = self.initializers.get(name)
         return init.dtype if init is not None else None
