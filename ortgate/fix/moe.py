@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ortgate.errors import printable
-from ortgate.fix.weights import DataFile, WeightSource, itemsize
+from ortgate.fix.weights import DataFile, MemorySink, WeightSource, itemsize
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, view_shape
 from ortgate.knowledge.moe import moe_inputs
@@ -275,7 +275,7 @@ def view_matrix(source: WeightSource, view: WeightView) -> np.ndarray:
     return np.ascontiguousarray(matrix)
 
 
-def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile) -> tuple[int, int]:
+def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile | MemorySink) -> tuple[int, int]:
     """Write one fused tensor expert by expert; (offset, length) in the data file."""
     offset = out.begin()
     length = 0

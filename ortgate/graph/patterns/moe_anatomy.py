@@ -309,7 +309,7 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
         raise _Refuse("no expert output weighted by the routing weights was found")
     experts: dict[int, ExpertAnatomy] = {}
     expert_inputs: set[str] = set()
-    activations: set[str] = set()
+    activations: set[tuple[str, tuple]] = set()
     combine_nodes: set[int] = set()
     if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
         _read_batched(graph, a, *contributions[0])
@@ -352,7 +352,9 @@ def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weigh
     whose weights are gathered from [E, ., .] stacks by the top-k indices, are scaled by their routing weights,
     reshaped to [tokens, k, H] and summed over k."""
     count = a.num_experts or 0
-    experts, inputs, activations = [], set(), set()
+    experts: list[ExpertAnatomy] = []
+    inputs: set[str] = set()
+    activations: set[tuple[str, tuple]] = set()
     for e in range(count):
         expert, x, activation = _expert_mlp(graph, e, expert_out, pick=e)
         experts.append(expert)
