@@ -78,15 +78,35 @@ def moe_routing_mismatch(ctx: RuleContext):
     alpha computes a different MLP. Throughput measured on a model that computes something else is no measurement.
 
     ## Bad
+    ```yaml
+    model: {family: qwen3_moe, top_k: 8}   # Qwen3-30B-A3B: top-8 routing, norm_topk_prob true
     ```
-    y = com.microsoft.MoE(h, logits, fc1, None, fc2, k=2, activation_type="swiglu",
-                          normalize_routing_weights=0)            # Qwen3-30B-A3B: top-8, norm_topk_prob=true
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 0>(
+          h, logits, fc1, , fc2)
+    }
     ```
 
     ## Good
+    ```yaml
+    model: {family: qwen3_moe, top_k: 8}
     ```
-    y = com.microsoft.MoE(h, logits, fc1, None, fc2, k=8, activation_type="swiglu", swiglu_fusion=1,
-                          normalize_routing_weights=1, activation_alpha=1.0, activation_beta=0.0)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 8, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1,
+                            activation_alpha = 1.0, activation_beta = 0.0>(h, logits, fc1, , fc2)
+    }
     ```
 
     ## Fix
@@ -224,12 +244,32 @@ def gqa_config_mismatch(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    model: {num_heads: 16, kv_num_heads: 2}   # the graph: GroupQueryAttention(num_heads=4, kv_num_heads=2)
+    model: {num_heads: 16, kv_num_heads: 2}   # the graph's GroupQueryAttention has num_heads=4
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
     ```yaml
     model: {num_heads: 4, kv_num_heads: 2}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -308,15 +348,25 @@ def gqa_heads_invalid(ctx: RuleContext):
     rollback to an older, slower export.
 
     ## Bad
-    ```
-    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
-                                          num_heads=12, kv_num_heads=8)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 3>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```
-    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
-                                          num_heads=32, kv_num_heads=4)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -350,13 +400,33 @@ def gqa_window_mismatch(ctx: RuleContext):
     different model. A full layer exported with a window forgets the context.
 
     ## Bad
+    ```json
+    {"model": {"type": "gpt_oss", "decoder": {"sliding_window": {"window_size": 128, "layers": [0]}}}}
     ```
-    o = com.microsoft.GroupQueryAttention(..., local_window_size=-1)   # layer 0, a 128-token sliding layer
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    layer_0 (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+             int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      ["/model/layers.0/attn/GroupQueryAttention"] o, present_k, present_v = com.microsoft.GroupQueryAttention<
+          num_heads = 4, kv_num_heads = 2, local_window_size = -1>(qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
+    ```json
+    {"model": {"type": "gpt_oss", "decoder": {"sliding_window": {"window_size": 128, "layers": [0]}}}}
     ```
-    o = com.microsoft.GroupQueryAttention(..., local_window_size=128)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    layer_0 (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+             int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      ["/model/layers.0/attn/GroupQueryAttention"] o, present_k, present_v = com.microsoft.GroupQueryAttention<
+          num_heads = 4, kv_num_heads = 2, local_window_size = 128>(qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix

@@ -28,7 +28,7 @@ def waiver_expired(ctx: RuleContext):
     ## Good
     ```yaml
     waivers:
-      - {rule: moe-not-fused, reason: "re-export tracked in #412", expires: 2026-12-31}
+      - {rule: moe-not-fused, reason: "re-export tracked in #412", expires: 2099-12-31}
     ```
 
     ## Fix
