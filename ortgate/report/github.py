@@ -36,6 +36,8 @@ def annotation(finding: Finding) -> str:
         title += f" ({layer_label(finding.layer)})"
     props.append(f"title={escape_property(title)}")
     message = f"{target(finding)}: {finding.message}" if target(finding) else finding.message
+    if finding.location.label:
+        message = f"[{finding.location.label}] {message}"
     if finding.fix:
         message += f"\nfix: {finding.fix}"
     return f"::{COMMAND[finding.severity]} {','.join(props)}::{escape_data(message)}"

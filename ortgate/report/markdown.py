@@ -149,6 +149,8 @@ def _ranges(values: list[int]) -> str:
 
 
 def _file(f: Finding) -> str:
+    if f.location.label:
+        return _code(f.location.label)
     return _code(_file_line(f.location.file, f.location.line))
 
 

@@ -26,7 +26,7 @@ def write(console: Console, result: LintResult) -> None:
     by_file: dict[str, dict[int | None, list[Finding]]] = defaultdict(lambda: defaultdict(list))
     for f in result.findings:
         if f.suppressed is None:
-            by_file[f.location.file][f.layer].append(f)
+            by_file[f.location.label or f.location.file][f.layer].append(f)
     shown_fixes: set[str] = set()  # a fix repeated on every layer is printed once, under its first finding
     for file, layers in by_file.items():
         console.print(Text(file, style="bold underline"))
