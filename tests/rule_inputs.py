@@ -41,6 +41,8 @@ def model_from_text(text: str) -> onnx.ModelProto:
     weights = [v for v in graph.value_info if v.name not in computed]
     for info in weights:
         tensor_type = info.type.tensor_type
+        if any(d.dim_param or not d.HasField("dim_value") for d in tensor_type.shape.dim):
+            raise ValueError(f"weight {info.name!r} needs static dims: a weight is a constant")
         dims = [d.dim_value for d in tensor_type.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         graph.initializer.append(numpy_helper.from_array(np.zeros(dims, dtype=dtype), info.name))

@@ -39,26 +39,47 @@ def moe_not_fused(ctx: RuleContext):
     ## Bad
     ```onnx
     <ir_version: 10, opset_import: ["" : 21]>
-    moe_layer (float[T, 8] h) => (float[T, 8] y)
-    <float[8, 4] router_w, int64[1] k, float[8, 16] gate_up_0, float[8, 8] down_0, float[8, 16] gate_up_1, float[8, 8] down_1>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 2] router_w, int64[1] k = {1},
+     int64[1] e0 = {0}, int64[1] e1 = {1}, int64[1] e2 = {2}, int64[1] last = {-1},
+     float[8, 16] gate_0, float[8, 16] up_0, float[16, 8] down_0,
+     float[8, 16] gate_1, float[8, 16] up_1, float[16, 8] down_1>
     {
-      logits = MatMul(h, router_w)
+      logits = MatMul(x, router_w)                       # router: one logit per expert
       probs = Softmax<axis = -1>(logits)
-      weights, experts = TopK(probs, k)
-      a0 = MatMul(h, gate_up_0)
-      y0 = MatMul(a0, down_0)
-      y = Add(y0, y0)
+      top_w, top_i = TopK(probs, k)
+      shape = Shape(logits)
+      zeros = ConstantOfShape(shape)
+      routing = ScatterElements<axis = -1>(zeros, top_i, top_w)   # [T, experts]: top-k weights, 0 elsewhere
+      g0 = MatMul(x, gate_0)                             # expert 0 runs on every token
+      s0 = Sigmoid(g0)
+      a0 = Mul(g0, s0)
+      u0 = MatMul(x, up_0)
+      h0 = Mul(a0, u0)
+      d0 = MatMul(h0, down_0)
+      w0 = Slice(routing, e0, e1, last)
+      y0 = Mul(d0, w0)
+      g1 = MatMul(x, gate_1)                             # expert 1 too
+      s1 = Sigmoid(g1)
+      a1 = Mul(g1, s1)
+      u1 = MatMul(x, up_1)
+      h1 = Mul(a1, u1)
+      d1 = MatMul(h1, down_1)
+      w1 = Slice(routing, e1, e2, last)
+      y1 = Mul(d1, w1)
+      y = Add(y0, y1)
     }
     ```
 
     ## Good
     ```onnx
     <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
-    moe_layer (float[T, 8] h) => (float[T, 8] y)
-    <float[8, 4] router_w, float[4, 32, 8] fc1, float[4, 8, 16] fc2>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 2] router_w, float[2, 32, 8] fc1, float[2, 8, 16] fc2>
     {
-      logits = MatMul(h, router_w)
-      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1>(h, logits, fc1, , fc2)
+      logits = MatMul(x, router_w)
+      y = com.microsoft.MoE<k = 1, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1>(
+          x, logits, fc1, , fc2)
     }
     ```
 

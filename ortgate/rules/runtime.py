@@ -585,14 +585,22 @@ def session_failed(ctx: RuleContext):
     before a server tries to start.
 
     ## Bad
-    ```
-    RotaryEmbedding /model/layers.0/attn/rotary_emb: Input 'position_ids' is expected to have 0, 1, or 2
-    dimensions, got 3
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    failures:
+      - kind: run
+        session: policy
+        phase: running the policy session once
+        node: /model/layers.0/attn/rotary_emb
+        message: "Input 'position_ids' is expected to have 0, 1, or 2 dimensions, got 3"
     ```
 
     ## Good
-    ```
-    policy     CPUExecutionProvider on cpu: p50 0.41 ms ...   (the session was created and ran)
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    failures: []     # the session was created and ran
     ```
 
     ## Fix
@@ -635,13 +643,20 @@ def run_timeout(ctx: RuleContext):
     off. A run that never finished proves nothing, so it fails the gate instead of passing silently.
 
     ## Bad
-    ```
-    run-timeout: the run passed --timeout 60s while creating the policy session
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true}
+    timeout_s: 60
+    failures:
+      - {kind: timeout, session: policy, phase: creating the policy session, message: "passed --timeout 60s"}
     ```
 
     ## Good
-    ```
-    policy     CUDAExecutionProvider on NVIDIA H100: p50 7.6 ms ... (the run finished within --timeout)
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+    timeout_s: 60
+    failures: []     # the run finished within --timeout
     ```
 
     ## Fix
