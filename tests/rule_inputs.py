@@ -23,6 +23,7 @@ import onnx.parser
 from onnx import numpy_helper
 
 from ortgate import evidence as evidence_module
+from ortgate.engine.baseline import load_baseline
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.evidence import EVIDENCE_KEY, RunEvidence
@@ -96,6 +97,7 @@ class RuleInputs:
     policy: str | None = None  # YAML text
     genai_config: dict | str | None = None  # a JSON object, or a committed file relative to the repository
     evidence: dict | None = None
+    baseline: dict | None = None  # a findings baseline document
     select: list[str] = field(default_factory=list)  # rules to run beside the one under test
 
     def write(self, folder: Path) -> tuple[LintRequest, RunEvidence | None]:
@@ -146,5 +148,11 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     inputs = load_inputs(request)
     if run is not None:
         inputs.evidence[EVIDENCE_KEY] = run
-    config = gate_config_from(inputs.policy, cli_select=[code, *given.select], cli_ignore=None, fail_on=None)
+    baseline = None
+    if given.baseline is not None:
+        path = folder / "baseline.json"
+        path.write_text(json.dumps(given.baseline, indent=2))
+        baseline = load_baseline(path)
+    config = gate_config_from(inputs.policy, cli_select=[code, *given.select], cli_ignore=None, fail_on=None,
+                              baseline=baseline, baseline_path=str(folder / "baseline.json") if baseline else None)
     return [f for f in lint(inputs, config).findings if f.code == code]

@@ -15,7 +15,7 @@ from ortgate.rules.base import Example, doc_examples
 from tests.rule_inputs import RuleInputs, lint_rule
 
 RULES = all_rules()
-EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence"}
+EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline"}
 
 
 def examples(rule, section: str) -> list[Example]:
@@ -26,13 +26,16 @@ def inputs_of(found: list[Example]) -> RuleInputs:
     by_kind = {e.kind: e.text for e in found if e.kind in EXECUTED}
     policy = by_kind.get("policy")
     waived = [w["rule"] for w in (yaml.safe_load(policy) or {}).get("waivers") or []] if policy else []
+    baseline = yaml.safe_load(by_kind["baseline"]) if "baseline" in by_kind else None
+    accepted = [e["rule"] for e in (baseline or {}).get("findings", []) if e.get("rule")]
     return RuleInputs(
         model_text=by_kind.get("model"),
         optimized_text=by_kind.get("optimized"),
         policy=policy,
         genai_config=yaml.safe_load(by_kind["genai_config"]) if "genai_config" in by_kind else None,
         evidence=yaml.safe_load(by_kind["evidence"]) if "evidence" in by_kind else None,
-        select=waived,
+        baseline=baseline,
+        select=waived + accepted,
     )
 
 
