@@ -150,7 +150,8 @@ def gqa_not_fused(ctx: RuleContext):
       head count (Expand/Tile). One finding per layer.
     - MultiHeadAttention or ONNX `Attention` while the model has fewer kv heads than q heads.
     The number of attention layers against the policy is attention-layer-count-mismatch's to judge, GroupQueryAttention's
-    heads against the model config gqa-config-mismatch's, and head attributes ORT rejects gqa-heads-invalid's.
+    heads against the model config gqa-config-mismatch's, heads that do not group gqa-heads-not-grouped's, and attributes
+    ORT rejects the contract rules' (op-attribute-missing, op-attribute-type).
 
     ## Why it costs throughput
     Decomposed attention materialises the full [heads, q, kv] score tensor, repeats K and V to every query
