@@ -31,6 +31,7 @@ from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, decomposed_rotaries
+from ortgate.knowledge import cuda_graph_capture_facts, input_position, moe_inputs
 from ortgate.knowledge.devices import op_costs
 
 COMPONENTS = ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other")
@@ -39,7 +40,7 @@ COMPONENTS = ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other
 _WEIGHT_PASS = frozenset({"Cast", "Transpose", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _LINEAR_ATTENTION_EXTRA = ((MS_DOMAIN, "GatedRMSNorm"), (MS_DOMAIN, "GatedAdd"))
 _FUSED_ATTENTION_NATIVE_KV = frozenset({"GroupQueryAttention", "PagedAttention", "SparseAttention"})
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_CONTROL_FLOW = frozenset(cuda_graph_capture_facts().control_flow_ops)
 _SIMPLE_NORMS = frozenset(op for _, op in FUSED_RMSNORM_OPS) | {"LayerNormalization", "SkipLayerNormalization"}
 
 
@@ -630,12 +631,14 @@ def _fused_expert_macs(graph: Graph, node: Node, quantized: bool) -> float:
     dims (QMoE packs 8 / bits values per byte along the input dim)."""
     bits = node.int_attr("expert_weight_bits", 4) if quantized else None
     pack = (8 // bits) if bits in (1, 2, 4, 8) else 1
-    indices = (2, 5, 8) if quantized else (2, 4, 6)
+    positions = moe_inputs(node.op_type)
     macs = 0.0
-    for i in indices:
+    for i in (positions.fc1_experts_weights, positions.fc2_experts_weights, positions.fc3_experts_weights):
         dims = graph.shape(node.input(i)) if node.input(i) else None
-        if dims and len(dims) == 3 and all(isinstance(d, int) for d in dims):
-            macs += dims[1] * dims[2] * pack
+        if dims and len(dims) == 3:
+            _, rows, cols = dims
+            if isinstance(rows, int) and isinstance(cols, int):
+                macs += rows * cols * pack
     return macs
 
 
@@ -683,7 +686,7 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
         # every expert's MatMuls run, on the tokens routed to it: an expert no token chose reads nothing
         form.experts_read = float(min(tokens * k, experts)) if k else None
         label = f"the per-expert gather loop reads {_experts_text(form.experts_read)} of {experts} experts (no dedup)"
-        if k:
+        if form.experts_read is not None:
             scale = form.experts_read / experts
             for n in linears:
                 c = costs[n.index].cost
@@ -790,10 +793,9 @@ def _attention(graph: Graph, model: StepModel) -> None:
         if node.graph is not None:
             continue
         native = node.op_type in _FUSED_ATTENTION_NATIVE_KV or (node.domain == DEFAULT_DOMAIN and node.op_type == "Attention")
-        if node.op_type == "GroupQueryAttention":
-            past = [node.input(3), node.input(4)]
-        elif node.domain == DEFAULT_DOMAIN and node.op_type == "Attention":
-            past = [node.input(4), node.input(5)]
+        if node.op_type == "GroupQueryAttention" or (node.domain == DEFAULT_DOMAIN and node.op_type == "Attention"):
+            positions = (input_position(node.domain, node.op_type, n) for n in ("past_key", "past_value"))
+            past = [node.input(i) for i in positions if i is not None]
         else:
             past = []
         window = node.int_attr("local_window_size", -1) if node.op_type == "GroupQueryAttention" else -1
@@ -851,9 +853,9 @@ def _query_heads(graph: Graph, core, info: dict) -> int:
                 width = dims[-1] - (2 * kv * hs if qkv.packed else 0)  # a packed projection is [q | k | v]
                 if width > 0:
                     return max(1, width // hs)
-    dims = graph.shape(core.qk.input(0)) if core.qk.inputs else None
-    if dims and len(dims) == 4 and isinstance(dims[1], int):
-        return dims[1]
+    shape = graph.shape(core.qk.input(0)) if core.qk.inputs else None
+    if shape and len(shape) == 4 and isinstance(shape[1], int):
+        return shape[1]
     return info["kv_heads"] or 1
 
 

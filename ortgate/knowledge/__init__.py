@@ -29,11 +29,12 @@ from ortgate.knowledge.kernels import (
     normalize_dtype,
 )
 from ortgate.knowledge.loader import KnowledgeError
-from ortgate.knowledge.moe import MoeInputs, moe_inputs
+from ortgate.knowledge.moe import MoeInputs, input_position, moe_inputs
 from ortgate.knowledge.providers import (
     ProviderCatalog,
     ProviderOption,
     canonical_provider_name,
+    catalog_option,
     catalog_providers,
     compute_ops,
     cpu_fallback_facts,
@@ -74,6 +75,7 @@ __all__ = [
     "Support",
     "SupportResult",
     "canonical_provider_name",
+    "catalog_option",
     "catalog_providers",
     "compute_ops",
     "cpu_fallback_facts",
@@ -87,6 +89,7 @@ __all__ = [
     "graph_capture_info",
     "graph_capture_option",
     "graph_optimization_levels",
+    "input_position",
     "is_known_session_config_key",
     "kernel_free_op",
     "kernel_table",

@@ -43,6 +43,20 @@ def render(result: LintResult, *, expand: bool = False) -> str:
 
 
 def _inputs_table(summary: dict) -> list[str]:
+    """One row per model linted (a multi-model report lists each under the shared policy)."""
+    models = summary.get("models") or [summary]
+    rows = [_inputs_row(s) for s in models]
+    width = max(len(header) for header, _ in rows)
+    header = next(h for h, _ in rows if len(h) == width)
+    lines = [_row(header), _row(["---"] * (len(header) - 2) + ["---:", "---:"])]
+    for h, row in rows:
+        if len(h) < width:  # a model without an optimized dump beside one with
+            row.insert(1, "—")
+        lines.append(_row(row))
+    return lines + [""]
+
+
+def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
     header = ["Model"]
     row = [_code(display_path(summary["model"]))]
     if summary.get("optimized"):
@@ -53,7 +67,7 @@ def _inputs_table(summary: dict) -> list[str]:
     header += ["Provider", "Nodes", "Layers"]
     row += [summary.get("provider") or "—", str(summary.get("nodes", "—")),
             str(summary["layers"]) if summary.get("layers") is not None else "—"]
-    return [_row(header), _row(["---"] * (len(header) - 2) + ["---:", "---:"]), _row(row), ""]
+    return header, row
 
 
 def _fix_first(active: list[Finding]) -> list[str]:
@@ -99,7 +113,8 @@ def _by_layer(active: list[Finding]) -> list[str]:
            _row(["Layer", "Errors", "Warnings", "Infos", "Rules"]),
            _row(["---", "---:", "---:", "---:", "---"])]
     for layers, cells in rows:
-        label = layer_label(layers[0]) if len(layers) == 1 else f"layers {ranges(layers, '–')} ({len(layers)})"
+        numbered = [n for n in layers if n is not None]  # only numbered layers merge into a range
+        label = layer_label(layers[0]) if len(layers) == 1 else f"layers {ranges(numbered, '–')} ({len(layers)})"
         note = " each" if len(layers) > 1 else ""
         out.append(_row([label, *(c + note if c != "0" else c for c in cells[:3]), cells[3]]))
     out.append("")
