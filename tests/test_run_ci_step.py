@@ -73,7 +73,7 @@ def test_ort_refusing_to_load_the_model_is_an_error_finding_naming_the_node(type
     assert "free-dim-override-missing" in {f["rule"] for f in report["findings"]}
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github", "markdown"])
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github", "markdown", "junit", "codequality"])
 def test_the_refusal_is_in_every_report_format(rank3_rotary, write_policy, fmt):
     code, out, err = run_cli("run", rank3_rotary, "--policy", write_policy(CPU_POLICY), *TINY, "--format", fmt)
     assert code == 1 and err == ""

@@ -305,7 +305,7 @@ def _violations(data: dict, locate, raw: Any = None, partial: bool = False) -> l
             out.append(InputError(f"{format_key_path(key_path + (nulled,))}: expected {expected}, got null (a null "
                                   "removes a key, and this one is required)", file, line=line))
             continue
-        unknown = _unknown_keys(error) if error.validator == "additionalProperties" else []
+        unknown: list[str | None] = list(_unknown_keys(error)) if error.validator == "additionalProperties" else []
         for key in unknown or [None]:
             where = key_path + (key,) if key is not None else key_path
             file, line = locate(where)
