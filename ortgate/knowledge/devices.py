@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from ortgate.knowledge.loader import build, read_json
 
 DEVICES_JSON = Path(__file__).with_name("devices.json")
 OP_COSTS_JSON = Path(__file__).with_name("op_costs.json")
@@ -28,6 +29,67 @@ _FLOPS_DTYPE = {
 }
 
 
+Confidence = Literal["calibrated", "probe", "datasheet", "published", "derived", "default", "estimate", "uncertain"]
+
+
+@dataclass(frozen=True)
+class _FigureJson:
+    value: float | None
+    source: str
+    confidence: Confidence
+
+
+@dataclass(frozen=True)
+class _DefaultsJson:
+    kernel_us: _FigureJson
+    graph_kernel_us: _FigureJson
+    sync_us: _FigureJson
+    memory_efficiency: _FigureJson
+    compute_efficiency: _FigureJson
+
+
+@dataclass(frozen=True)
+class _DeviceJson:
+    label: str
+    kind: Literal["gpu", "npu", "cpu"]
+    match: tuple[str, ...]
+    bandwidth_gb_s: _FigureJson
+    tflops: Mapping[str, _FigureJson]
+    kernel_us: _FigureJson | None = None
+    graph_kernel_us: _FigureJson | None = None
+    sync_us: _FigureJson | None = None
+    memory_efficiency: _FigureJson | None = None
+    compute_efficiency: _FigureJson | None = None
+    kind_efficiency: Mapping[str, _FigureJson] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _DevicesFile:
+    schema: Literal[1]
+    reflects: str
+    about: str
+    defaults: Mapping[str, _DefaultsJson]
+    devices: Mapping[str, _DeviceJson]
+
+
+@dataclass(frozen=True)
+class _LaunchesJson:
+    value: float
+    source: str
+    confidence: Confidence
+
+
+@dataclass(frozen=True)
+class _OpCostsFile:
+    schema: Literal[1]
+    ort_version: str
+    about: str
+    default_launches: int
+    launches: Mapping[str, _LaunchesJson]
+    no_launch_ops: Mapping[str, str]
+    host_sync_ops: Mapping[str, str]
+
+
 @dataclass(frozen=True)
 class Figure:
     """One number with where it comes from. `value` None: not known (the `cpu` device before its probe)."""
@@ -37,9 +99,8 @@ class Figure:
     confidence: str
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Figure:
-        value = data.get("value")
-        return cls(None if value is None else float(value), str(data.get("source", "")), str(data.get("confidence", "")))
+    def from_json(cls, data: _FigureJson | _LaunchesJson) -> Figure:
+        return cls(data.value, data.source, data.confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "source": self.source, "confidence": self.confidence}
@@ -119,12 +180,12 @@ class Device:
 
 
 @cache
-def _catalog() -> dict[str, Any]:
-    return json.loads(DEVICES_JSON.read_text())
+def _catalog() -> _DevicesFile:
+    return build(_DevicesFile, read_json(DEVICES_JSON), DEVICES_JSON.name)
 
 
 def device_names() -> list[str]:
-    return sorted(_catalog()["devices"])
+    return sorted(_catalog().devices)
 
 
 def suggest_device(name: str) -> list[str]:
@@ -140,40 +201,41 @@ def suggest_device(name: str) -> list[str]:
 def find_device(name: str) -> Device | None:
     """A catalog device by name (case-insensitive; "_" and " " read as "-"), or None."""
     key = name.strip().lower().replace("_", "-").replace(" ", "-")
-    data = _catalog()["devices"].get(key)
+    data = _catalog().devices.get(key)
     return None if data is None else _device(key, data)
 
 
-def _build(name: str, data: Mapping[str, Any]) -> Device:
-    defaults = _catalog()["defaults"].get("gpu", {})
+def _build(name: str, data: _DeviceJson) -> Device:
+    defaults = _catalog().defaults.get("gpu")
 
     def fig(key: str) -> Figure:
-        if key in data:
-            return Figure.from_json(data[key])
-        if data.get("kind") != "cpu" and key in defaults:
-            return Figure.from_json(defaults[key])
+        own = getattr(data, key)
+        if own is not None:
+            return Figure.from_json(own)
+        if data.kind != "cpu" and defaults is not None:
+            return Figure.from_json(getattr(defaults, key))
         return Figure(None, "not in the catalog", "default")
 
     return Device(
         name=name,
-        label=str(data.get("label", name)),
-        kind=str(data.get("kind", "gpu")),
-        match=tuple(data.get("match", ())),
-        bandwidth_gb_s=fig("bandwidth_gb_s"),
-        tflops={k: Figure.from_json(v) for k, v in (data.get("tflops") or {}).items()},
+        label=data.label,
+        kind=data.kind,
+        match=data.match,
+        bandwidth_gb_s=Figure.from_json(data.bandwidth_gb_s),
+        tflops={k: Figure.from_json(v) for k, v in data.tflops.items()},
         kernel_us=fig("kernel_us"),
         graph_kernel_us=fig("graph_kernel_us"),
         sync_us=fig("sync_us"),
         memory_efficiency=fig("memory_efficiency"),
         compute_efficiency=fig("compute_efficiency"),
-        kind_efficiency={k: Figure.from_json(v) for k, v in (data.get("kind_efficiency") or {}).items()},
+        kind_efficiency={k: Figure.from_json(v) for k, v in data.kind_efficiency.items()},
     )
 
 
 _DEVICES: dict[str, Device] = {}
 
 
-def _device(name: str, data: Mapping[str, Any]) -> Device:
+def _device(name: str, data: _DeviceJson) -> Device:
     if name not in _DEVICES:
         _DEVICES[name] = _build(name, data)
     return _DEVICES[name]
@@ -214,11 +276,16 @@ def _op_key(key: str) -> str:
 
 @cache
 def op_costs() -> OpCosts:
-    data = json.loads(OP_COSTS_JSON.read_text())
+    data = build(_OpCostsFile, read_json(OP_COSTS_JSON), OP_COSTS_JSON.name)
     return OpCosts(
-        ort_version=str(data["ort_version"]),
-        default_launches=int(data["default_launches"]),
-        launches={_op_key(k): Figure.from_json(v) for k, v in data["launches"].items()},
-        no_launch={_op_key(k): str(v) for k, v in data["no_launch_ops"].items()},
-        host_sync={_op_key(k): str(v) for k, v in data["host_sync_ops"].items()},
+        ort_version=data.ort_version,
+        default_launches=data.default_launches,
+        launches={_op_key(k): Figure.from_json(v) for k, v in data.launches.items()},
+        no_launch={_op_key(k): v for k, v in data.no_launch_ops.items()},
+        host_sync={_op_key(k): v for k, v in data.host_sync_ops.items()},
     )
+
+
+# Checked at import, like every knowledge file: a typo is an ortgate bug caught before any user sees it.
+_catalog()
+op_costs()
