@@ -1,7 +1,8 @@
-"""Regenerate the README's generated blocks: the example lint output and the rules table.
+"""Regenerate what is generated from the rules: the README's example lint output and rules table, and the rule
+catalog `ortgate rules` / `ortgate explain` read (ortgate/rules/catalog.json).
 
-    python scripts/update_readme.py          # rewrite README.md
-    python scripts/update_readme.py --check  # exit 1 if README.md is stale (tests/test_readme.py does this)
+    python scripts/update_readme.py          # rewrite README.md and ortgate/rules/catalog.json
+    python scripts/update_readme.py --check  # exit 1 if either is stale (the tests check both)
 """
 
 from __future__ import annotations
@@ -52,19 +53,28 @@ def render(text: str) -> str:
     return text
 
 
+def catalog_text() -> str:
+    from ortgate.rules import all_rules
+    from ortgate.rules.catalog import catalog_text
+
+    return catalog_text(all_rules())
+
+
 def main() -> int:
+    from ortgate.rules.catalog import CATALOG_PATH
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     readme = REPO / "README.md"
-    current = readme.read_text()
-    fresh = render(current)
+    outputs = [(readme, render(readme.read_text())), (CATALOG_PATH, catalog_text())]
+    stale = [path for path, fresh in outputs if not path.is_file() or path.read_text(encoding="utf-8") != fresh]
     if args.check:
-        if fresh != current:
-            print("README.md is stale: run python scripts/update_readme.py", file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(fresh)
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is stale: run python scripts/update_readme.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(dict(outputs)[path], encoding="utf-8")
     return 0
 
 

@@ -35,6 +35,13 @@ def test_rules_lists_every_rule_with_code_name_severity_summary():
         assert any(line.split()[:3] == [r.code, r.name, r.severity.label] for line in out.splitlines()), r.name
 
 
+def test_the_rule_catalog_rules_and_explain_read_is_the_registered_rules():
+    from ortgate.rules.catalog import CATALOG_PATH, catalog_text
+
+    assert CATALOG_PATH.read_text(encoding="utf-8") == catalog_text(all_rules()), \
+        "ortgate/rules/catalog.json is stale: run python scripts/update_readme.py"
+
+
 def test_rules_json():
     code, out, _ = run_cli("rules", "--format", "json")
     listed = json.loads(out)

@@ -10,7 +10,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ortgate import __version__
 from ortgate.cli import fix, lint, policy, rules, run
 from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, error
 from ortgate.errors import InputError
@@ -77,17 +76,30 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     return command(args)
 
 
-def version_text() -> str:
-    from ortgate.knowledge import kernel_table
+# The distributions that install the `onnxruntime` module: one build per provider family.
+ORT_DISTRIBUTIONS = ("onnxruntime-gpu", "onnxruntime", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
+                     "onnxruntime-rocm", "onnxruntime-migraphx", "onnxruntime-cann")
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution, read from its metadata (the package itself is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
-        import onnxruntime
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
-        ort = onnxruntime.__version__
-    except ImportError:
-        ort = "not installed"
-    import onnx
 
+def version_text() -> str:
+    from ortgate import __version__
+    from ortgate.knowledge import kernel_table
+
+    found = [(d, v) for d in ORT_DISTRIBUTIONS if (v := installed_version(d)) is not None]
+    if found:
+        ort = "; ".join(f"{v} ({d})" for d, v in found)
+    else:
+        ort = "not installed (`ortgate run` needs it: pip install 'ortgate[gpu]' or 'ortgate[cpu]')"
     table = kernel_table()
-    return (f"ortgate {__version__}\nonnxruntime {ort} (installed)\nonnx {onnx.__version__}\n"
+    return (f"ortgate {__version__}\nonnxruntime {ort}\nonnx {installed_version('onnx') or 'not installed'}\n"
             f"kernel table: {table.ort_version} (commit {table.commit[:12]})")

@@ -20,9 +20,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    from ortgate.rules import all_rules
+    from ortgate.rules.catalog import catalog
 
-    rules = all_rules()
+    rules = catalog()
     if args.format == "json":
         payload = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family,
                     "summary": r.summary} for r in rules]
@@ -35,11 +35,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ortgate.rules import find_rule, suggest_rule
+    from ortgate.rules.catalog import catalog, closest_name, lookup
+    from ortgate.rules.redirects import RENAMED
 
-    r = find_rule(args.rule)
+    key = args.rule.strip()
+    r = lookup(catalog(), key) or lookup(catalog(), RENAMED.get(key.upper()) or RENAMED.get(key.lower()) or "")
     if r is None:
-        hint = suggest_rule(args.rule)
+        hint = closest_name(catalog(), args.rule)
         raise InputError(f"unknown rule {args.rule!r}"
                          + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
     text = f"# {r.code} {r.name} (default severity: {r.severity.label})\n\n{r.doc}\n"

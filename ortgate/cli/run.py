@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from ortgate.cli.output import EXIT_PASS, Output, check_outputs, error, write
-from ortgate.report.run import FORMATS
+from ortgate.errors import InputError
+
+FORMATS = ("text", "json")
 
 EXIT_TIMEOUT = 1
 
@@ -41,7 +43,17 @@ def add_parser(sub) -> None:
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
 
 
+def require_onnxruntime() -> None:
+    """`ortgate run` builds real sessions; the linter alone is installed without ONNX Runtime."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise InputError(f"`ortgate run` needs ONNX Runtime, which is not installed here ({exc}): install the build "
+                         "for this machine, pip install 'ortgate[gpu]' (CUDA) or pip install 'ortgate[cpu]'") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    require_onnxruntime()
     from ortgate.engine.run import run_reference
     from ortgate.report.run import render_run
     from ortgate.runner.collect import RunRequest

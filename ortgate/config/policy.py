@@ -10,13 +10,14 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from ortgate.config.source import KeyPath, LocatedDocument, format_key_path, load_yaml
 from ortgate.errors import InputError
 from ortgate.findings import Location
+
+if TYPE_CHECKING:  # imported when a policy is validated: listing rules never needs it
+    import jsonschema
 
 SCHEMA_PATH = Path(__file__).with_name("policy.schema.json")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
@@ -159,6 +160,8 @@ def _validate(doc: LocatedDocument) -> None:
         raise InputError("empty policy (expected a mapping with at least `name`)", doc.path)
     if not isinstance(doc.data, dict):
         raise InputError(f"a policy must be a mapping, got {type(doc.data).__name__}", doc.path, line=1)
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(policy_schema(), format_checker=jsonschema.FormatChecker())
     errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if not errors:

@@ -6,10 +6,13 @@ separate pass over it. Patterns (`ortgate.graph.patterns`) are computed on deman
 
 from __future__ import annotations
 
-import onnx
+from typing import TYPE_CHECKING
 
 from ortgate.graph.index import Graph
 from ortgate.graph.layers import assign_layers
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def build_graph(model: onnx.ModelProto, path: str, *, role: str = "model") -> Graph:

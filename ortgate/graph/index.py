@@ -13,12 +13,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
-
-import onnx
-from onnx import TensorProto, helper
+from typing import TYPE_CHECKING, Any
 
 from ortgate.errors import printable
+
+if TYPE_CHECKING:  # onnx is imported where a model is parsed: `ortgate rules`, `explain` and `policy` never need it
+    import onnx
 
 DEFAULT_DOMAIN = "ai.onnx"
 MS_DOMAIN = "com.microsoft"
@@ -29,6 +29,9 @@ _SMALL_CONSTANT_ELEMENTS = 64
 _SMALL_CONSTANT_BYTES = 64 * 1024
 # Attribute lists longer than this (a Constant's value_floats holding a weight) are not decoded.
 _MAX_ATTRIBUTE_ELEMENTS = 1 << 20
+# onnx.proto enum values, fixed by the ONNX IR spec (AttributeProto.AttributeType, TensorProto.DataLocation).
+_ATTR_TENSOR, _ATTR_GRAPH, _ATTR_GRAPHS = 4, 5, 10
+_DATA_EXTERNAL = 1
 # The only ONNX ops with graph attributes; nodes of other domains are checked attribute by attribute.
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -57,6 +60,8 @@ def dtype_name(elem_type: int) -> str | None:
         return None
     name = _DTYPE_NAMES.get(elem_type, "")
     if name == "":
+        from onnx import TensorProto
+
         try:
             name = TensorProto.DataType.Name(elem_type).lower() if elem_type else None
         except ValueError:
@@ -102,7 +107,7 @@ class Initializer:
     def _decode_storage(self) -> tuple[bool, str | None]:
         t = self._proto
         location = None
-        external = t.data_location == TensorProto.EXTERNAL
+        external = t.data_location == _DATA_EXTERNAL
         if external:
             for entry in t.external_data:
                 if entry.key == "location":
@@ -197,14 +202,16 @@ class Node:
 
 
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
-    if attr.type == onnx.AttributeProto.GRAPH:
+    if attr.type == _ATTR_GRAPH:
         return f"<graph {attr.g.name}>"
-    if attr.type == onnx.AttributeProto.GRAPHS:
+    if attr.type == _ATTR_GRAPHS:
         return [f"<graph {g.name}>" for g in attr.graphs]
-    if attr.type == onnx.AttributeProto.TENSOR:
+    if attr.type == _ATTR_TENSOR:
         return _tensor_summary(attr.t)
     if max(len(attr.ints), len(attr.floats), len(attr.strings)) > _MAX_ATTRIBUTE_ELEMENTS:
         return None  # a weight smuggled into an attribute list: never decoded into Python objects
+    from onnx import helper
+
     try:
         value = helper.get_attribute_value(attr)
     except Exception:  # malformed attribute: report its absence rather than crash
@@ -237,7 +244,7 @@ def _tensor_summary(t: onnx.TensorProto) -> TensorSummary:
     numel = 1
     for d in dims:
         numel *= max(d, 0)
-    inline = t.data_location != TensorProto.EXTERNAL
+    inline = t.data_location != _DATA_EXTERNAL
     if inline and numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
         try:
             from onnx import numpy_helper
@@ -296,7 +303,7 @@ def _subgraph_output(node: Node, output: str) -> str | None:
     attr_name, offset = _SUBGRAPH_OUTPUT_OFFSET[node.op_type]
     position = node.outputs.index(output) + offset
     for attr in node.proto.attribute:
-        if attr.name == attr_name and attr.type == onnx.AttributeProto.GRAPH and position < len(attr.g.output):
+        if attr.name == attr_name and attr.type == _ATTR_GRAPH and position < len(attr.g.output):
             return attr.g.output[position].name
     return None
 
@@ -412,9 +419,9 @@ class Graph:
     def _push_subgraphs(self, node: Node, scopes: list[set[str]], stack: list) -> bool:
         pushed = False
         for attr in node.proto.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
+            if attr.type == _ATTR_GRAPH:
                 subgraphs = [attr.g]
-            elif attr.type == onnx.AttributeProto.GRAPHS:
+            elif attr.type == _ATTR_GRAPHS:
                 subgraphs = list(attr.graphs)
             else:
                 continue

@@ -1,29 +1,39 @@
-"""The rule catalog. Each module is one family; importing it registers its rules."""
+"""The rule catalog. Each module is one family; importing it registers its rules.
+
+The family modules are imported on first use of the registry, not with this package: `ortgate rules` and
+`ortgate explain` read the generated catalog (`ortgate.rules.catalog`) and never need the graph layer.
+"""
 
 from __future__ import annotations
 
-import difflib
+from functools import cache
 
-# Families, in code order. Importing registers.
-from ortgate.rules import (  # noqa: F401  # noqa: E402,F401
-    drift,
-    fusion,
-    inventory,
-    model,
-    norms,
-    placement,
-    projections,
-    provider,
-    rotary,
-    runtime,
-    session,
-    waivers,
-)
 from ortgate.rules.base import Rule, registered_rules
+from ortgate.rules.catalog import closest_name, lookup
 from ortgate.rules.redirects import RENAMED, SPLIT_FROM
 
 
+@cache
+def _register() -> None:
+    # Families, in code order. Importing registers.
+    from ortgate.rules import (  # noqa: F401
+        drift,
+        fusion,
+        inventory,
+        model,
+        norms,
+        placement,
+        projections,
+        provider,
+        rotary,
+        runtime,
+        session,
+        waivers,
+    )
+
+
 def all_rules() -> list[Rule]:
+    _register()
     return registered_rules()
 
 
@@ -33,9 +43,9 @@ def find_rule(key: str) -> Rule | None:
     for candidate in (key, RENAMED.get(key.upper()), RENAMED.get(key.lower())):
         if not candidate:
             continue
-        for r in registered_rules():
-            if r.code == candidate.upper() or r.name == candidate.lower():
-                return r
+        found = lookup(all_rules(), candidate)
+        if found is not None:
+            return found
     return None
 
 
@@ -43,7 +53,7 @@ def split_from(code: str) -> list[Rule]:
     """The rules split off `code`: a reference to `code` covers their findings too (not transitively: a code split
     off a split-off code took findings `code` never had)."""
     children = {child for child, parents in SPLIT_FROM.items() if code in parents}
-    return [r for r in registered_rules() if r.code in children]
+    return [r for r in all_rules() if r.code in children]
 
 
 def resolve_rule(reference: str) -> list[Rule]:
@@ -61,14 +71,12 @@ def match_rules(selector: str) -> list[Rule]:
         return resolved
     prefix = selector.strip().upper()
     if prefix.startswith("OG") and prefix.isalnum():
-        return [r for r in registered_rules() if r.code.startswith(prefix)]
+        return [r for r in all_rules() if r.code.startswith(prefix)]
     return []
 
 
 def suggest_rule(selector: str) -> str | None:
-    names = [r.name for r in registered_rules()]
-    hint = difflib.get_close_matches(selector.lower(), names, n=1)
-    return hint[0] if hint else None
+    return closest_name(all_rules(), selector)
 
 
 __all__ = ["Rule", "all_rules", "find_rule", "match_rules", "resolve_rule", "split_from", "suggest_rule"]

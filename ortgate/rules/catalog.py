@@ -1,0 +1,70 @@
+"""The rule catalog as data: each rule's code, name, default severity, family and documentation, generated from
+the rules' own docstrings into catalog.json by `python scripts/update_readme.py`.
+
+`ortgate rules` and `ortgate explain` read it instead of importing the rule modules (and the graph and config
+layers under them), so they answer in about the time a bare Python start takes. tests/test_cli.py fails when it
+no longer matches the registered rules.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from ortgate.findings import Severity
+
+CATALOG_PATH = Path(__file__).with_name("catalog.json")
+
+
+class Named(Protocol):
+    code: str
+    name: str
+
+
+N = TypeVar("N", bound=Named)
+
+
+@dataclass(frozen=True)
+class RuleEntry:
+    code: str
+    name: str
+    severity: Severity
+    family: str
+    doc: str
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0].strip()
+
+
+@cache
+def catalog() -> tuple[RuleEntry, ...]:
+    data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
+    return tuple(RuleEntry(r["code"], r["name"], Severity.parse(r["severity"]), r["family"], r["doc"])
+                 for r in data["rules"])
+
+
+def catalog_text(rules: Iterable) -> str:
+    """catalog.json for these rules (anything with code, name, severity, family and doc), deterministic."""
+    entries = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family, "doc": r.doc}
+               for r in sorted(rules, key=lambda r: r.code)]
+    return json.dumps({"rules": entries}, indent=1, ensure_ascii=False) + "\n"
+
+
+def lookup(items: Iterable[N], key: str) -> N | None:
+    """A rule by code (OGF001, case-insensitive) or name (moe-not-fused)."""
+    key = key.strip()
+    for item in items:
+        if item.code == key.upper() or item.name == key.lower():
+            return item
+    return None
+
+
+def closest_name(items: Iterable[Named], key: str) -> str | None:
+    hint = difflib.get_close_matches(key.lower(), [item.name for item in items], n=1)
+    return hint[0] if hint else None

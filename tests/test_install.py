@@ -1,0 +1,110 @@
+"""The dependency split: the linter installs and runs without ONNX Runtime, and the commands that read no model
+import neither onnx nor onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, POLICIES, REPO
+
+UNFUSED = EXAMPLES / "qwen3-moe-tiny-unfused"
+CPU_POLICY = POLICIES / "tiny-moe-cpu.yaml"
+
+# Runs the console entry point in a fresh interpreter and prints (on stderr, last line) the top-level packages it
+# imported: what a user's `ortgate ...` process loads.
+PROBE = """
+import json, sys
+from ortgate.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:  # argparse's --help
+    code = exc.code
+sys.stdout.flush()
+sys.stderr.write("\\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules})) + "\\n")
+raise SystemExit(code)
+"""
+
+
+def _imported(python: str | Path, *args: str) -> tuple[int, str, set[str]]:
+    done = subprocess.run([str(python), "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    modules = json.loads(done.stderr.strip().splitlines()[-1])
+    return done.returncode, done.stdout, set(modules)
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["--version"],
+    ["rules"],
+    ["rules", "--format", "json"],
+    ["explain", "moe-not-fused"],
+    ["policy", "validate", str(CPU_POLICY)],
+    ["lint", "--help"],
+    ["run", "--help"],
+], ids=" ".join)
+def test_commands_that_read_no_model_import_neither_onnx_nor_onnxruntime(args):
+    code, out, modules = _imported(sys.executable, *args)
+    assert code == 0 and out
+    assert "onnx" not in modules and "onnxruntime" not in modules, sorted(modules)
+
+
+def test_help_and_rules_import_no_heavy_library():
+    for args in (["--help"], ["rules"]):
+        _code, _out, modules = _imported(sys.executable, *args)
+        assert not modules & {"onnx", "onnxruntime", "numpy", "jsonschema", "rich", "google"}, (args, sorted(modules))
+
+
+def test_lint_imports_onnx_but_not_onnxruntime():
+    code, out, modules = _imported(sys.executable, "lint", str(UNFUSED), "--policy", str(CPU_POLICY))
+    assert code == 1 and "moe-not-fused" in out
+    assert "onnx" in modules and "onnxruntime" not in modules
+
+
+@pytest.fixture(scope="module")
+def without_onnxruntime(tmp_path_factory) -> Path:
+    """A real virtual environment that sees every installed package (ortgate included) except onnxruntime."""
+    root = tmp_path_factory.mktemp("no-ort") / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    python = root / "bin" / "python"
+    target = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                          text=True).strip())
+    source = Path(sysconfig.get_paths()["purelib"])  # where pip installed ortgate and its dependencies
+    for entry in source.iterdir():
+        name = entry.name.lower()
+        if name.startswith("onnxruntime") or name == "__pycache__" or (target / entry.name).exists():
+            continue
+        os.symlink(entry, target / entry.name)
+    return python
+
+
+def test_lint_runs_in_an_environment_without_onnxruntime(without_onnxruntime):
+    python = str(without_onnxruntime)
+    missing = subprocess.run([python, "-c", "import onnxruntime"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "No module named 'onnxruntime'" in missing.stderr
+    done = subprocess.run([python, "-m", "ortgate", "lint", str(UNFUSED), "--policy", str(CPU_POLICY), "--format",
+                           "json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert "moe-not-fused" in {f["rule"] for f in report["findings"]} and done.stderr == ""
+
+
+def test_run_without_onnxruntime_names_the_extra_to_install(without_onnxruntime):
+    done = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "run", str(UNFUSED), "--policy",
+                           str(CPU_POLICY)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("ortgate: error: `ortgate run` needs ONNX Runtime") and done.stderr.count("\n") == 1
+    assert "ortgate[gpu]" in done.stderr and "ortgate[cpu]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version_without_onnxruntime_says_so(without_onnxruntime):
+    done = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "--version"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0
+    assert "onnxruntime not installed" in done.stdout and "ortgate[cpu]" in done.stdout
