@@ -13,6 +13,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 import ortgate.knowledge as knowledge
 from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
 from ortgate.knowledge.devices import _DevicesFile, _OpCostsFile
+from ortgate.knowledge.dims import _DimNamesFile
 from ortgate.knowledge.facts import OrtFacts
 from ortgate.knowledge.families import _FamiliesFile
 from ortgate.knowledge.fusions import OrtFusions
@@ -33,6 +34,7 @@ SCHEMAS = {
     "ort_moe.json": _OrtMoeFile,
     "devices.json": _DevicesFile,
     "op_costs.json": _OpCostsFile,
+    "dim_names.json": _DimNamesFile,
 }
 GENERATED = {"kernels.json": KernelTable.from_json}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import re
 from collections import defaultdict
 
 from ortgate.config.deployment import config_text
@@ -17,6 +16,7 @@ from ortgate.knowledge import (
     ort_facts,
     suggest_session_config_key,
 )
+from ortgate.knowledge.dims import dim_kind, dim_role
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.provider import cuda_graph_enabled
@@ -67,39 +67,13 @@ def optimization_level_not_all(ctx: RuleContext):
         )
 
 
-# How exporters name the dims of an LLM's inputs. The query dims are pinned for a decode deployment;
-# KV-cache dims grow every step and can only be pinned with a static (shared past/present) KV buffer.
-_BATCH_DIM = re.compile(r"^(batch|batch_size|batchsize|bs|b|n|num_seqs?|batch_dim)$|batch", re.IGNORECASE)
-_KV_DIM = re.compile(r"past|total|cache|kv|key|max_seq|present|context", re.IGNORECASE)
-_QUERY_DIM = re.compile(r"^(s|seq|seqlen|seq_len|sequence|sequence_length|query_length|q_len|input_len|"
-                        r"num_tokens|tokens|sequence_len)$|seq", re.IGNORECASE)
-
-
-# Sizes that are not lengths although their names mention the cache: kv_cache_dim (head size), kv_heads.
-_NOT_A_LENGTH = re.compile(r"(^|_)(dim|head_dim|head_size|hidden|hidden_size|heads?|num_heads)$", re.IGNORECASE)
-
-
-def classify_dim(name: str) -> str:
-    """"batch", "query" (tokens in this step), "kv" (past/total length: grows during decode) or "other"."""
-    if _NOT_A_LENGTH.search(name) and not re.search(r"seq|len", name, re.IGNORECASE):
-        return "other"
-    if _KV_DIM.search(name):
-        return "kv"
-    if _BATCH_DIM.search(name):
-        return "batch"
-    if _QUERY_DIM.search(name):
-        return "query"
-    return "other"
-
-
 def is_static_buffer_dim(name: str) -> bool:
     """A past-length dim that a static KV buffer (past_present_share_buffer) fixes at search.max_length.
 
     Total length (the attention mask) is not one of them, nor the sliding-window caches, whose length follows
     the window rather than max_length.
     """
-    low = name.lower()
-    return low.startswith("past") and "slid" not in low and "window" not in low
+    return dim_role(name) == "past"
 
 
 def symbolic_input_dims(graph: Graph) -> dict[str, list[str]]:
@@ -156,7 +130,7 @@ def free_dim_override_missing(ctx: RuleContext):
     for name, uses in sorted(dims.items()):
         if name in setup.free_dimension_overrides:
             continue
-        kind = classify_dim(name)
+        kind = dim_kind(name)
         if kind in ("batch", "query"):
             what = "batch" if kind == "batch" else "query-length"
             yield ctx.finding(
@@ -181,13 +155,13 @@ def free_dim_override_missing(ctx: RuleContext):
 
 
 def _input_dim_kinds(graph: Graph) -> dict[str, str]:
-    return {name: classify_dim(name) for name in symbolic_input_dims(graph)}
+    return {name: dim_kind(name) for name in symbolic_input_dims(graph)}
 
 
 def nearest_dim(name: str, dims: list[str]) -> str | None:
     """The input dim an override most likely meant: a close name of the same kind (batch/query/kv) first."""
-    kind = classify_dim(name)
-    same_kind = [d for d in dims if classify_dim(d) == kind]
+    kind = dim_kind(name)
+    same_kind = [d for d in dims if dim_kind(d) == kind]
     for pool, cutoff in ((same_kind, 0.4), (dims, 0.6)):
         hit = difflib.get_close_matches(name, pool, n=1, cutoff=cutoff)
         if hit:
@@ -391,7 +365,7 @@ def free_dim_override_range(ctx: RuleContext):
             continue
         values = list(setting.value)
         args = ", ".join(str(v) for v in values)
-        kind = classify_dim(name)
+        kind = dim_kind(name)
         pin = 1 if kind == "query" else min(values)
         yield ctx.finding(
             f"free-dimension override {name!r} is a range {values}: ORT pins a dim to ONE int "

@@ -1,9 +1,11 @@
 """Inputs for one decode (or prefill) step, synthesised from the model's signature: LLM-aware, weights never read.
 
 Every symbolic dim gets a value: the policy's `runner.dims` first, then `session.free_dimension_overrides`, then
-its role in an LLM's interface (batch, query length, past length, total length, sliding-window cache, head size),
-taken from `runner:` (batch_size, sequence_length, past_sequence_length, max_sequence_length). A dim none of these
-decide is an input error naming the input and the dim.
+its role in an LLM's interface (batch, query length, past length, total length, sliding-window cache, head size;
+ortgate.knowledge.dims, the classifier the session rules use too), taken from `runner:` (batch_size,
+sequence_length, past_sequence_length, max_sequence_length). A dim named by an expression of other dims
+(`past_sequence_length + sequence_length`) is computed from its terms. A dim none of these decide is an input error
+naming the input and the dim.
 
 Values follow what an LLM runtime feeds: token ids inside the vocabulary (rows of the embedding initializer,
 read from its shape only), an all-ones attention mask over past + new tokens, position ids continuing after the
@@ -25,45 +27,13 @@ from ortgate.config.policy import Policy
 from ortgate.errors import InputError
 from ortgate.findings import Location
 from ortgate.graph.index import Graph
+from ortgate.knowledge.dims import dim_role, dim_terms, dim_value, parse_dim
 from ortgate.runner.settings import RunnerSettings
 
 SEED = 0
 STATE_SCALE = 0.1  # random KV caches and recurrent states: small values, like a real cache's scale
 
-# Dim names exporters use, by role (lowercase). Names not listed are matched by the patterns below.
-_ROLE_NAMES = {
-    "batch": {"batch_size", "batch", "batchsize", "bs", "b", "n", "num_seqs", "batch_dim"},
-    "query": {"sequence_length", "seq_len", "seqlen", "sequence", "seq", "s", "q_len", "query_length", "num_tokens",
-              "input_len", "sequence_len"},
-    "past": {"past_sequence_length", "past_seq_len", "past_len", "past_length", "past_key_values_length",
-             "past_seq_length", "past_sequence_len"},
-    "total": {"total_sequence_length", "total_seq_len", "total_length", "total_seq_length", "kv_sequence_length",
-              "all_seq_len"},
-    "sliding_past": {"past_sliding_length", "past_sliding_sequence_length"},
-    "head": {"kv_cache_dim", "head_size", "head_dim"},
-    "max": {"max_sequence_length", "max_seq_len", "max_length", "max_cache_length"},
-}
-_ROLE_PATTERNS = (
-    ("sliding_past", re.compile(r"past.*sliding|sliding.*past")),
-    ("past", re.compile(r"^past")),
-    ("total", re.compile(r"total")),
-    ("max", re.compile(r"^max")),
-    ("batch", re.compile(r"batch")),
-    ("query", re.compile(r"seq")),
-)
 STEP_ROLES = {"batch": "batch_size", "query": "sequence_length", "past": "past_sequence_length"}
-
-
-def dim_role(name: str) -> str | None:
-    """batch | query | past | total | sliding_past | head | max, or None."""
-    low = name.lower()
-    for role, names in _ROLE_NAMES.items():
-        if low in names:
-            return role
-    for role, pattern in _ROLE_PATTERNS:
-        if pattern.search(low):
-            return role
-    return None
 
 
 @dataclass(frozen=True)
@@ -225,35 +195,63 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
         step[role], step_source[role] = value, dim
     shape = StepShape(step["batch"], step["query"], step["past"])
 
-    dims: dict[str, int] = {}
-    for dim, first_input in symbolic.items():
-        pinned = _explicit_value(dim, settings, overrides)
-        if pinned is not None:
-            dims[dim] = pinned[0]
-            continue
+    def role_value(dim: str) -> int | None:
         role = dim_role(dim)
-        value: int | None = None
         if role == "batch":
-            value = shape.batch_size
-        elif role == "query":
-            value = shape.sequence_length
-        elif role == "past":
-            value = shape.past_sequence_length
-        elif role == "total":
-            value = shape.total_sequence_length
-        elif role == "sliding_past":
-            value = window  # a sliding-window KV cache holds exactly the window (GQA sliding_window_cache)
-        elif role == "head":
-            value = head
-        elif role == "max":
-            value = settings.max_sequence_length
+            return shape.batch_size
+        if role == "query":
+            return shape.sequence_length
+        if role == "past":
+            return shape.past_sequence_length
+        if role == "total":
+            return shape.total_sequence_length
+        if role == "sliding_past":
+            return window  # a sliding-window KV cache holds exactly the window (GQA sliding_window_cache)
+        if role == "head":
+            return head
+        if role == "max":
+            return settings.max_sequence_length
+        return None
+
+    dims: dict[str, int] = {}
+    expressions = [d for d in symbolic if parse_dim(d) is not None]
+    for dim, first_input in symbolic.items():
+        if dim in expressions:
+            continue
+        pinned = _explicit_value(dim, settings, overrides)
+        value = pinned[0] if pinned is not None else role_value(dim)
         if value is None:
+            role = dim_role(dim)
             hint = {"sliding_past": " (no GroupQueryAttention local_window_size in the graph)",
                     "head": " (no head_size in genai_config.json or the policy's model block)",
                     "max": " (set runner.max_sequence_length)"}.get(role or "", "")
             raise InputError(f"input {first_input!r}: cannot choose a value for dim {dim!r}{hint}; "
                              f"set runner.dims.{dim} in the policy", policy_file)
         dims[dim] = int(value)
+
+    # A dim named by an expression ("past_sequence_length + sequence_length") is its terms' arithmetic.
+    def term_value(term: str) -> int | None:
+        if term in dims:
+            return dims[term]
+        pinned = _explicit_value(term, settings, overrides)
+        return pinned[0] if pinned is not None else role_value(term)
+
+    for dim in expressions:
+        first_input = symbolic[dim]
+        derived = dim_value(dim, term_value)
+        pinned = _explicit_value(dim, settings, overrides)
+        if pinned is not None:
+            if derived is not None and derived != pinned[0] and all(t in dims for t in dim_terms(dim)):
+                terms = ", ".join(f"{t} = {dims[t]}" for t in dim_terms(dim))
+                raise InputError(f"{pinned[1]} pins {dim!r} to {pinned[0]} but its terms give {derived} ({terms}): "
+                                 "the session would reject the inputs; pin the terms instead", policy_file)
+            dims[dim] = pinned[0]
+            continue
+        if derived is None:
+            unknown = ", ".join(repr(t) for t in dim_terms(dim) if term_value(t) is None)
+            raise InputError(f"input {first_input!r}: cannot choose a value for dim {dim!r} (no value for "
+                             f"{unknown}); set runner.dims.{dim} in the policy", policy_file)
+        dims[dim] = int(derived)
     return dims, shape
 
 
