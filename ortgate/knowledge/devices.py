@@ -9,8 +9,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from functools import cache
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,67 +28,6 @@ _FLOPS_DTYPE = {
 }
 
 
-Confidence = Literal["calibrated", "probe", "datasheet", "published", "derived", "default", "estimate", "uncertain"]
-
-
-@dataclass(frozen=True)
-class _FigureJson:
-    value: float | None
-    source: str
-    confidence: Confidence
-
-
-@dataclass(frozen=True)
-class _DefaultsJson:
-    kernel_us: _FigureJson
-    graph_kernel_us: _FigureJson
-    sync_us: _FigureJson
-    memory_efficiency: _FigureJson
-    compute_efficiency: _FigureJson
-
-
-@dataclass(frozen=True)
-class _DeviceJson:
-    label: str
-    kind: Literal["gpu", "npu", "cpu"]
-    match: tuple[str, ...]
-    bandwidth_gb_s: _FigureJson
-    tflops: Mapping[str, _FigureJson]
-    kernel_us: _FigureJson | None = None
-    graph_kernel_us: _FigureJson | None = None
-    sync_us: _FigureJson | None = None
-    memory_efficiency: _FigureJson | None = None
-    compute_efficiency: _FigureJson | None = None
-    kind_efficiency: Mapping[str, _FigureJson] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _DevicesFile:
-    schema: Literal[1]
-    reflects: str
-    about: str
-    defaults: Mapping[str, _DefaultsJson]
-    devices: Mapping[str, _DeviceJson]
-
-
-@dataclass(frozen=True)
-class _LaunchesJson:
-    value: float
-    source: str
-    confidence: Confidence
-
-
-@dataclass(frozen=True)
-class _OpCostsFile:
-    schema: Literal[1]
-    ort_version: str
-    about: str
-    default_launches: int
-    launches: Mapping[str, _LaunchesJson]
-    no_launch_ops: Mapping[str, str]
-    host_sync_ops: Mapping[str, str]
-
-
 @dataclass(frozen=True)
 class Figure:
     """One number with where it comes from. `value` None: not known (the `cpu` device before its probe)."""
@@ -99,8 +37,9 @@ class Figure:
     confidence: str
 
     @classmethod
-    def from_json(cls, data: _FigureJson | _LaunchesJson) -> Figure:
-        return cls(data.value, data.source, data.confidence)
+    def from_json(cls, data: Mapping[str, Any]) -> Figure:
+        value = data.get("value")
+        return cls(None if value is None else float(value), str(data.get("source", "")), str(data.get("confidence", "")))
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "source": self.source, "confidence": self.confidence}
@@ -179,13 +118,56 @@ class Device:
         }
 
 
-@cache
-def _catalog() -> _DevicesFile:
-    return build(_DevicesFile, read_json(DEVICES_JSON), DEVICES_JSON.name)
+# ---- devices.json and op_costs.json, as their schemas ------------------------------------------------------------
+
+Confidence = Literal["calibrated", "probe", "datasheet", "published", "derived", "default", "estimate", "uncertain"]
+
+
+@dataclass(frozen=True)
+class _FigureEntry:
+    value: float | None
+    source: str
+    confidence: Confidence
+
+    def figure(self) -> Figure:
+        return Figure(self.value, self.source, self.confidence)
+
+
+@dataclass(frozen=True)
+class _DeviceEntry:
+    label: str
+    kind: Literal["gpu", "npu", "cpu"]
+    match: tuple[str, ...]
+    bandwidth_gb_s: _FigureEntry
+    tflops: Mapping[str, _FigureEntry]
+    kernel_us: _FigureEntry | None = None
+    graph_kernel_us: _FigureEntry | None = None
+    sync_us: _FigureEntry | None = None
+    memory_efficiency: _FigureEntry | None = None
+    compute_efficiency: _FigureEntry | None = None
+    kind_efficiency: Mapping[str, _FigureEntry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _DevicesFile:
+    schema: Literal[1]
+    about: str
+    defaults: Mapping[str, Mapping[str, _FigureEntry]]  # device kind -> figure name -> default figure
+    devices: Mapping[str, _DeviceEntry]
+
+    def __post_init__(self) -> None:
+        known = {f.name for f in fields(_DeviceEntry)}
+        for kind, figures in self.defaults.items():
+            unknown = set(figures) - known
+            if unknown:
+                raise ValueError(f"defaults.{kind}: {sorted(unknown)} are not device figures")
+
+
+_CATALOG = build(_DevicesFile, read_json(DEVICES_JSON), DEVICES_JSON.name)
 
 
 def device_names() -> list[str]:
-    return sorted(_catalog().devices)
+    return sorted(_CATALOG.devices)
 
 
 def suggest_device(name: str) -> list[str]:
@@ -201,19 +183,19 @@ def suggest_device(name: str) -> list[str]:
 def find_device(name: str) -> Device | None:
     """A catalog device by name (case-insensitive; "_" and " " read as "-"), or None."""
     key = name.strip().lower().replace("_", "-").replace(" ", "-")
-    data = _catalog().devices.get(key)
+    data = _CATALOG.devices.get(key)
     return None if data is None else _device(key, data)
 
 
-def _build(name: str, data: _DeviceJson) -> Device:
-    defaults = _catalog().defaults.get("gpu")
+def _build(name: str, data: _DeviceEntry) -> Device:
+    defaults = _CATALOG.defaults.get("gpu", {})
 
     def fig(key: str) -> Figure:
-        own = getattr(data, key)
-        if own is not None:
-            return Figure.from_json(own)
-        if data.kind != "cpu" and defaults is not None:
-            return Figure.from_json(getattr(defaults, key))
+        entry = getattr(data, key)
+        if entry is not None:
+            return entry.figure()
+        if data.kind != "cpu" and key in defaults:
+            return defaults[key].figure()
         return Figure(None, "not in the catalog", "default")
 
     return Device(
@@ -221,21 +203,21 @@ def _build(name: str, data: _DeviceJson) -> Device:
         label=data.label,
         kind=data.kind,
         match=data.match,
-        bandwidth_gb_s=Figure.from_json(data.bandwidth_gb_s),
-        tflops={k: Figure.from_json(v) for k, v in data.tflops.items()},
+        bandwidth_gb_s=fig("bandwidth_gb_s"),
+        tflops={k: v.figure() for k, v in data.tflops.items()},
         kernel_us=fig("kernel_us"),
         graph_kernel_us=fig("graph_kernel_us"),
         sync_us=fig("sync_us"),
         memory_efficiency=fig("memory_efficiency"),
         compute_efficiency=fig("compute_efficiency"),
-        kind_efficiency={k: Figure.from_json(v) for k, v in data.kind_efficiency.items()},
+        kind_efficiency={k: v.figure() for k, v in data.kind_efficiency.items()},
     )
 
 
 _DEVICES: dict[str, Device] = {}
 
 
-def _device(name: str, data: _DeviceJson) -> Device:
+def _device(name: str, data: _DeviceEntry) -> Device:
     if name not in _DEVICES:
         _DEVICES[name] = _build(name, data)
     return _DEVICES[name]
@@ -274,18 +256,30 @@ def _op_key(key: str) -> str:
     return key[len("ai.onnx."):] if key.startswith("ai.onnx.") else key
 
 
-@cache
-def op_costs() -> OpCosts:
+@dataclass(frozen=True)
+class _OpCostsFile:
+    schema: Literal[1]
+    ort_version: str
+    about: str
+    default_launches: int
+    launches: Mapping[str, _FigureEntry]  # [domain.]op_type -> kernels per node
+    no_launch_ops: Mapping[str, str]
+    host_sync_ops: Mapping[str, str]
+
+
+def _load_op_costs() -> OpCosts:
     data = build(_OpCostsFile, read_json(OP_COSTS_JSON), OP_COSTS_JSON.name)
     return OpCosts(
         ort_version=data.ort_version,
         default_launches=data.default_launches,
-        launches={_op_key(k): Figure.from_json(v) for k, v in data.launches.items()},
+        launches={_op_key(k): v.figure() for k, v in data.launches.items()},
         no_launch={_op_key(k): v for k, v in data.no_launch_ops.items()},
         host_sync={_op_key(k): v for k, v in data.host_sync_ops.items()},
     )
 
 
-# Checked at import, like every knowledge file: a typo is an ortgate bug caught before any user sees it.
-_catalog()
-op_costs()
+_OP_COSTS = _load_op_costs()
+
+
+def op_costs() -> OpCosts:
+    return _OP_COSTS
