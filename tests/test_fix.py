@@ -275,3 +275,19 @@ def test_unknown_or_unfixable_rule_is_an_input_error(tmp_path, make_model, capsy
     assert "unknown rule" in capsys.readouterr().err
     assert main(["fix", str(src), "-o", str(tmp_path / "o"), "--select", "OGM003"]) == 2
     assert "no automatic fix" in capsys.readouterr().err
+
+
+def test_folder_input_carries_genai_config_over(tmp_path):
+    folder = tmp_path / "model"
+    save_model(build_model(ModelSpec(moe="dense_loop")), folder / "model.onnx", external_data=True)
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"}}}))
+    code, report = fix_json(folder, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and report["written"]
+    assert sorted(report["files"]) == ["genai_config.json", "model.onnx", "model.onnx.data"]
+    assert (tmp_path / "out" / "genai_config.json").read_text() == (folder / "genai_config.json").read_text()
+
+
+def test_a_fused_model_has_nothing_to_fix(tmp_path):
+    code, report = fix_json(EXPORTED / "genai-qwen3_5_moe-fp32-cpu", "-o", tmp_path / "out", "--select", "OGF001")
+    assert code == 0 and not report["rewrites"] and not report["refusals"] and not report["written"]
+    assert not (tmp_path / "out").exists()

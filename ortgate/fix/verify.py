@@ -35,8 +35,11 @@ from ortgate.runner.settings import RunnerSettings
 
 # A decode step of a few sequences: enough tokens that every expert is likely routed to at least once.
 VERIFY_SETTINGS = RunnerSettings(batch_size=1, sequence_length=16, past_sequence_length=0)
-SEEDS = (0, 1, 2, 3, 4, 5, 6, 7)
-TIE_MARGIN = 1e-3  # relative gap between the k-th and (k+1)-th router logit below which routing counts as tied
+SEEDS = (0, 1, 2, 3)
+# Relative gap between the k-th and (k+1)-th router logit below which routing counts as tied: far above the
+# rounding differences of a reordered float32 sum (~1e-7), and of float16/bfloat16 arithmetic (~1e-3).
+TIE_MARGIN = {"float32": 1e-5, "float64": 1e-9}
+TIE_MARGIN_16BIT = 1e-2
 
 
 @dataclass
@@ -87,10 +90,11 @@ def verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto
         margin = _routing_margin([results[r] for r, _ in routers], [k for _, k in routers])
         if best is None or margin > best[0]:
             best = (margin, seed, feeds, results)
-        if margin >= TIE_MARGIN:
+        if margin >= TIE_MARGIN.get(graph.dtype(routers[0][0]) or "", TIE_MARGIN_16BIT) if routers else True:
             break
     assert best is not None
     margin, seed, feeds, ref = best
+    del reference  # one model's weights in memory at a time
     fixed_session = _session(_with_outputs(fixed, [p.value for p in probes]), fixed_dir)
     got = _run(fixed_session, feeds)
     comparisons = compare_outputs({k: got[k] for k in outputs if k in got}, {k: ref[k] for k in outputs},
