@@ -65,9 +65,10 @@ def test_optimization_level_and_threads(tmp_path, make_model, write_policy):
     policy = write_policy("name: p\nsession:\n  graph_optimization_level: ORT_ENABLE_ALL\n  intra_op_num_threads: 4\n"
                           "execution_provider: {name: cuda}\n")
     config = write_genai(tmp_path, {"cuda": {}}, graph_optimization_level="ORT_ENABLE_BASIC", intra_op_num_threads=8)
-    found = drift(make_model(), policy, config)
-    assert [(dict(f.properties)["setting"], f.severity.label) for f in found] == [
-        ("graph_optimization_level", "error"), ("session option intra_op_num_threads", "warning")]
+    found = lint_findings(make_model(), policy, config=config, select=["config-drift", "session-option-drift"])
+    assert [(f.rule, dict(f.properties)["setting"], f.severity.label) for f in found] == [
+        ("config-drift", "graph_optimization_level", "error"),
+        ("session-option-drift", "session option intra_op_num_threads", "warning")]
 
 
 def test_option_left_at_its_default_on_both_sides_passes(tmp_path, make_model, write_policy):

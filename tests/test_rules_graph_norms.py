@@ -60,9 +60,10 @@ def test_per_head_norms_are_rmsnorms_too(make_model):
 
 
 def test_div_form_is_info_because_ort_fuses_it_on_cpu(make_model):
-    found = findings(make_model(norm="decomposed_div"), RMS)
+    found = findings(make_model(norm="decomposed_div"), "rmsnorm-fused-by-ort")
     assert found and all(f.severity == Severity.INFO for f in found)
     assert "SimplifiedLayerNormFusion" in found[0].message and "expected to rewrite" in found[0].message
+    assert findings(make_model(norm="decomposed_div"), RMS) == []
 
 
 def test_div_form_under_basic_optimization_is_a_warning(make_model, write_policy):
@@ -242,8 +243,9 @@ def test_gpu_only_form_says_so_on_cpu(tmp_path, write_policy):
     onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), path)
     cpu = findings(path, RMS, write_policy("name: p\nexecution_provider:\n  name: CPUExecutionProvider\n"))
     assert [f.severity for f in cpu] == [Severity.WARNING] and "only on CUDA/ROCm" in cpu[0].message
-    cuda = findings(path, RMS, write_policy("name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n", "c.yaml"))
-    assert [f.severity for f in cuda] == [Severity.INFO]
+    cuda = write_policy("name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n", "c.yaml")
+    assert [f.severity for f in findings(path, "rmsnorm-fused-by-ort", cuda)] == [Severity.INFO]
+    assert findings(path, RMS, cuda) == []
 
 
 def test_epsilon_defaults_in_the_table_are_ort_s():

@@ -56,8 +56,9 @@ def test_mha_fed_by_separate_projections(make_model):
                          ids=["fp16-matmul", "int4-matmulnbits"])
 def test_form_ort_repacks_on_cuda_is_info(make_model, write_policy, spec):
     model = make_model(qkv="separate", rotary="fused", **spec)
-    on_cuda = findings(model, QKV, write_policy(CUDA_POLICY))
+    on_cuda = findings(model, "qkv-packed-by-ort", write_policy(CUDA_POLICY))
     assert on_cuda and all(f.severity == Severity.INFO for f in on_cuda)
+    assert findings(model, QKV, write_policy(CUDA_POLICY, "cuda2.yaml")) == []
     assert "GroupQueryAttentionFusion" in on_cuda[0].message and "expected to rewrite" in on_cuda[0].message
     on_cpu = findings(model, QKV, write_policy(CPU_POLICY, "cpu.yaml"))
     assert on_cpu and all(f.severity == Severity.WARNING for f in on_cpu)

@@ -166,8 +166,9 @@ def test_uneven_split_points_at_the_policy_line(make_model, write_policy):
 
 def test_more_ranks_than_kv_heads_replicates(make_model, write_policy):
     policy = write_policy("name: p\nmodel:\n  num_heads: 4\n  kv_num_heads: 2\n  experts: 4\n  tensor_parallel: 4\n")
-    found = findings(make_model(moe_intermediate=32), TP, policy)
+    found = findings(make_model(moe_intermediate=32), "tp-kv-heads-replicated", policy)
     assert [(f.severity, dict(f.properties)["replicas"]) for f in found] == [(Severity.INFO, 2)]
+    assert findings(make_model(moe_intermediate=32), TP, policy) == []
 
 
 def test_even_split_passes(make_model, write_policy):

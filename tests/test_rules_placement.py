@@ -117,8 +117,9 @@ def test_integer_only_node_is_a_warning(tmp_path, write_policy):
         [helper.make_tensor_value_info("tokens", TensorProto.INT64, [])])
     path = tmp_path / "tokens.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
-    [found] = findings(path, write_policy(CUDA), rule="op-not-on-ep")
+    [found] = findings(path, write_policy(CUDA), rule="index-op-not-on-ep")
     assert found.severity.label == "warning" and "ReduceProd kernel for input 'data' of type int64" in found.message
+    assert findings(path, write_policy(CUDA, "p2.yaml"), rule="op-not-on-ep") == []
 
 
 def test_provider_without_kernel_table_is_undecided(make_model, write_policy):
@@ -143,10 +144,11 @@ def test_nonzero_expert_loop_has_data_dependent_shapes(make_model, write_policy)
     assert "depends on tensor values" in found.message and "layers 0-1" in found.message
 
 
-def test_cpu_nodes_block_capture(make_model, write_policy):
-    found = findings(make_model(dtype="float32"), write_policy(CUDA_GRAPH), rule="cuda-graph-blocker")
-    assert [(f.op_type, dict(f.properties)["blocker"]) for f in found] == [
-        ("com.microsoft.GroupQueryAttention", "cpu_node")]
+def test_fp32_gqa_under_capture_is_one_error_that_says_capture_fails(make_model, write_policy):
+    found = lint_findings(make_model(dtype="float32", moe="qmoe"), write_policy(CUDA_GRAPH), select=["OGK", "OGM"])
+    gqa = [f for f in found if f.op_type == "com.microsoft.GroupQueryAttention"]
+    assert [(f.rule, f.severity.label) for f in gqa] == [("op-not-on-ep", "error")]
+    assert "enable_cuda_graph is on, so ORT refuses to create the session" in gqa[0].message
 
 
 def test_memcpy_in_dump_blocks_capture(make_model, write_policy, tmp_path):
@@ -188,8 +190,17 @@ def test_copies_around_fp32_attention(make_model, tmp_path):
 def test_integer_copies_are_a_warning(make_model, tmp_path):
     model = make_model(dtype="float16")
     dump = dump_with_copies(model, tmp_path / "model.optimized.onnx", "ReduceSum")
-    [found] = findings(model, optimized=dump, rule="memcpy-in-graph")
+    [found] = findings(model, optimized=dump, rule="index-memcpy-in-graph")
     assert found.severity.label == "warning" and "ReduceSum" in found.message
+    assert findings(model, optimized=dump, rule="memcpy-in-graph") == []
+
+
+def test_copies_around_a_node_without_a_kernel_are_that_findings(make_model, write_policy, tmp_path):
+    model = make_model(dtype="float32")
+    dump = dump_with_copies(model, tmp_path / "model.optimized.onnx", "GroupQueryAttention")
+    found = lint_findings(model, write_policy(CUDA), optimized=dump, select=["OGK"])
+    gqa = [f for f in found if "GroupQueryAttention" in f.message]
+    assert [f.rule for f in gqa] == ["op-not-on-ep"] and "Memcpy to and from the GPU around them" in gqa[0].message
 
 
 @pytest.mark.parametrize("dump", ["model.optimized.onnx", "model.optimized-basic.onnx"])

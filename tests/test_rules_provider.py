@@ -139,9 +139,10 @@ def test_tf32_default_passes(make_model, write_policy):
 def test_tensorrt_without_engine_cache(make_model, write_policy):
     policy = write_policy('name: p\nexecution_provider:\n  name: TensorrtExecutionProvider\n'
                           '  options: {trt_fp16_enable: "True"}\n')
-    found = findings(make_model(), policy, rule="compile-cache-disabled")
-    assert [(f.severity.label, dict(f.properties)["option"]) for f in found] == [
-        ("warning", "trt_engine_cache_enable"), ("info", "trt_timing_cache_enable")]
+    found = [f for f in findings(make_model(), policy) if "cache" in f.rule]
+    assert [(f.rule, f.severity.label, dict(f.properties)["option"]) for f in found] == [
+        ("compile-cache-disabled", "warning", "trt_engine_cache_enable"),
+        ("trt-timing-cache-disabled", "info", "trt_timing_cache_enable")]
     assert "rebuilds the TensorRT engines" in found[0].message
 
 
@@ -149,6 +150,7 @@ def test_tensorrt_with_both_caches_passes(make_model, write_policy):
     policy = write_policy('name: p\nexecution_provider:\n  name: TensorrtExecutionProvider\n  options:\n'
                           '    trt_engine_cache_enable: "True"\n    trt_timing_cache_enable: "True"\n')
     assert findings(make_model(), policy, rule="compile-cache-disabled") == []
+    assert findings(make_model(), policy, rule="trt-timing-cache-disabled") == []
 
 
 def test_ep_context_dump_counts_as_a_compiled_graph_cache(make_model, write_policy):
@@ -156,6 +158,7 @@ def test_ep_context_dump_counts_as_a_compiled_graph_cache(make_model, write_poli
                           'execution_provider:\n  name: TensorrtExecutionProvider\n'
                           '  options: {trt_timing_cache_enable: "True"}\n')
     assert findings(make_model(), policy, rule="compile-cache-disabled") == []
+    assert findings(make_model(), policy, rule="trt-timing-cache-disabled") == []
 
 
 def test_cuda_has_no_compile_cache_to_enable(make_model, write_policy):

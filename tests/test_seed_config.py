@@ -52,12 +52,12 @@ def test_seed_config_findings(qwen36_fp16):
         ("free-dim-override-range", "error", line_of("batch_size: [1, 128]"), "batch_size"),
         ("free-dim-override-range", "error", line_of("seq_len: [1, 32768]"), "seq_len"),
         ("free-dim-override-unknown", "error", line_of("seq_len: [1, 32768]"), "seq_len"),
-        ("free-dim-override-missing", "error", line_of("session:"), "sequence_length"),
-        ("cpu-fallback-allowed", "info", line_of("session:"), None),
-    ])
+        ("capture-dim-not-pinned", "error", line_of("session:"), "sequence_length"),
+    ])  # CPU fallback: CUDA graph capture already refuses compute nodes on CPU
     by_key = {(f.rule, f.op_type): f for f in found if f.node is not None}
     assert sorted(by_key) == sorted(("op-not-on-ep", op) for op in NEWER_THAN_TABLE)
     assert all(by_key[("op-not-on-ep", op)].severity.label == "info" for op in NEWER_THAN_TABLE)
+    assert all(by_key[("op-not-on-ep", op)].kind.value == "undecided" for op in NEWER_THAN_TABLE)
 
     messages = {(f.rule, _subject(f)): f.message for f in found}
     assert "did you mean 'enable_cuda_graph'?" in messages[("unknown-provider-option", "cuda_graph_enable_partial")]

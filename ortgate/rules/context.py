@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortgate.config.deployment import Deployment
+from ortgate.config.deployment import Deployment, SessionSetup
 from ortgate.config.expectations import Expectations
 from ortgate.config.genai import GenaiConfig
 from ortgate.config.policy import Policy
@@ -88,9 +88,10 @@ class RuleContext:
         fix: str | None = None,
         related: Iterable[Node] = (),
         properties: dict[str, Any] | None = None,
-        severity: Severity | None = None,
     ) -> Finding:
-        """A finding about a graph node (give node and graph) or about a config key (give location)."""
+        """A violation of this rule about a graph node (give node and graph) or a config key (give location).
+
+        Its severity is the rule's: a fact of another severity is another rule's."""
         if location is None:
             graph = graph or self.model
             location = Location(graph.path)
@@ -98,7 +99,7 @@ class RuleContext:
         return Finding(
             code=self.rule.code,
             rule=self.rule.name,
-            severity=severity or self.rule.severity,
+            severity=self.rule.severity,
             message=printable(" ".join(message.split())),
             location=location,
             node=node.display_name if node is not None else None,
@@ -123,6 +124,24 @@ class RuleContext:
         found = self.finding(f"could not decide: internal error {type(exc).__name__}: {exc}",
                              location=Location(self.inputs.model.path))
         return replace(found, severity=Severity.INFO, kind=Kind.INTERNAL_ERROR)
+
+
+def judged_setups(ctx: RuleContext, value_of: Callable[[SessionSetup], Any]) -> list[SessionSetup]:
+    """The declarations a rule about one setting judges, so that each fact is reported once.
+
+    `value_of` gives a setup's value of the setting, comparable the way ORT reads it, or None when unset. The
+    policy's declaration is always judged. genai_config.json's is judged alone when there is no policy, and beside
+    the policy when the two target different providers, or when genai_config.json sets the value itself and the
+    policy either leaves it unset or sets the same value. A value it leaves unset has the same default as the
+    policy's (the policy's finding says it); a value that differs from the policy's is config-drift's.
+    """
+    policy, genai = ctx.deployment.policy_setup, ctx.deployment.genai_setup
+    if policy is None or genai is None or policy.provider_name != genai.provider_name:
+        return [s for s in (policy, genai) if s is not None]
+    mine, theirs = value_of(policy), value_of(genai)
+    if theirs is None or (mine is not None and mine != theirs):
+        return [policy]
+    return [policy, genai]
 
 
 def layers_text(nodes: Iterable[Node]) -> str:

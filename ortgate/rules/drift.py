@@ -11,7 +11,7 @@ from typing import Any
 
 from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL, SessionSetup, Setting, config_text
 from ortgate.findings import Location, Severity
-from ortgate.knowledge import provider_catalog, session_config_key
+from ortgate.knowledge import is_known_session_config_key, provider_catalog, session_config_key
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
@@ -64,9 +64,12 @@ def config_drift(ctx: RuleContext):
     ## What it checks
     When both a policy and genai_config.json are given, each setting the policy declares against what
     genai_config.json makes onnxruntime-genai do: the execution provider, every provider option the policy sets
-    (booleans compared as ORT parses them, unset = the catalog's default), `graph_optimization_level`, the
-    session config entries and the thread / memory-pattern options. The finding points at genai_config.json's
-    line and names the policy's file and line.
+    (booleans compared as ORT parses them, unset = the catalog's default), `graph_optimization_level` and the
+    session config entries. The finding points at genai_config.json's line and names the policy's file and line.
+    A key the provider or ORT does not have, or a value it cannot parse, on either side, is not compared: the
+    rule that says so owns it (unknown-provider-option, provider-option-c-api-only, provider-option-unverified,
+    provider-option-invalid-value, unknown-session-config-key), and copying it would spread it. The thread and
+    memory options are session-option-drift's.
 
     ## Why it costs throughput
     The policy is what CI checks (and what `ortgate run` measures); genai_config.json is what production runs.
@@ -98,16 +101,7 @@ def config_drift(ctx: RuleContext):
                      f"has {policy.provider_name!r}", genai,
                      fix=f"List {policy.provider_name} first in genai_config.json's provider_options.")
         return  # options of different providers are not comparable
-    provider = policy.provider_name
-    if provider is not None:
-        for key, wanted in sorted(policy.provider_options.items()):
-            have = genai.provider_options.get(key)
-            want_value, want_said = _option_value(provider, key, wanted)
-            have_value, have_said = _option_value(provider, key, have)
-            if want_value != have_value:
-                yield _drift(ctx, f"{provider} option {key}", have, wanted, have_said, want_said, genai,
-                             path=f"model.decoder.session_options.provider_options.{key}",
-                             fix=f"Set \"{key}\": \"{wanted.value}\" in genai_config.json's provider options.")
+    yield from _provider_option_drift(ctx, policy, genai)
     if policy.optimization_level is not None:
         want = policy.optimization_level.value
         have = genai.effective_optimization_level
@@ -119,32 +113,98 @@ def config_drift(ctx: RuleContext):
                          fix=f"Set \"graph_optimization_level\": \"{want}\" in genai_config.json's session_options.")
     for key, wanted in sorted(policy.config_entries.items()):
         have = genai.config_entries.get(key)
+        if not is_known_session_config_key(key):
+            continue  # unknown-session-config-key's: never advise copying a key ORT does not read
         want_value, want_said = _config_value(key, wanted)
         have_value, have_said = _config_value(key, have)
         if want_value != have_value:
             yield _drift(ctx, f"session config entry {key}", have, wanted, have_said, want_said, genai,
                          path=f"model.decoder.session_options.{key}",
                          fix=f"Add \"{key}\": \"{want_value}\" to genai_config.json's session_options.")
+
+
+def comparable_option(provider: str, key: str, *settings: Setting | None) -> bool:
+    """Whether config-drift may compare this provider option: the provider's catalog verifies the key for Python
+    and genai alike, and every value given parses. Anything else is another rule's finding."""
+    catalog = provider_catalog(provider)
+    option = catalog.option(key) if catalog else None
+    if option is None or not option.python_api:
+        return False
+    return all(s is None or option.validate(s.value) is None for s in settings)
+
+
+def _provider_option_drift(ctx: RuleContext, policy: SessionSetup, genai: SessionSetup):
+    provider = policy.provider_name
+    if provider is None:
+        return
+    for key, wanted in sorted(policy.provider_options.items()):
+        have = genai.provider_options.get(key)
+        if not comparable_option(provider, key, wanted, have):
+            continue
+        want_value, want_said = _option_value(provider, key, wanted)
+        have_value, have_said = _option_value(provider, key, have)
+        if want_value != have_value:
+            yield _drift(ctx, f"{provider} option {key}", have, wanted, have_said, want_said, genai,
+                         path=f"model.decoder.session_options.provider_options.{key}",
+                         fix=f"Set \"{key}\": \"{wanted.value}\" in genai_config.json's provider options.")
+
+
+# SessionOptions attributes genai_config.json can set too.
+GENAI_SESSION_ATTRIBUTES = ("intra_op_num_threads", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena")
+
+
+@rule("OGC002", "session-option-drift", Severity.WARNING)
+def session_option_drift(ctx: RuleContext):
+    """genai_config.json sets a thread or memory session option differently from the policy.
+
+    ## What it checks
+    When both a policy and genai_config.json are given, each of `intra_op_num_threads`, `inter_op_num_threads`,
+    `enable_mem_pattern` and `enable_cpu_mem_arena` the policy sets, against genai_config.json's session options
+    (unset = ORT's default). The finding points at genai_config.json's line and names the policy's.
+
+    ## Why it costs throughput
+    CI measures the policy's session and production runs genai_config.json's: thread counts and memory patterns
+    change CPU-side speed and memory, so the measured figures do not hold where the model serves. It changes no
+    kernel choice, so it is a warning.
+
+    ## Bad
+    ```text
+    policy.yaml:        session.intra_op_num_threads: 8
+    genai_config.json:  "session_options": {"intra_op_num_threads": 2}
+    ```
+
+    ## Good
+    ```text
+    policy.yaml:        session.intra_op_num_threads: 8
+    genai_config.json:  "session_options": {"intra_op_num_threads": 8}
+    ```
+
+    ## Fix
+    Set the same value in genai_config.json's `model.decoder.session_options`, or change the policy.
+    """
+    policy, genai = ctx.deployment.policy_setup, ctx.deployment.genai_setup
+    if policy is None or genai is None:
+        return
     for key, wanted in sorted(policy.session_attributes.items()):
-        if key not in ("intra_op_num_threads", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena"):
-            continue  # genai_config.json cannot set the others
+        if key not in GENAI_SESSION_ATTRIBUTES:
+            continue
         have = genai.session_attributes.get(key)
         want_value, want_said = _session_value(wanted)
         have_value, have_said = _session_value(have)
         if want_value != have_value:
             yield _drift(ctx, f"session option {key}", have, wanted, have_said, want_said, genai,
-                         path=f"model.decoder.session_options.{key}", severity=Severity.WARNING,
+                         path=f"model.decoder.session_options.{key}",
                          fix=f"Set \"{key}\": {wanted.value!r} in genai_config.json's session_options.")
 
 
 def _drift(ctx: RuleContext, what: str, have: Setting | None, wanted: Setting, have_said: str, want_said: str,
-           genai: SessionSetup, *, fix: str, path: str | None = None, severity: Severity | None = None):
+           genai: SessionSetup, *, fix: str, path: str | None = None):
+    """The one message of config-drift and session-option-drift."""
     location = have.location if have is not None else genai.missing(path or "model.decoder.session_options")
     return ctx.finding(
         f"genai_config.json and the policy disagree on {what}: genai_config.json {have_said}, the policy "
         f"({_where(wanted.location)}) {want_said}",
         location=location,
-        severity=severity,
         fix=fix,
         properties={"setting": what, "genai_config": have_said, "policy": want_said,
                     "policy_location": _where(wanted.location)},

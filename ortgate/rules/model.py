@@ -421,13 +421,13 @@ def tensor_parallel_split(ctx: RuleContext):
     multiple of N: `num_heads`, `experts`, `moe_intermediate_size` (policy, else the MoE weights) and the gated MLPs'
     intermediate widths (graph). kv heads split as `max(kv_heads // N, 1)` per rank: N <= kv_heads needs
     kv_heads % N == 0; N > kv_heads replicates each kv head on N / kv_heads ranks, which needs N % kv_heads == 0
-    (reported as info: each rank holds one kv head, replicated). Values come from the policy, genai_config.json or
-    the graph, as `ortgate` resolved them; findings point at the policy's `tensor_parallel` line.
+    (an even replication is tp-kv-heads-replicated's information). Values come from the policy,
+    genai_config.json or the graph, as `ortgate` resolved them; findings point at the policy's `tensor_parallel`
+    line.
 
     ## Why it costs throughput
     An uneven split leaves ranks with different shapes: the sharded runtime refuses it, or pads, and the slowest
-    rank sets the pace of every all-reduce. Replicated kv heads cost memory and KV-cache bandwidth on every rank
-    (the CANN Qwen3-MoE recipe: 4 kv heads over 8 cards means each kv head lives on 2 cards).
+    rank sets the pace of every all-reduce.
 
     ## Bad
     ```yaml
@@ -436,64 +436,97 @@ def tensor_parallel_split(ctx: RuleContext):
 
     ## Good
     ```yaml
-    model: {num_heads: 32, kv_num_heads: 4, experts: 128, tensor_parallel: 8}   # kv heads replicated x2
+    model: {num_heads: 32, kv_num_heads: 4, experts: 128, tensor_parallel: 4}
     ```
 
     ## Fix
     Choose a tensor-parallel degree that divides num_heads, experts and the intermediate sizes (and divides or is a
     multiple of kv_num_heads), or correct the policy's model values.
     """
-    tp = ctx.expect.declared("tensor_parallel")
-    if tp is None or not isinstance(tp.value, int) or tp.value <= 1:
+    tp = _tensor_parallel(ctx)
+    if tp is None:
         return
-    n = tp.value
-    where = tp.location
+    n, where = tp
+    for what, value, origin in _tp_sharded_sizes(ctx):
+        why = None
+        if what == "kv_num_heads" and n > value:
+            if n % value:
+                why = f"{n} ranks are more than {value} kv heads but not a multiple of them: no even replication"
+        elif value % n:
+            why = f"{value} / {n} is not whole"
+        if why is not None:
+            yield ctx.finding(
+                f"{what} {value} ({origin}) does not split over tensor_parallel {n}: {why}",
+                location=where,
+                fix=f"Use a tensor-parallel degree that divides {what} ({value})"
+                    + (" or is a multiple of it" if what == "kv_num_heads" else "") + ", or correct the policy.",
+                properties={"value": value, "tensor_parallel": n, "what": what},
+            )
+
+
+def _tensor_parallel(ctx: RuleContext) -> tuple[int, Location | None] | None:
+    """(the declared tensor-parallel degree, where), when it is more than 1."""
+    tp = ctx.expect.declared("tensor_parallel")
+    if tp is None or not isinstance(tp.value, int) or isinstance(tp.value, bool) or tp.value <= 1:
+        return None
+    return tp.value, tp.location
+
+
+def _tp_sharded_sizes(ctx: RuleContext) -> list[tuple[str, int, str]]:
+    """(what, size, where the size comes from) for every size tensor parallelism shards."""
     expect = ctx.expect
-
-    def split(label: str, expected: Expected | None, value: int | None = None, origin: str = ""):
+    sizes: list[tuple[str, int | None, str]] = []
+    for key in ("num_heads", "experts", "kv_num_heads"):
+        expected: Expected | None = getattr(expect, key)
         if expected is not None:
-            value, origin = expected.value, expected.describe()
-        if not isinstance(value, int) or value <= 0 or value % n == 0:
-            return None
-        return ctx.finding(
-            f"{label} {value} ({origin}) does not split over tensor_parallel {n}: {value} / {n} is not whole",
-            location=where, fix=f"Use a tensor-parallel degree that divides {label} ({value}), or correct the policy.",
-            properties={"value": value, "tensor_parallel": n, "what": label},
-        )
-
-    for finding in (split("num_heads", expect.num_heads), split("experts", expect.experts)):
-        if finding is not None:
-            yield finding
+            sizes.append((key, expected.value, expected.describe()))
     if expect.moe_intermediate_size is not None:
-        finding = split("moe_intermediate_size", expect.moe_intermediate_size)
+        sizes.append(("moe_intermediate_size", expect.moe_intermediate_size.value,
+                      expect.moe_intermediate_size.describe()))
     else:
-        finding = split("moe_intermediate_size", None, _moe_intermediate(ctx.model), "the MoE weights")
-    if finding is not None:
-        yield finding
-    for width in _mlp_widths(ctx.model):
-        finding = split("intermediate size", None, width, "a gated MLP's gate projection in the graph")
-        if finding is not None:
-            yield finding
-    kv = expect.kv_num_heads
-    if kv is not None and isinstance(kv.value, int) and kv.value > 0:
-        heads = kv.value
-        if n <= heads and heads % n:
-            yield ctx.finding(
-                f"kv_num_heads {heads} ({kv.describe()}) does not split over tensor_parallel {n}",
-                location=where, fix=f"Use a tensor-parallel degree that divides {heads} or is a multiple of it.",
-                properties={"value": heads, "tensor_parallel": n, "what": "kv_num_heads"},
-            )
-        elif n > heads and n % heads:
-            yield ctx.finding(
-                f"tensor_parallel {n} is more than kv_num_heads {heads} ({kv.describe()}) but not a multiple of it: "
-                "the kv heads cannot be replicated evenly over the ranks",
-                location=where, fix=f"Use a multiple of {heads} (or a divisor of it) as the tensor-parallel degree.",
-                properties={"value": heads, "tensor_parallel": n, "what": "kv_num_heads"},
-            )
-        elif n > heads:
-            yield ctx.finding(
-                f"tensor_parallel {n} > kv_num_heads {heads}: each rank holds max({heads} // {n}, 1) = 1 kv head, every "
-                f"kv head replicated on {n // heads} ranks (KV cache and k/v projections duplicated)",
-                location=where, severity=Severity.INFO,
-                properties={"value": heads, "tensor_parallel": n, "what": "kv_num_heads", "replicas": n // heads},
-            )
+        sizes.append(("moe_intermediate_size", _moe_intermediate(ctx.model), "the MoE weights"))
+    sizes += [("intermediate size", w, "a gated MLP's gate projection in the graph") for w in _mlp_widths(ctx.model)]
+    return [(what, v, origin) for what, v, origin in sizes if _int(v) is not None and v > 0]
+
+
+@rule("OGM007", "tp-kv-heads-replicated", Severity.INFO)
+def tp_kv_heads_replicated(ctx: RuleContext):
+    """With `model.tensor_parallel: N` above the kv head count, every kv head is replicated on N / kv_heads ranks.
+
+    ## What it checks
+    Only when the policy declares `model.tensor_parallel` N > 1 and N is a multiple of the kv head count
+    (policy, genai_config.json or graph) and larger than it: each rank holds max(kv_heads // N, 1) = 1 kv head,
+    and every kv head lives on N / kv_heads ranks. The finding points at the policy's `tensor_parallel` line.
+    (A degree that neither divides nor is a multiple of the kv heads is tensor-parallel-split's error.)
+
+    ## Why it costs throughput
+    Replicated kv heads cost memory and KV-cache bandwidth on every rank that holds a copy: the k/v projections
+    and the cache are computed and stored N / kv_heads times. It is how the CANN Qwen3-MoE recipe runs (4 kv heads
+    over 8 cards), so it is information, not a fault.
+
+    ## Bad
+    ```yaml
+    model: {num_heads: 32, kv_num_heads: 4, experts: 128, tensor_parallel: 8}   # each kv head on 2 ranks
+    ```
+
+    ## Good
+    ```yaml
+    model: {num_heads: 32, kv_num_heads: 4, experts: 128, tensor_parallel: 4}
+    ```
+
+    ## Fix
+    Nothing to fix when the replication is intended; a degree up to the kv head count avoids it.
+    """
+    tp = _tensor_parallel(ctx)
+    kv = ctx.expect.kv_num_heads
+    heads = _int(kv.value) if kv is not None else None
+    if tp is None or heads is None or heads <= 0:
+        return
+    n, where = tp
+    if n > heads and n % heads == 0:
+        yield ctx.finding(
+            f"tensor_parallel {n} > kv_num_heads {heads} ({kv.describe()}): each rank holds max({heads} // {n}, 1) = "
+            f"1 kv head, every kv head replicated on {n // heads} ranks (KV cache and k/v projections duplicated)",
+            location=where,
+            properties={"value": heads, "tensor_parallel": n, "what": "kv_num_heads", "replicas": n // heads},
+        )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ortgate.findings import Severity
-from ortgate.graph.index import Node
+from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
 from ortgate.knowledge.families import ModelFamily, model_family
 from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
@@ -43,7 +45,7 @@ def rmsnorm_not_fused(ctx: RuleContext):
     (ORT_ENABLE_EXTENDED, CPU/CUDA/ROCm) rewrites that form for the deployment's provider and level
     (ortgate/knowledge/ort_fusions.json): it matches only `Div(x, Sqrt(...))`, never the `Reciprocal` form
     torch.onnx writes for `torch.rsqrt`, never `x * x`, and a Cast between Div and the scale only on GPUs.
-    Forms ORT is expected to fuse are reported as info.
+    A layer whose norms ORT is expected to fuse at session creation is rmsnorm-fused-by-ort's information.
 
     ## Why it costs throughput
     A decomposed RMSNorm is 6-8 elementwise and reduction kernels, each reading and writing the whole hidden
@@ -66,34 +68,90 @@ def rmsnorm_not_fused(ctx: RuleContext):
     Export RMSNorm as SimplifiedLayerNormalization (onnxruntime-genai's builder does; for torch.onnx exports,
     onnxscript's `ort_fusions.optimize_for_ort` rewrites it), or at least write the `Div` form ORT fuses.
     """
+    for group in rmsnorm_groups(ctx):
+        if not group.ort_fuses:
+            yield _rmsnorm_finding(ctx, group)
+
+
+@dataclass(frozen=True)
+class RmsnormGroup:
+    """The decomposed RMSNorms of one layer, and whether ORT's SimplifiedLayerNormFusion rewrites them all."""
+
+    graph: Graph
+    layer: int | None
+    norms: list
+    ort_fuses: bool
+    why: str
+
+
+def rmsnorm_groups(ctx: RuleContext) -> list[RmsnormGroup]:
     graph, is_dump = judged_graph(ctx)
     tgt = target(ctx)
-    norms = decomposed_rmsnorms(graph)
-    for (_, layer), group in by_layer(norms, lambda m: m.last, lambda m: m.layer):
-        heads = sum(1 for m in group if m.head_norm)
-        roles = []
-        if len(group) - heads:
-            roles.append(f"{len(group) - heads} hidden-state")
-        if heads:
-            roles.append(f"{heads} per-head q/k")
+    out = []
+    for (_, layer), group in by_layer(decomposed_rmsnorms(graph), lambda m: m.last, lambda m: m.layer):
         forms = sorted({m.form for m in group})
-        chain = " -> ".join(n.op_type for n in group[0].nodes)
         repaired = not is_dump and all(rmsnorm_form_fused(m.form, tgt.provider, tgt.level) for m in group)
         if is_dump:
             why = f"still decomposed in ORT's optimized dump (ORT fused nothing here: form {', '.join(forms)})"
         else:
             fused_elsewhere = set.intersection(*(set(rmsnorm_form_providers(m.form)) for m in group))
             why = ort_pass_note("SimplifiedLayerNormFusion", tgt, repaired, fused_elsewhere)
-        what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
-        yield ctx.finding(
-            f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(layer)} computed with standard ops "
-            f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {why}",
-            node=group[0].last, graph=graph, layer=layer,
-            related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
-            severity=Severity.INFO if repaired else None,
-            properties={"norms": len(group), "head_norms": heads, "forms": ",".join(forms),
-                        "ort_fuses": repaired},
-        )
+        out.append(RmsnormGroup(graph, layer, group, repaired, why))
+    return out
+
+
+def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
+    """The one message of rmsnorm-not-fused and rmsnorm-fused-by-ort."""
+    group = found.norms
+    heads = sum(1 for m in group if m.head_norm)
+    roles = []
+    if len(group) - heads:
+        roles.append(f"{len(group) - heads} hidden-state")
+    if heads:
+        roles.append(f"{heads} per-head q/k")
+    forms = sorted({m.form for m in group})
+    chain = " -> ".join(n.op_type for n in group[0].nodes)
+    what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
+    return ctx.finding(
+        f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(found.layer)} computed with standard ops "
+        f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {found.why}",
+        node=group[0].last, graph=found.graph, layer=found.layer,
+        related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
+        properties={"norms": len(group), "head_norms": heads, "forms": ",".join(forms), "ort_fuses": found.ort_fuses},
+    )
+
+
+@rule("OGF010", "rmsnorm-fused-by-ort", Severity.INFO)
+def rmsnorm_fused_by_ort(ctx: RuleContext):
+    """A decomposed RMSNorm that ORT's SimplifiedLayerNormFusion is expected to fuse at session creation.
+
+    ## What it checks
+    What rmsnorm-not-fused checks, on the exported model (no optimized dump given), for the layers whose every
+    decomposed RMSNorm has the form ORT's SimplifiedLayerNormFusion matches for the deployment's provider at its
+    optimization level (ortgate/knowledge/ort_fusions.json): `Pow -> ReduceMean -> Add -> Sqrt -> Div(x, .) ->
+    Mul`, with a Cast before the scale only on GPU providers.
+
+    ## Why it costs throughput
+    If ORT fuses it as expected, nothing: the session runs one SimplifiedLayerNormalization per norm. The
+    expectation is the pass's documented match, not an observation; an optimized dump (`--optimized`) confirms it.
+
+    ## Bad
+    ```
+    y = Mul(gamma, Div(x, Sqrt(Add(ReduceMean(Pow(x, 2.0), axes=[-1]), 1e-6))))   # left to ORT
+    ```
+
+    ## Good
+    ```
+    y = SimplifiedLayerNormalization(x, gamma, axis=-1, epsilon=1e-6, stash_type=1)
+    ```
+
+    ## Fix
+    Nothing is required; export SimplifiedLayerNormalization to stop depending on the pass, and lint the
+    optimized dump to confirm.
+    """
+    for group in rmsnorm_groups(ctx):
+        if group.ort_fuses:
+            yield _rmsnorm_finding(ctx, group)
 
 
 @rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING)

@@ -105,21 +105,64 @@ def _target(labels: list[str], provider: str) -> str:
     return f"{_declared_by(labels)} target{'s' if len(labels) == 1 else ''} {provider}"
 
 
-# ---- op-not-on-ep --------------------------------------------------------------------------------------------
+# ---- op-not-on-ep, index-op-not-on-ep -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuGroup:
+    """Nodes of one op kind, for one reason, that a GPU target has no kernel for: ORT runs them on CPU."""
+
+    provider: str
+    labels: tuple[str, ...]  # the setups that target the provider
+    key: str  # the op key
+    reason: str
+    nodes: list[Node]
+    computes: bool  # a float tensor goes into one of them
+
+
+def cpu_groups(ctx: RuleContext, graph: Graph) -> list[CpuGroup]:
+    """Per GPU target with a kernel table, the nodes it has no kernel for, one group per op kind and reason."""
+    table = kernel_table()
+    out = []
+    for provider, labels in sorted(gpu_targets(ctx).items()):
+        if not table.has_provider(provider):
+            continue
+        for (key, reason), group in _group(cpu_bound(graph, provider)).items():
+            out.append(CpuGroup(provider, tuple(labels), key, reason, [p.node for p in group],
+                                any(p.computes for p in group)))
+    return out
+
+
+def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
+    """The one message of op-not-on-ep and index-op-not-on-ep."""
+    table = kernel_table()
+    nodes = group.nodes
+    capture = _capture_providers(ctx).get(group.provider) if group.computes else None
+    refused = (f"; {cuda_graph_option(capture[0])} is on, so ORT refuses to create the session (capture needs every "
+               f"compute node on {group.provider})" if capture else "")
+    return ctx.finding(
+        f"{group.reason}: {_count(nodes)} run on {CPU} instead, with Memcpy to and from the GPU around them (the "
+        f"{_target(list(group.labels), group.provider)}){refused}",
+        node=nodes[0], graph=graph, related=nodes[1:],
+        fix=_placement_fix(table, group.provider, nodes[0]),
+        properties={"provider": group.provider, "op": group.key, "nodes": len(nodes),
+                    "kernel_table": table.ort_version},
+    )
 
 
 @rule("OGK001", "op-not-on-ep", Severity.ERROR)
 def op_not_on_ep(ctx: RuleContext):
-    """A node has no kernel on the deployment's GPU provider: ORT runs it on CPU, with copies around it.
+    """A compute node has no kernel on the deployment's GPU provider: ORT runs it on CPU, with copies around it.
 
     ## What it checks
-    Every node of the graph ORT will run (the optimized dump when given, else the model), by (domain, op_type,
-    opset, input dtypes) against the kernel table of the provider the policy or genai_config.json names. Input
-    dtypes are propagated through the graph. Classic catches: a float32 GroupQueryAttention or float32 QMoE under
-    CUDA (their CUDA kernels take float16/bfloat16 only). One finding per op kind, naming the layers.
-    Error for nodes that compute on float tensors; warning for integer-only (index/shape) nodes; info for ops the
-    table does not list at all (newer than the table: ortgate cannot tell, and says which ORT version the table
-    reflects). Providers without a table (TensorRT, CANN, ...) are not judged.
+    Every node of the graph ORT will run (the optimized dump when given, else the model) that takes a float
+    tensor, by (domain, op_type, opset, input dtypes) against the kernel table of the provider the policy or
+    genai_config.json names. Input dtypes are propagated through the graph. Classic catches: a float32
+    GroupQueryAttention or float32 QMoE under CUDA (their CUDA kernels take float16/bfloat16 only). One finding per
+    op kind, naming the layers; with CUDA graph capture on it also says that ORT refuses the session, and the
+    Memcpy nodes around these nodes are this finding's, not memcpy-in-graph's. Integer-only (index/shape) nodes
+    are index-op-not-on-ep's. An op the table does not list at all (newer than the table), and a provider without
+    a table (TensorRT, CANN, ...), are reported as undecided, naming the ORT version the table reflects.
 
     ## Why it costs throughput
     ORT silently assigns such a node to the CPU provider and inserts MemcpyToHost / MemcpyFromHost around it: at
@@ -153,39 +196,54 @@ def op_not_on_ep(ctx: RuleContext):
                 graph=graph,
             )
             continue
-        items = placements(graph, provider)
-        for (key, reason), group in _group([p for p in items if p.result.status is Support.NO]).items():
-            nodes = [p.node for p in group]
-            computes = any(p.computes for p in group)
-            yield ctx.finding(
-                f"{reason}: {_count(nodes)} run on {CPU} instead, with Memcpy to "
-                f"and from the GPU around them (the {_target(labels, provider)})",
-                node=nodes[0],
-                graph=graph,
-                related=nodes[1:],
-                severity=None if computes else Severity.WARNING,
-                fix=_placement_fix(table, provider, nodes[0]),
-                properties={"provider": provider, "op": key, "nodes": len(nodes), "computes": computes,
-                            "kernel_table": table.ort_version},
-            )
-        unknown = [p for p in items if p.result.status in (Support.UNKNOWN_OP, Support.UNKNOWN_TYPE)]
+        unknown = [p for p in placements(graph, provider) if p.result.status in (Support.UNKNOWN_OP, Support.UNKNOWN_TYPE)]
         for (key, reason), group in _group(unknown).items():
             nodes = [p.node for p in group]
-            status = group[0].result.status
             what = (f"{key} is not in the kernel table ({table.ort_version}), so ortgate cannot tell whether "
-                    f"{provider} has a kernel for it" if status is Support.UNKNOWN_OP else
-                    f"could not decide whether {provider} runs {key}: {reason}")
-            yield ctx.finding(
-                f"{what} ({_count(nodes)})",
-                node=nodes[0],
-                graph=graph,
-                related=nodes[1:],
-                severity=Severity.INFO,
-                fix="Check the placement on the target with `ortgate run` (profiling shows each node's provider) "
-                    "or with session.disable_cpu_ep_fallback=1.",
-                properties={"provider": provider, "op": key, "nodes": len(nodes), "status": status.value,
-                            "kernel_table": table.ort_version},
-            )
+                    f"{provider} has a kernel for it" if group[0].result.status is Support.UNKNOWN_OP else
+                    f"whether {provider} runs {key}: {reason}")
+            yield ctx.undecided(f"{what} ({_count(nodes)}); `ortgate run` (profiling) shows each node's provider",
+                                graph=graph, node=nodes[0],
+                                properties={"provider": provider, "op": key, "nodes": len(nodes),
+                                            "status": group[0].result.status.value, "kernel_table": table.ort_version})
+    for group in cpu_groups(ctx, graph):
+        if group.computes:
+            yield _cpu_group_finding(ctx, graph, group)
+
+
+@rule("OGK004", "index-op-not-on-ep", Severity.WARNING)
+def index_op_not_on_ep(ctx: RuleContext):
+    """An integer-only node (index or shape arithmetic) has no kernel on the deployment's GPU provider.
+
+    ## What it checks
+    Every node of the graph ORT will run whose inputs are all integer (or bool) tensors, by (domain, op_type,
+    opset, input dtypes) against the kernel table of the provider the policy or genai_config.json names: what
+    op-not-on-ep checks for compute nodes. One finding per op kind, naming the layers.
+
+    ## Why it costs throughput
+    ORT runs the node on CPU with a copy of its small integer inputs and outputs on each side: a stream
+    synchronisation per copy at every token. GPU providers keep some shape arithmetic on CPU on purpose, and CUDA
+    graph capture tolerates it, so this is a warning, not an error; pinning the step dims (free-dimension
+    overrides) often folds such nodes away.
+
+    ## Bad
+    ```text
+    ReduceProd(data: int64)      # no CUDA kernel for int64: runs on CPU, with copies
+    ```
+
+    ## Good
+    ```text
+    ReduceProd(data: float)      # or folded away: Shape -> ReduceProd of static dims is a constant
+    ```
+
+    ## Fix
+    Pin the dims the arithmetic depends on (session.free_dimension_overrides) so ORT folds it at session creation,
+    or compute it in a dtype the provider has a kernel for.
+    """
+    graph = ctx.executed
+    for group in cpu_groups(ctx, graph):
+        if not group.computes:
+            yield _cpu_group_finding(ctx, graph, group)
 
 
 def _placement_fix(table, provider: str, node: Node) -> str:
@@ -259,9 +317,8 @@ def cuda_graph_blocker(ctx: RuleContext):
     ## What it checks
     With `enable_cuda_graph` (CUDA) or `trt_cuda_graph_enable` (TensorRT) on in the policy or genai_config.json:
     - control-flow nodes (If, Loop, Scan): session creation fails;
-    - CUDA: nodes that land on CPU (what op-not-on-ep finds) and Memcpy nodes in the optimized dump: session
-      creation fails ("all compute graph nodes have not been partitioned to the CUDA EP"); shape-only nodes on
-      CPU are tolerated;
+    - Memcpy nodes in the optimized dump that no missing kernel explains: session creation fails ("all compute
+      graph nodes have not been partitioned to the CUDA EP");
     - TensorRT: every node must run on TensorRT. TensorRT's parser takes ai.onnx ops, not com.microsoft contrib
       ops: MoE, QMoE and GroupQueryAttention go to the CUDA provider, so a TensorRT CUDA graph is impossible
       for these models;
@@ -270,6 +327,8 @@ def cuda_graph_blocker(ctx: RuleContext):
       values rather than on shapes and constants. Their kernels read the value on the host in the middle of
       the step and their output size can change between tokens; a captured graph replays the sizes of the
       capture.
+    Compute nodes without a CUDA kernel, and the copies around them, are op-not-on-ep's finding, which says that
+    capture refuses the session.
 
     ## Why it costs throughput
     CUDA graph removes the per-kernel launch overhead that dominates small-batch decode. When capture cannot
@@ -310,9 +369,7 @@ def cuda_graph_blocker(ctx: RuleContext):
                 fix="Export the decode step without control flow (e.g. separate prompt and decode graphs).",
                 properties={"provider": provider, "blocker": "control_flow"},
             )
-        if provider == CUDA:
-            yield from _cpu_blockers(ctx, graph, provider, on)
-        elif provider == TENSORRT:
+        if provider == TENSORRT:
             yield from _tensorrt_blockers(ctx, graph, provider, on)
         yield from _memcpy_blockers(ctx, provider, on)
         for key, group in _group_by_op(data_dependent_shape_nodes(graph)).items():
@@ -337,20 +394,6 @@ def _group_by_op(items: list[tuple[Node, list[str]]]) -> dict[str, list[tuple[No
     return groups
 
 
-def _cpu_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
-    for (key, reason), group in _group(cpu_bound(graph, provider)).items():
-        nodes = [p.node for p in group]
-        computes = any(p.computes for p in group)
-        yield ctx.finding(
-            f"{on}, but {key} ({_count(nodes)}) would run on CPU ({reason}): "
-            "ORT refuses to create a CUDA-graph session unless every compute node is on CUDA",
-            node=nodes[0], graph=graph, related=nodes[1:],
-            severity=None if computes else Severity.WARNING,
-            fix="Give the node a dtype the CUDA kernel accepts (see op-not-on-ep).",
-            properties={"provider": provider, "blocker": "cpu_node", "op": key, "nodes": len(nodes)},
-        )
-
-
 def _tensorrt_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
     by_key: dict[str, list[Node]] = defaultdict(list)
     for node in graph.nodes:
@@ -371,13 +414,13 @@ def _memcpy_blockers(ctx: RuleContext, provider: str, on: str):
     graph = ctx.optimized
     if graph is None:
         return
-    copies = graph.by_op_type(*MEMCPY_OPS)
+    copies = unexplained_copies(ctx, graph)
     if copies:
         yield ctx.finding(
             f"{on}, but the optimized graph has {len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}): ORT "
             "refuses to create a CUDA-graph session with copies between devices",
             node=copies[0], graph=graph, related=copies[1:],
-            fix="Remove the CPU nodes the copies serve (see memcpy-in-graph and op-not-on-ep).",
+            fix="Make the nodes the copies serve run on the GPU (the finding's related nodes), then dump again.",
             properties={"provider": provider, "blocker": "memcpy", "nodes": len(copies)},
         )
 
@@ -398,14 +441,65 @@ def _cpu_side(graph: Graph, copy: Node) -> list[Node]:
     return [producer] if producer is not None else []
 
 
+def unexplained_copies(ctx: RuleContext, graph: Graph) -> list[Node]:
+    """Memcpy nodes of `graph` that a missing kernel does not explain: some node they serve is not one op-not-on-ep
+    or index-op-not-on-ep reports (those findings own the copies around their nodes)."""
+    explained = {n.index for group in cpu_groups(ctx, graph) for n in group.nodes}
+    out = []
+    for copy in graph.by_op_type(*MEMCPY_OPS):
+        served = [n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS]
+        if not served or any(n.index not in explained for n in served):
+            out.append(copy)
+    return out
+
+
+def _copies_without_capture(ctx: RuleContext) -> list[tuple[Graph, list[Node]]]:
+    """(graph, its unexplained copies) for each graph, unless CUDA graph capture is on (then the copies are
+    cuda-graph-blocker's: capture refuses the session)."""
+    if _capture_providers(ctx):
+        return []
+    out = []
+    for graph in ctx.inputs.graphs:
+        copies = unexplained_copies(ctx, graph)
+        if copies:
+            out.append((graph, copies))
+    return out
+
+
+def _memcpy_finding(ctx: RuleContext, graph: Graph, copies: list[Node], floats: list[Node]):
+    """The one message of memcpy-in-graph and index-memcpy-in-graph."""
+    served: list[Node] = []
+    for copy in copies:
+        served.extend(n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS and n not in served)
+    kinds = Counter(n.key for n in served)
+    around = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])) or "unknown nodes"
+    where = layers_text(served)
+    what = "float tensors" if floats else "integer tensors only"
+    return ctx.finding(
+        f"{len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}) move {what} between GPU and CPU around "
+        f"{around}{f' {where}' if where else ''}: those nodes run on CPU at every run",
+        node=copies[0], graph=graph, related=list(copies[1:]) + served,
+        layer=served[0].layer if served else None,
+        fix="Give the CPU-side nodes a dtype and op the GPU provider has kernels for, then dump the optimized graph "
+            "again to confirm the copies are gone.",
+        properties={"copies": len(copies), "float_copies": len(floats), "cpu_nodes": sorted(kinds)},
+    )
+
+
+def _float_copies(graph: Graph, copies: list[Node]) -> list[Node]:
+    return [c for c in copies if graph.dtype(c.input(0)) in _FLOAT_DTYPES]
+
+
 @rule("OGK003", "memcpy-in-graph", Severity.ERROR)
 def memcpy_in_graph(ctx: RuleContext):
-    """The optimized graph holds MemcpyToHost / MemcpyFromHost nodes: tensors cross between GPU and CPU every run.
+    """The optimized graph holds MemcpyToHost / MemcpyFromHost nodes that move float tensors between GPU and CPU.
 
     ## What it checks
     The ORT optimized dump (`--optimized`, written with `optimized_model_filepath` by a session on the target
-    provider) for MemcpyToHost and MemcpyFromHost nodes, naming the CPU-side nodes they serve. Error when a
-    float tensor is copied; warning when only integer tensors (lengths, indices) are.
+    provider) for MemcpyToHost and MemcpyFromHost nodes, naming the CPU-side nodes they serve, when at least one
+    copies a float tensor. Copies around a node op-not-on-ep or index-op-not-on-ep already reports are that
+    finding's; with CUDA graph capture on, the copies are cuda-graph-blocker's; copies of integer tensors only are
+    index-memcpy-in-graph's.
 
     ## Why it costs throughput
     ORT inserts a Memcpy wherever a tensor moves between a GPU node and a CPU node. Each copy synchronizes the
@@ -423,26 +517,41 @@ def memcpy_in_graph(ctx: RuleContext):
     ```
 
     ## Fix
-    Make the CPU-side nodes run on the GPU (see op-not-on-ep: usually a dtype the CUDA kernel lacks), then dump
-    the optimized graph again to confirm the copies are gone.
+    Make the CPU-side nodes run on the GPU (usually a dtype the CUDA kernel lacks), then dump the optimized graph
+    again to confirm the copies are gone.
     """
-    for graph in ctx.inputs.graphs:
-        copies = graph.by_op_type(*MEMCPY_OPS)
-        if not copies:
-            continue
-        served = []
-        for copy in copies:
-            served.extend(n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS and n not in served)
-        floats = [c for c in copies if graph.dtype(c.input(0)) in _FLOAT_DTYPES]
-        kinds = Counter(n.key for n in served)
-        around = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])) or "unknown nodes"
-        where = layers_text(served)
-        yield ctx.finding(
-            f"{len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}) move tensors between GPU and CPU around "
-            f"{around}{f' {where}' if where else ''}: those nodes run on CPU at every run",
-            node=copies[0], graph=graph, related=list(copies[1:]) + served,
-            layer=served[0].layer if served else None,
-            severity=None if floats else Severity.WARNING,
-            fix="Give the CPU-side nodes a dtype and op the GPU provider has kernels for (see op-not-on-ep).",
-            properties={"copies": len(copies), "float_copies": len(floats), "cpu_nodes": sorted(kinds)},
-        )
+    for graph, copies in _copies_without_capture(ctx):
+        floats = _float_copies(graph, copies)
+        if floats:
+            yield _memcpy_finding(ctx, graph, copies, floats)
+
+
+@rule("OGK005", "index-memcpy-in-graph", Severity.WARNING)
+def index_memcpy_in_graph(ctx: RuleContext):
+    """The optimized graph holds Memcpy nodes that move integer tensors only (lengths, indices) between GPU and CPU.
+
+    ## What it checks
+    What memcpy-in-graph checks, when every unexplained copy carries an integer (or bool) tensor: sequence
+    lengths, positions, token ids or shape values that a CPU node reads or produces.
+
+    ## Why it costs throughput
+    The tensors are small, but each copy still synchronises the stream at every token, and the CPU node behind it
+    runs between GPU kernels. With CUDA graph capture on the copies make capture fail (cuda-graph-blocker).
+
+    ## Bad
+    ```text
+    ... -> MemcpyToHost -> ReduceSum (int64 attention mask, on CPU) -> MemcpyFromHost -> ...
+    ```
+
+    ## Good
+    ```text
+    ... -> ReduceSum (on CUDA, or folded away with the step dims pinned) -> ...
+    ```
+
+    ## Fix
+    Pin the step dims (session.free_dimension_overrides) so shape arithmetic folds away, or compute the value in a
+    dtype the GPU provider has a kernel for; dump again to confirm.
+    """
+    for graph, copies in _copies_without_capture(ctx):
+        if not _float_copies(graph, copies):
+            yield _memcpy_finding(ctx, graph, copies, [])

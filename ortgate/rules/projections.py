@@ -78,7 +78,8 @@ def qkv_not_packed(ctx: RuleContext):
     and attention, but it computes them with one `qkv_proj` MatMul and splits afterwards, so it is not reported.
     Linear-attention projections (Qwen3.5's qkv/z/b/a) feed no softmax attention and are never considered.
     Without a dump, the one form ORT repacks itself (CUDA, ORT_ENABLE_EXTENDED+: float16 MatMuls or 4-bit
-    MatMulNBits -> com.microsoft RotaryEmbedding -> GroupQueryAttention with do_rotary=0) is reported as info.
+    MatMulNBits -> com.microsoft RotaryEmbedding -> GroupQueryAttention with do_rotary=0) is qkv-packed-by-ort's
+    information. Attention whose inputs do not each lead to one projection is reported as undecided.
 
     ## Why it costs throughput
     Three GEMMs read the same activation three times and launch three kernels where one GEMM of width
@@ -101,34 +102,77 @@ def qkv_not_packed(ctx: RuleContext):
     Concatenate Wq, Wk, Wv into one weight and split after the projection (or let GroupQueryAttention take the
     packed input); onnxruntime-genai's builder does this.
     """
-    graph, is_dump = judged_graph(ctx)
-    tgt = target(ctx)
-    where = " in ORT's optimized dump" if is_dump else ""
-    found_all = qkv_projections(graph)
-    for untraced in (p for p in found_all if not p.traced and not p.packed):
+    graph, _ = judged_graph(ctx)
+    for untraced in (p for p in qkv_projections(graph) if not p.traced and not p.packed):
         yield ctx.undecided(
             f"{untraced.attention.key} {layer_text(untraced.layer)}: its query, key and value do not each lead to one "
             "projection (MatMul / Gemm / MatMulNBits with a constant weight), so whether they are packed is unknown",
             graph=graph, node=untraced.attention)
-    candidates = [p for p in found_all if not p.packed and p.shared_input]
-    for (_, layer), group in by_layer(candidates, lambda p: p.attention, lambda p: p.layer):
-        for found in group:
-            projections = found.separate
-            repacked = not is_dump and _ort_packs(graph, found, tgt)
-            note = ort_pass_note("GroupQueryAttentionFusion", tgt, True) if repacked else (
-                "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding "
-                "RotaryEmbedding -> GroupQueryAttention directly")
-            kind = found.attention.key if found.fused else "decomposed attention"
-            widths = [projection_dims(graph, p) for p in projections]
-            shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))
-            yield ctx.finding(
-                f"{kind} {layer_text(layer)} reads q, k and v from {len(projections)} separate projections of the "
-                f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
-                node=projections[0], graph=graph, layer=layer,
-                related=[*projections[1:], found.attention], fix=QKV_FIX,
-                severity=Severity.INFO if repacked else None,
-                properties={"projections": len(projections), "ort_packs": repacked},
-            )
+    for found, repacked in separate_qkv(ctx):
+        if not repacked:
+            yield _qkv_finding(ctx, found, repacked)
+
+
+def separate_qkv(ctx: RuleContext) -> list[tuple[QkvProjections, bool]]:
+    """(attention reading q, k, v from separate projections of one input, whether ORT repacks it), in layer order."""
+    graph, is_dump = judged_graph(ctx)
+    tgt = target(ctx)
+    candidates = [p for p in qkv_projections(graph) if not p.packed and p.shared_input]
+    return [(found, not is_dump and _ort_packs(graph, found, tgt))
+            for _, group in by_layer(candidates, lambda p: p.attention, lambda p: p.layer) for found in group]
+
+
+def _qkv_finding(ctx: RuleContext, found: QkvProjections, repacked: bool):
+    """The one message of qkv-not-packed and qkv-packed-by-ort."""
+    graph, is_dump = judged_graph(ctx)
+    note = ort_pass_note("GroupQueryAttentionFusion", target(ctx), True) if repacked else (
+        "ORT cannot repack it: GroupQueryAttentionFusion (CUDA only) needs q/k/v MatMuls feeding "
+        "RotaryEmbedding -> GroupQueryAttention directly")
+    projections = found.separate
+    kind = found.attention.key if found.fused else "decomposed attention"
+    widths = [projection_dims(graph, p) for p in projections]
+    shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))
+    where = " in ORT's optimized dump" if is_dump else ""
+    return ctx.finding(
+        f"{kind} {layer_text(found.layer)} reads q, k and v from {len(projections)} separate projections of the "
+        f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
+        node=projections[0], graph=graph, layer=found.layer,
+        related=[*projections[1:], found.attention], fix=QKV_FIX,
+        properties={"projections": len(projections), "ort_packs": repacked},
+    )
+
+
+@rule("OGF011", "qkv-packed-by-ort", Severity.INFO)
+def qkv_packed_by_ort(ctx: RuleContext):
+    """Separate Q, K and V projections that ORT's GroupQueryAttentionFusion is expected to pack at session creation.
+
+    ## What it checks
+    What qkv-not-packed checks, on the exported model (no optimized dump given), for the one form ORT repacks
+    itself on CUDA at ORT_ENABLE_EXTENDED and above: float16 MatMuls or 4-bit MatMulNBits for q, k and v, with q
+    and k through com.microsoft RotaryEmbedding, into GroupQueryAttention with do_rotary=0.
+
+    ## Why it costs throughput
+    If ORT packs it as expected, nothing: the session runs one packed GEMM. The expectation is the pass's
+    documented match, not an observation; an optimized dump (`--optimized`) confirms it.
+
+    ## Bad
+    ```
+    q = RotaryEmbedding(MatMul(h, Wq)); k = RotaryEmbedding(MatMul(h, Wk)); v = MatMul(h, Wv)
+    o = GroupQueryAttention(q, k, v, past_k, past_v, ..., do_rotary=0)      # left to ORT on CUDA
+    ```
+
+    ## Good
+    ```
+    o = GroupQueryAttention(MatMul(h, W_qkv), None, None, past_k, past_v, ..., do_rotary=1)
+    ```
+
+    ## Fix
+    Nothing is required; export the packed form to stop depending on the pass, and lint the optimized dump to
+    confirm.
+    """
+    for found, repacked in separate_qkv(ctx):
+        if repacked:
+            yield _qkv_finding(ctx, found, repacked)
 
 
 def _fc3_input(node: Node) -> str:

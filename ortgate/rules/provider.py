@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from ortgate.config.deployment import SessionSetup
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph
 from ortgate.knowledge import cuda_providers, graph_capture_option, normalize_option_value, provider_catalog, tf32_ops
 from ortgate.rules.base import rule
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import RuleContext, judged_setups
 
 
 def cuda_graph_option(setup: SessionSetup) -> str | None:
@@ -22,6 +24,17 @@ def cuda_graph_option(setup: SessionSetup) -> str | None:
 def is_true(value: str | None) -> bool:
     """ORT's provider-option bool parsing: 1/true/True are true."""
     return value is not None and normalize_option_value(value) == "1"
+
+
+def _flag(option_of: Callable[[SessionSetup], str | None]) -> Callable[[SessionSetup], bool | None]:
+    """A setup's boolean provider option `option_of(setup)` as ORT parses it, None when unset (for judged_setups)."""
+
+    def value(setup: SessionSetup) -> bool | None:
+        key = option_of(setup)
+        text = setup.option(key) if key else None
+        return None if text is None else is_true(text)
+
+    return value
 
 
 def cuda_graph_enabled(setup: SessionSetup) -> bool:
@@ -65,7 +78,7 @@ def cuda_graph_disabled(ctx: RuleContext):
     with `--extra_options enable_cuda_graph=true`). Capture also needs every node on the GPU, no control
     flow, fixed shapes and IOBinding to fixed buffers: see cuda-graph-blocker.
     """
-    for setup in ctx.deployment.setups:
+    for setup in judged_setups(ctx, _flag(cuda_graph_option)):
         key = cuda_graph_option(setup)
         if key is None:
             continue
@@ -351,7 +364,7 @@ def tf32_disabled(ctx: RuleContext):
     gives the GroupQueryAttention and QMoE kernels CUDA accepts.
     """
     gemms: list | None = None
-    for setup in ctx.deployment.setups:
+    for setup in judged_setups(ctx, _flag(lambda _s: "use_tf32")):
         if setup.provider_name != "CUDAExecutionProvider":
             continue
         setting = setup.provider_options.get("use_tf32")
@@ -385,13 +398,13 @@ def compile_cache_disabled(ctx: RuleContext):
     ## What it checks
     For TensorrtExecutionProvider: `trt_engine_cache_enable`, or an EP context model (`trt_dump_ep_context_model`
     or the session config entry `ep.context_enable: "1"`, or a model that already holds com.microsoft EPContext
-    nodes); and `trt_timing_cache_enable` (info). This is the "compiled-graph cache" of a static-graph recipe
-    (such as the CANN one) in ORT's terms.
+    nodes). This is the "compiled-graph cache" of a static-graph recipe (such as the CANN one) in ORT's terms.
+    The timing cache is trt-timing-cache-disabled's.
 
     ## Why it costs throughput
     TensorRT compiles each subgraph into an engine when the session is created: minutes for a large MoE model,
     again on every restart, scale-out and profile change. Without a cache, replicas serve nothing while they
-    build; the timing cache makes rebuilds (new shapes, new model versions) faster still.
+    build.
 
     ## Bad
     ```yaml
@@ -408,18 +421,13 @@ def compile_cache_disabled(ctx: RuleContext):
         trt_fp16_enable: "True"
         trt_engine_cache_enable: "True"
         trt_engine_cache_path: /cache/trt
-        trt_timing_cache_enable: "True"
     ```
 
     ## Fix
-    Set `trt_engine_cache_enable: "True"` with a persistent `trt_engine_cache_path` (and
-    `trt_timing_cache_enable: "True"`), or ship an EP context model: create the session once with
-    `trt_dump_ep_context_model: "True"` and deploy the `*_ctx.onnx` it writes.
+    Set `trt_engine_cache_enable: "True"` with a persistent `trt_engine_cache_path`, or ship an EP context model:
+    create the session once with `trt_dump_ep_context_model: "True"` and deploy the `*_ctx.onnx` it writes.
     """
-    ep_context_nodes = ctx.model.by_op(MS_DOMAIN, "EPContext")
-    for setup in ctx.deployment.setups:
-        if setup.provider_name != "TensorrtExecutionProvider" or ep_context_nodes:
-            continue
+    for setup in _tensorrt_setups(ctx, _flag(lambda _s: "trt_engine_cache_enable")):
         engine_cache = (is_true(setup.option("trt_engine_cache_enable"))
                         or is_true(setup.option("trt_dump_ep_context_model"))
                         or _config_on(setup, "ep.context_enable"))
@@ -436,16 +444,56 @@ def compile_cache_disabled(ctx: RuleContext):
                     '(trt_dump_ep_context_model: "True").',
                 properties={"provider": setup.provider_name, "option": "trt_engine_cache_enable"},
             )
-        if not is_true(setup.option("trt_timing_cache_enable")):
-            setting = setup.provider_options.get("trt_timing_cache_enable")
-            yield ctx.finding(
-                f"{setup.label}: TensorRT timing cache is off: engine builds re-time every tactic",
-                location=setting.location if setting is not None else setup.missing(
-                    _options_path(setup, "trt_timing_cache_enable")),
-                severity=Severity.INFO,
-                fix='Set trt_timing_cache_enable: "True" (and trt_timing_cache_path).',
-                properties={"provider": setup.provider_name, "option": "trt_timing_cache_enable"},
-            )
+
+
+def _tensorrt_setups(ctx: RuleContext, value_of: Callable[[SessionSetup], Any]) -> list[SessionSetup]:
+    """TensorRT setups that build engines (none when the model already is an EP context model), judged once."""
+    if ctx.model.by_op(MS_DOMAIN, "EPContext"):
+        return []
+    return [s for s in judged_setups(ctx, value_of) if s.provider_name == "TensorrtExecutionProvider"]
+
+
+@rule("OGP009", "trt-timing-cache-disabled", Severity.INFO)
+def trt_timing_cache_disabled(ctx: RuleContext):
+    """TensorRT's timing cache is off: every engine build re-times every tactic.
+
+    ## What it checks
+    For TensorrtExecutionProvider (unless the model is an EP context model, whose engines are built already):
+    `trt_timing_cache_enable` in the policy and genai_config.json. Unset means off.
+
+    ## Why it costs throughput
+    The timing cache keeps the measured speed of each kernel tactic, so a rebuild (a new shape profile, a new model
+    version, a new replica without an engine cache) skips the slowest part of the build. It saves start-up time,
+    not decode time: information.
+
+    ## Bad
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options: {trt_engine_cache_enable: "True"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider:
+      name: TensorrtExecutionProvider
+      options: {trt_engine_cache_enable: "True", trt_timing_cache_enable: "True"}
+    ```
+
+    ## Fix
+    Set `trt_timing_cache_enable: "True"` (and `trt_timing_cache_path` on persistent storage).
+    """
+    for setup in _tensorrt_setups(ctx, _flag(lambda _s: "trt_timing_cache_enable")):
+        if is_true(setup.option("trt_timing_cache_enable")):
+            continue
+        setting = setup.provider_options.get("trt_timing_cache_enable")
+        yield ctx.finding(
+            f"{setup.label}: TensorRT timing cache is off: engine builds re-time every tactic",
+            location=setting.location if setting is not None else setup.missing(
+                _options_path(setup, "trt_timing_cache_enable")),
+            fix='Set trt_timing_cache_enable: "True" (and trt_timing_cache_path).',
+            properties={"provider": setup.provider_name, "option": "trt_timing_cache_enable"},
+        )
 
 
 @rule("OGP006", "cann-graph-disabled", Severity.ERROR)
@@ -478,7 +526,7 @@ def cann_graph_disabled(ctx: RuleContext):
     Delete `enable_cann_graph` (on by default) or set it to `"1"`; pin the model's dynamic dims
     (session.free_dimension_overrides) so that the graph compiles once.
     """
-    for setup in ctx.deployment.setups:
+    for setup in judged_setups(ctx, _flag(lambda _s: "enable_cann_graph")):
         if setup.provider_name != "CANNExecutionProvider":
             continue
         setting = setup.provider_options.get("enable_cann_graph")

@@ -19,8 +19,20 @@ SPLIT_FROM: dict[str, tuple[str, ...]] = {
     "OGM006": ("OGM002",),  # gqa-window-mismatch
     "OGM008": ("OGF001",),  # moe-layer-count-mismatch
     "OGM009": ("OGF002",),  # attention-layer-count-mismatch
+    "OGM007": ("OGM004",),  # tp-kv-heads-replicated
+    "OGM011": ("OGM010",),  # forbidden-op
     "OGP007": ("OGP002",),  # provider-option-c-api-only
     "OGP008": ("OGP002",),  # provider-option-unverified
+    "OGP009": ("OGP005",),  # trt-timing-cache-disabled
+    "OGK004": ("OGK001", "OGK002"),  # index-op-not-on-ep (OGK002 reported integer-only CPU nodes under capture)
+    "OGK005": ("OGK003",),  # index-memcpy-in-graph
+    "OGS008": ("OGS002",),  # capture-dim-not-pinned
+    "OGS009": ("OGS002",),  # static-kv-dim-not-pinned
+    "OGS010": ("OGS004",),  # kv-dim-pinned
+    "OGC002": ("OGC001",),  # session-option-drift
+    "OGF010": ("OGF004",),  # rmsnorm-fused-by-ort
+    "OGF011": ("OGF007",),  # qkv-packed-by-ort
+    "OGR009": ("OGR001",),  # ep-substituted
 }
 # OGM002 gqa-config-mismatch took over GroupQueryAttention num_heads / kv_num_heads against the model config from
 # OGF002 gqa-not-fused: a reference to gqa-not-fused covers OGM002 as well.

@@ -41,7 +41,7 @@ def ep_unavailable(ctx: RuleContext):
     that the session really runs on it. `onnxruntime.get_available_providers()` cannot answer this:
     onnxruntime-gpu lists CUDAExecutionProvider and TensorrtExecutionProvider on machines without a GPU or
     without the CUDA / cuDNN libraries. With `--allow-cpu` the same config runs on CPUExecutionProvider
-    instead; the finding is then informational and every figure is labelled CPU.
+    instead, and ep-substituted says so.
 
     ## Why it costs throughput
     Asked for an unavailable provider, ORT logs an error and builds a CPU session: a CI job that "passes"
@@ -64,24 +64,55 @@ def ep_unavailable(ctx: RuleContext):
     the library path), or pass `--allow-cpu` to check the config on CPU knowing that the figures are CPU's.
     """
     run = run_evidence(ctx)
-    if run is None or run.session.provider.available:
+    if run is None or run.session.provider.available or run.session.provider.substituted:
         return
     provider = run.session.provider
     reason = provider.unavailable_reason or "ORT did not create it"
-    if provider.substituted:
-        yield ctx.finding(
-            f"{provider.requested} cannot be created on this machine ({reason}); the policy's config ran on "
-            f"{CPU} instead (--allow-cpu): every figure in this report is a CPU figure",
-            location=_provider_location(ctx, run), severity=Severity.INFO,
-            properties={"provider": provider.requested, "ran_on": CPU},
-        )
-        return
     yield ctx.finding(
         f"{provider.requested} cannot be created on this machine: {reason}; nothing was measured",
         location=_provider_location(ctx, run),
         fix=f"Run on a machine with {provider.requested} and its libraries, or pass --allow-cpu to run the same "
             "config on CPU (figures labelled CPU).",
         properties={"provider": provider.requested},
+    )
+
+
+@rule("OGR009", "ep-substituted", Severity.INFO)
+def ep_substituted(ctx: RuleContext):
+    """The policy's provider cannot be created here, and `--allow-cpu` ran the same config on CPUExecutionProvider.
+
+    ## What it checks
+    What ep-unavailable checks, when `ortgate run --allow-cpu` was asked to run the policy's session options on
+    CPUExecutionProvider instead of a provider this machine cannot create. Every figure of the run is then a CPU
+    figure, and the provider's options could not be verified.
+
+    ## Why it costs throughput
+    Nothing is lost on the deployment: this is a CI machine without the target device checking the config and
+    the graph. The finding keeps anyone from reading the CPU figures as the GPU's.
+
+    ## Bad
+    ```
+    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # read as CUDA figures
+    ```
+
+    ## Good
+    ```
+    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # a config check; figures labelled CPU
+    ```
+
+    ## Fix
+    Nothing to fix; measure on the target device for figures that count.
+    """
+    run = run_evidence(ctx)
+    if run is None or run.session.provider.available or not run.session.provider.substituted:
+        return
+    provider = run.session.provider
+    yield ctx.finding(
+        f"{provider.requested} cannot be created on this machine "
+        f"({provider.unavailable_reason or 'ORT did not create it'}); the policy's config ran on {CPU} instead "
+        "(--allow-cpu): every figure in this report is a CPU figure",
+        location=_provider_location(ctx, run),
+        properties={"provider": provider.requested, "ran_on": CPU},
     )
 
 
@@ -297,7 +328,7 @@ def throughput_target_missed(ctx: RuleContext):
     `min_speedup_vs_default` (needs `--baseline`) against the runner's measurement. The targets apply only
     where `throughput.device` matches the device the run used ("cpu", or a glob on the GPU name such as
     "NVIDIA H100*"; without `device`, wherever the policy's own provider ran). Elsewhere each target is
-    reported as not applicable on this machine (info), never as passed.
+    reported as undecided (not applicable on this machine), never as passed.
 
     ## Why it costs throughput
     Static rules predict; this is the measurement. A target in the policy turns "the model got slower" into
@@ -325,29 +356,28 @@ def throughput_target_missed(ctx: RuleContext):
         return
     keys = ", ".join(t[0] for t in targets)
     if run.measurement is None:
-        yield ctx.finding(f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}",
-                          location=_policy_location(ctx, "throughput"), severity=Severity.INFO)
+        yield ctx.undecided(f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}",
+                            location=_policy_location(ctx, "throughput"))
         return
     m = run.measurement
     device = DeviceInfo(m.device_kind, m.device)
     pattern = block.get("device")
     if pattern is not None and not device_matches(str(pattern), device):
-        yield ctx.finding(f"throughput targets ({keys}) are not applicable on this machine: the run used {m.device}, "
-                          f"the targets are for device {pattern!r}",
-                          location=_policy_location(ctx, "throughput", "device"), severity=Severity.INFO,
-                          properties={"device": m.device})
+        yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: the run used "
+                            f"{m.device}, the targets are for device {pattern!r}",
+                            location=_policy_location(ctx, "throughput", "device"), properties={"device": m.device})
         return
     if pattern is None and run.cpu_figures:
-        yield ctx.finding(f"throughput targets ({keys}) are not applicable on this machine: they are for "
-                          f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)",
-                          location=_policy_location(ctx, "throughput"), severity=Severity.INFO)
+        yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: they are for "
+                            f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)",
+                            location=_policy_location(ctx, "throughput"))
         return
     for key, label, measure, kind in targets:
         target = float(block[key])
         value = measure(run)
         if value is None:
-            yield ctx.finding(f"throughput.{key} was not checked: measure the default session with --baseline",
-                              location=_policy_location(ctx, "throughput", key), severity=Severity.INFO)
+            yield ctx.undecided(f"throughput.{key} was not checked: measure the default session with --baseline",
+                                location=_policy_location(ctx, "throughput", key))
             continue
         missed = value < target if kind == "min" else value > target
         if missed:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
+from dataclasses import dataclass
 
-from ortgate.config.deployment import config_text
+from ortgate.config.deployment import Setting, config_text
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph
 from ortgate.knowledge import (
@@ -18,7 +19,7 @@ from ortgate.knowledge import (
 )
 from ortgate.knowledge.dims import dim_kind, dim_role
 from ortgate.rules.base import rule
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import RuleContext, judged_setups
 from ortgate.rules.provider import cuda_graph_enabled
 
 
@@ -53,7 +54,7 @@ def optimization_level_not_all(ctx: RuleContext):
     `"graph_optimization_level": "ORT_ENABLE_ALL"` in genai_config.json's session_options (or delete the
     key: ALL is the default).
     """
-    for setup in ctx.deployment.setups:
+    for setup in judged_setups(ctx, lambda s: s.optimization_level.value if s.optimization_level else None):
         level = setup.optimization_level
         if level is None or level.value == "ORT_ENABLE_ALL":
             continue
@@ -86,6 +87,34 @@ def symbolic_input_dims(graph: Graph) -> dict[str, list[str]]:
     return dict(dims)
 
 
+def unpinned_step_dims(ctx: RuleContext) -> list[tuple[str, str, list[str]]]:
+    """(dim, "batch" | "query", inputs using it) for every symbolic step dim of the model's inputs that the
+    policy's session does not pin."""
+    setup = ctx.deployment.policy_setup
+    if setup is None:
+        return []
+    out = []
+    for name, uses in sorted(symbolic_input_dims(ctx.model).items()):
+        kind = dim_kind(name)
+        if name not in setup.free_dimension_overrides and kind in ("batch", "query"):
+            out.append((name, kind, uses))
+    return out
+
+
+def _step_dim_finding(ctx: RuleContext, name: str, kind: str, uses: list[str], consequence: str):
+    """The one message of free-dim-override-missing and capture-dim-not-pinned."""
+    setup = ctx.deployment.policy_setup
+    what = "batch" if kind == "batch" else "query-length"
+    return ctx.finding(
+        f"{what} dim {name!r} ({', '.join(uses[:3])}{', ...' if len(uses) > 3 else ''}) has no free-dimension "
+        f"override{consequence}",
+        location=setup.missing(f"session.free_dimension_overrides.{name}"),
+        fix=f"Add `{name}: <value>` under session.free_dimension_overrides "
+            f"(so.add_free_dimension_override_by_name({name!r}, value)); 1 for single-sequence decode.",
+        properties={"dim": name, "kind": kind},
+    )
+
+
 @rule("OGS002", "free-dim-override-missing", Severity.WARNING)
 def free_dim_override_missing(ctx: RuleContext):
     """A symbolic batch or sequence dim of a graph input has no free-dimension override.
@@ -93,17 +122,14 @@ def free_dim_override_missing(ctx: RuleContext):
     ## What it checks
     The policy's `session.free_dimension_overrides` against the symbolic dims of the model's inputs. For a
     decode deployment the dims of the current step — batch (`batch_size`) and query length
-    (`sequence_length`) — should be pinned; KV-cache dims (`past_sequence_length`, `total_sequence_length`)
-    grow every step; only `past_sequence_length` is reported (info), and only when genai_config.json declares a
-    static KV buffer (`past_present_share_buffer: true`), the one case where it can be pinned (to
-    `search.max_length`). `total_sequence_length` (the attention mask) and sliding-window cache lengths are not
-    fixed by that buffer. Sizes such as `kv_cache_dim` (the head size) are not lengths and are not reported.
-    Error when CUDA graph is enabled (capture needs fixed shapes), warning otherwise.
+    (`sequence_length`) — should be pinned. KV-cache dims (`past_sequence_length`, `total_sequence_length`)
+    grow every step and are not reported here (static-kv-dim-not-pinned covers a static KV buffer); sizes such
+    as `kv_cache_dim` (the head size) are not lengths. With CUDA graph capture on, an unpinned step dim is
+    capture-dim-not-pinned's error instead.
 
     ## Why it costs throughput
     With a dim pinned, ORT resolves shapes at session creation: shape-computing subgraphs fold away,
-    memory planning becomes static and kernels can be selected for the real shape. CUDA graph capture
-    replays fixed shapes only, so unpinned dims defeat it.
+    memory planning becomes static and kernels can be selected for the real shape.
 
     ## Bad
     ```yaml
@@ -122,36 +148,94 @@ def free_dim_override_missing(ctx: RuleContext):
     `past_sequence_length` only with a static KV buffer, to its length (see free-dim-override-conflict).
     """
     setup = ctx.deployment.policy_setup
-    if setup is None:
+    if setup is None or cuda_graph_enabled(setup):
         return
-    dims = symbolic_input_dims(ctx.model)
-    static_kv = bool(ctx.inputs.genai and ctx.inputs.genai.past_present_share_buffer)
-    severity = Severity.ERROR if cuda_graph_enabled(setup) else Severity.WARNING
-    for name, uses in sorted(dims.items()):
-        if name in setup.free_dimension_overrides:
+    for name, kind, uses in unpinned_step_dims(ctx):
+        yield _step_dim_finding(ctx, name, kind, uses, "")
+
+
+@rule("OGS008", "capture-dim-not-pinned", Severity.ERROR)
+def capture_dim_not_pinned(ctx: RuleContext):
+    """CUDA graph capture is on, but a symbolic batch or sequence dim of a graph input has no free-dimension override.
+
+    ## What it checks
+    With `enable_cuda_graph` on in the policy: the policy's `session.free_dimension_overrides` against the
+    symbolic step dims of the model's inputs, batch (`batch_size`) and query length (`sequence_length`), as
+    free-dim-override-missing does without capture.
+
+    ## Why it costs throughput
+    A captured CUDA graph replays the shapes of its capture: ORT's CUDA provider requires every run to feed the
+    shapes it captured with. A step dim left free is a promise nothing keeps, and a run with another batch or
+    length breaks the replay, so the deployment ends up without CUDA graph, or failing.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    session: {}            # input_ids: [batch_size, sequence_length]
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ## Fix
+    Pin batch and query length under `session.free_dimension_overrides` to the sizes the captured graph runs
+    (1 and 1 for single-sequence decode); one session (or `gpu_graph_id`) per batch size.
+    """
+    setup = ctx.deployment.policy_setup
+    if setup is None or not cuda_graph_enabled(setup):
+        return
+    for name, kind, uses in unpinned_step_dims(ctx):
+        yield _step_dim_finding(ctx, name, kind, uses, ": CUDA graph capture needs fixed shapes")
+
+
+@rule("OGS009", "static-kv-dim-not-pinned", Severity.INFO)
+def static_kv_dim_not_pinned(ctx: RuleContext):
+    """A KV-cache dim is not pinned although genai_config.json declares a static KV buffer that fixes its length.
+
+    ## What it checks
+    With genai_config.json's `past_present_share_buffer: true`, the model's symbolic `past_*` input dims (not
+    `total_sequence_length`, not sliding-window caches, whose lengths do not follow the buffer) against the
+    policy's `session.free_dimension_overrides`. The buffer is allocated at `search.max_length`, so the dim is
+    fixed in fact and can be pinned.
+
+    ## Why it costs throughput
+    A pinned past length lets ORT plan memory and fold shape arithmetic for the real shape, and is what lets a
+    CUDA graph capture the decode step with the shared buffer. Without the pin the session still works: this is
+    information about a free win.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}   # past_present_share_buffer: true
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 4096}
+    ```
+
+    ## Fix
+    Pin the dim to genai_config.json's `search.max_length` under `session.free_dimension_overrides`.
+    """
+    setup = ctx.deployment.policy_setup
+    genai = ctx.inputs.genai
+    if setup is None or genai is None or not genai.past_present_share_buffer:
+        return
+    for name in sorted(symbolic_input_dims(ctx.model)):
+        if name in setup.free_dimension_overrides or dim_kind(name) != "kv" or not is_static_buffer_dim(name):
             continue
-        kind = dim_kind(name)
-        if kind in ("batch", "query"):
-            what = "batch" if kind == "batch" else "query-length"
-            yield ctx.finding(
-                f"{what} dim {name!r} ({', '.join(uses[:3])}{', ...' if len(uses) > 3 else ''}) has no free-dimension "
-                "override" + (": CUDA graph capture needs fixed shapes" if severity is Severity.ERROR else ""),
-                location=setup.missing(f"session.free_dimension_overrides.{name}"),
-                severity=severity,
-                fix=f"Add `{name}: <value>` under session.free_dimension_overrides "
-                    f"(so.add_free_dimension_override_by_name({name!r}, value)); 1 for single-sequence decode.",
-                properties={"dim": name, "kind": kind},
-            )
-        elif kind == "kv" and static_kv and is_static_buffer_dim(name):
-            yield ctx.finding(
-                f"KV-cache dim {name!r} is not pinned although genai_config.json declares a static KV buffer "
-                "(past_present_share_buffer): pin it to the buffer length",
-                location=setup.missing(f"session.free_dimension_overrides.{name}"),
-                severity=Severity.INFO,
-                fix=f"Add `{name}: {ctx.inputs.genai.max_length or '<search.max_length>'}` under "
-                    "session.free_dimension_overrides.",
-                properties={"dim": name, "kind": kind},
-            )
+        yield ctx.finding(
+            f"KV-cache dim {name!r} is not pinned although genai_config.json declares a static KV buffer "
+            "(past_present_share_buffer): pin it to the buffer length",
+            location=setup.missing(f"session.free_dimension_overrides.{name}"),
+            fix=f"Add `{name}: {genai.max_length or '<search.max_length>'}` under session.free_dimension_overrides.",
+            properties={"dim": name, "kind": "kv"},
+        )
 
 
 def _input_dim_kinds(graph: Graph) -> dict[str, str]:
@@ -233,6 +317,79 @@ def _pinned(setting) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+@dataclass(frozen=True)
+class PinConflict:
+    """A free-dimension pin that the decode loop's inputs cannot satisfy."""
+
+    dim: str
+    kind: str  # "batch" | "query" | "kv"
+    value: int
+    setting: Setting
+    why: str
+    fix: str
+    properties: tuple[tuple[str, object], ...] = ()
+
+
+def _pins(ctx: RuleContext) -> list[tuple[str, str, int, Setting]]:
+    """(dim, kind, value, setting) for every integer pin of an input dim (names no input has, and ranges, are other
+    rules')."""
+    setup = ctx.deployment.policy_setup
+    if setup is None:
+        return []
+    kinds = _input_dim_kinds(ctx.model)
+    return [(name, kinds[name], _pinned(setting), setting) for name, setting in sorted(setup.free_dimension_overrides.items())
+            if name in kinds and _pinned(setting) is not None]
+
+
+def pin_conflicts(ctx: RuleContext) -> list[PinConflict]:
+    genai = ctx.inputs.genai
+    share_buffer = genai.past_present_share_buffer if genai is not None else None
+    max_length = genai.max_length if genai is not None else None
+    out = []
+    pins = _pins(ctx)
+    for name, kind, value, setting in pins:
+        if kind != "kv":
+            continue
+        if share_buffer is not True:
+            said = ("genai_config.json does not set past_present_share_buffer: true" if genai is not None
+                    else "nothing declares a static KV buffer (no genai_config.json)")
+            out.append(PinConflict(
+                name, kind, value, setting,
+                f"{said}: the past grows by one token every decode step and ORT rejects inputs whose {name} is not "
+                f"{value}",
+                f"Remove the {name} override (pin batch_size and sequence_length only), or use a static KV buffer "
+                "(past_present_share_buffer: true) and pin it to the buffer length.",
+                (("static_kv_buffer", share_buffer),)))
+        elif is_static_buffer_dim(name) and max_length is not None and value != max_length:
+            out.append(PinConflict(
+                name, kind, value, setting,
+                f"the static KV buffer holds search.max_length = {max_length} tokens (past_present_share_buffer): "
+                f"every fed past tensor has {max_length}",
+                f"Pin {name} to {max_length}, or change search.max_length in genai_config.json.",
+                (("max_length", max_length),)))
+    for kind in ("batch", "query"):
+        same_kind = [(name, value, setting) for name, k, value, setting in pins if k == kind]
+        for name, value, setting in same_kind[1:]:
+            first, first_value, _ = same_kind[0]
+            if value != first_value:
+                out.append(PinConflict(
+                    name, kind, value, setting,
+                    f"{first!r} is pinned to {first_value} and every run feeds one {kind} size to all inputs: no "
+                    "input set satisfies both",
+                    f"Pin {name} and {first} to the same value.", (("conflicts_with", first),)))
+    return out
+
+
+def _conflict_finding(ctx: RuleContext, conflict: PinConflict):
+    """The one message of free-dim-override-conflict and kv-dim-pinned."""
+    what = {"kv": "KV-cache dim", "batch": "batch dim", "query": "query-length dim"}[conflict.kind]
+    return ctx.finding(
+        f"{what} {conflict.dim!r} is pinned to {conflict.value}, but {conflict.why}",
+        location=conflict.setting.location, fix=conflict.fix,
+        properties={"dim": conflict.dim, "kind": conflict.kind, "value": conflict.value, **dict(conflict.properties)},
+    )
+
+
 @rule("OGS004", "free-dim-override-conflict", Severity.ERROR)
 def free_dim_override_conflict(ctx: RuleContext):
     """Free-dimension overrides that cannot all hold while the model decodes.
@@ -241,9 +398,8 @@ def free_dim_override_conflict(ctx: RuleContext):
     What a conflict means in ORT terms: ORT checks every fed input against the pinned dims at each Run
     ("Got invalid dimensions for input ..."), so a pin must hold at every step of the deployment.
     - A KV-cache dim (`past_sequence_length`, `total_sequence_length`, `past_sliding_length`, ...) is pinned
-      while nothing declares a static KV buffer: the past grows by one token every step, so only one step
-      could ever run. Error when genai_config.json is given without `past_present_share_buffer: true`,
-      warning when there is no genai_config.json to say.
+      while genai_config.json does not declare a static KV buffer: the past grows by one token every step, so
+      only one step could ever run. (Without a genai_config.json to say, it is kv-dim-pinned's warning.)
     - With a static KV buffer (`past_present_share_buffer: true`), a pinned `past_*` dim differs from
       `search.max_length`, the length onnxruntime-genai allocates the buffer with.
     - Two dims of one kind that every run feeds with the same size (two batch dims, or two query-length dims,
@@ -273,56 +429,47 @@ def free_dim_override_conflict(ctx: RuleContext):
     Pin only the step dims; pin KV dims only with `past_present_share_buffer: true` in genai_config.json and
     to `search.max_length`; give dims of one kind the same value.
     """
-    setup = ctx.deployment.policy_setup
-    if setup is None or not setup.free_dimension_overrides:
+    for conflict in pin_conflicts(ctx):
+        if conflict.kind != "kv" or ctx.inputs.genai is not None:  # without genai_config.json: kv-dim-pinned's
+            yield _conflict_finding(ctx, conflict)
+
+
+@rule("OGS010", "kv-dim-pinned", Severity.WARNING)
+def kv_dim_pinned(ctx: RuleContext):
+    """A KV-cache dim is pinned, and no genai_config.json says whether the KV buffer is static.
+
+    ## What it checks
+    The policy's `session.free_dimension_overrides` for KV-cache dims (`past_sequence_length`,
+    `total_sequence_length`, `past_sliding_length`, ...) when no genai_config.json is given. Only a static KV
+    buffer (onnxruntime-genai's `past_present_share_buffer: true`, or the serving code's own) keeps the past
+    length fixed; with a genai_config.json the question is settled, and a conflict is free-dim-override-conflict's.
+
+    ## Why it costs throughput
+    Without a static buffer the past grows by one token every decode step, and ORT rejects every input whose
+    pinned dim has another size: only one step could ever run. With one, the pin is right. ortgate cannot tell
+    which without the config, so this is a warning.
+
+    ## Bad
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 1024}
+    ```
+
+    ## Good
+    ```yaml
+    session:
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ## Fix
+    Remove the KV-cache pin, or lint with the genai_config.json that declares the static KV buffer (and pin it
+    to `search.max_length`).
+    """
+    if ctx.inputs.genai is not None:
         return
-    kinds = _input_dim_kinds(ctx.model)
-    genai = ctx.inputs.genai
-    share_buffer = genai.past_present_share_buffer if genai is not None else None
-    max_length = genai.max_length if genai is not None else None
-    by_kind: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for name, setting in sorted(setup.free_dimension_overrides.items()):
-        value = _pinned(setting)
-        if name not in kinds or value is None:
-            continue  # free-dim-override-unknown / free-dim-override-range
-        kind = kinds[name]
-        by_kind[kind].append((name, value))
-        if kind != "kv":
-            continue
-        if share_buffer is not True:
-            said = ("genai_config.json does not set past_present_share_buffer: true" if genai is not None
-                    else "nothing declares a static KV buffer (no genai_config.json)")
-            yield ctx.finding(
-                f"KV-cache dim {name!r} is pinned to {value} but {said}: the past grows by one token every decode "
-                f"step and ORT rejects inputs whose {name} is not {value}",
-                location=setting.location,
-                severity=Severity.ERROR if genai is not None else Severity.WARNING,
-                fix=f"Remove the {name} override (pin batch_size and sequence_length only), or use a static KV "
-                    "buffer (past_present_share_buffer: true) and pin it to the buffer length.",
-                properties={"dim": name, "kind": kind, "value": value, "static_kv_buffer": share_buffer},
-            )
-        elif is_static_buffer_dim(name) and max_length is not None and value != max_length:
-            yield ctx.finding(
-                f"KV-cache dim {name!r} is pinned to {value} but the static KV buffer holds search.max_length = "
-                f"{max_length} tokens (past_present_share_buffer): every fed past tensor has {max_length}",
-                location=setting.location,
-                fix=f"Pin {name} to {max_length}, or change search.max_length in genai_config.json.",
-                properties={"dim": name, "kind": kind, "value": value, "max_length": max_length},
-            )
-    for kind in ("batch", "query"):
-        pins = by_kind.get(kind, [])
-        if len({v for _, v in pins}) > 1:
-            first, *others = pins
-            for name, value in others:
-                if value == first[1]:
-                    continue
-                yield ctx.finding(
-                    f"{kind} dims {first[0]!r} = {first[1]} and {name!r} = {value} are pinned to different values, "
-                    f"but every run feeds one {kind} size to all inputs: no input set satisfies both",
-                    location=setup.free_dimension_overrides[name].location,
-                    fix=f"Pin {name} and {first[0]} to the same value.",
-                    properties={"dim": name, "kind": kind, "value": value, "conflicts_with": first[0]},
-                )
+    for conflict in pin_conflicts(ctx):
+        if conflict.kind == "kv":
+            yield _conflict_finding(ctx, conflict)
 
 
 @rule("OGS005", "free-dim-override-range", Severity.ERROR)
@@ -384,8 +531,9 @@ def cpu_fallback_allowed(ctx: RuleContext):
     ## What it checks
     The session config entry `session.disable_cpu_ep_fallback` in the policy (`session.config_entries`) and in
     genai_config.json's session_options, for every provider other than CPUExecutionProvider. ORT honours the
-    string "1" only. Info instead of warning when the CUDA provider captures a CUDA graph: ORT then already
-    refuses to create a session with compute nodes on CPU.
+    string "1" only. Not reported when the CUDA provider captures a CUDA graph: ORT then already refuses to
+    create a session with compute nodes on CPU. A genai_config.json value that differs from the policy's is
+    config-drift's finding.
 
     ## Why it costs throughput
     A node no registered provider has a kernel for runs on the CPU provider, which ORT adds implicitly, with
@@ -413,21 +561,18 @@ def cpu_fallback_allowed(ctx: RuleContext):
     """
     facts = cpu_fallback_facts()
     key, wanted = facts.config_key, facts.enabled_value
-    for setup in ctx.deployment.setups:
+    for setup in judged_setups(ctx, lambda s: s.config_entry(key)):
         if setup.provider_name in (None, "CPUExecutionProvider"):
             continue
         setting = setup.config_entries.get(key)
         value = config_text(setting.value) if setting is not None else None
-        if value == wanted:
+        if value == wanted or (setup.provider_name == "CUDAExecutionProvider" and cuda_graph_enabled(setup)):
             continue
-        guarded = setup.provider_name == "CUDAExecutionProvider" and cuda_graph_enabled(setup)
         state = (f"is {value!r} (ORT honours only \"1\")" if setting is not None else "is not set")
         yield ctx.finding(
             f"{setup.label}: {key} {state}: a node without a {setup.provider_name} kernel runs on CPU with copies "
-            "around it, with only a log warning"
-            + ("; CUDA graph capture already fails session creation for compute nodes on CPU" if guarded else ""),
+            "around it, with only a log warning",
             location=setting.location if setting is not None else setup.missing(_config_path(setup, key)),
-            severity=Severity.INFO if guarded else None,
             fix=f'Set {key}: "1" in the session config entries.',
             properties={"provider": setup.provider_name, "key": key, "value": value},
         )
