@@ -36,7 +36,40 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
 }
+
+# fixture -> what every unfused MoE layer of it computes (read from the family's modeling code):
+# (experts, k, routing form, expert form, routed experts, routed projections, shared experts, shared projections,
+#  shared-expert gates)
+MOE_SHAPE = {
+    "dynamo-mixtral": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),  # 4 x (gate_up Gemm on Gather(W, e), down)
+    "dynamo-qwen2_moe": (4, 2, "softmax_topk", "dense", 4, 8, 1, 3, 1),  # + shared gate/up/down, sigmoid gate
+    "dynamo-olmoe": (8, 2, "softmax_topk", "batched", 8, 2, 0, 0, 0),  # one batched MatMul per GatherND stack
+    "dynamo-phimoe": (4, 2, "sparsemixer", "dense", 4, 8, 0, 0, 0),
+    "dynamo-gpt_oss": (4, 2, "topk_softmax", "dense", 4, 8, 0, 0, 0),
+    "dynamo-deepseek_v3": (4, 2, "sigmoid_group_topk", "dense", 4, 8, 1, 3, 0),  # ungated shared expert
+    "dynamo-qwen3_moe": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(MOE_SHAPE))
+def test_moe_finding_counts_what_it_names(fixture, findings):
+    experts, k, routing, form, routed, projections, shared, shared_projections, gates = MOE_SHAPE[fixture]
+    moe = [f for f in findings(fixture) if f.rule == "moe-not-fused"]
+    assert moe
+    for f in moe:
+        props = dict(f.properties)
+        assert (props["experts"], props["top_k"], props["routing_form"], props["expert_form"]) == (experts, k, routing, form)
+        assert (props["routed_experts"], props["expert_projections"]) == (routed, projections)
+        assert (props["shared_experts"], props["shared_expert_projections"], props["shared_expert_gates"]) == (
+            shared, shared_projections, gates)
+        assert f"{routed} routed expert" in f.message
+        assert ("shared expert" in f.message) == bool(shared)
+        assert "TopK TopK" not in f.message
+
 
 def _layers(findings, rule):
     return sorted((f.layer for f in findings if f.rule == rule), key=lambda layer: (layer is None, layer or 0))

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
-from ortgate.graph.patterns.moe import moe_blocks
+from ortgate.graph.patterns.moe import ROUTING_FORMS, MoeBlock, moe_blocks
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
@@ -61,19 +61,42 @@ def moe_not_fused(ctx: RuleContext):
     for block in blocks:
         if block.fused is not None or block.router is None:
             continue
-        ops = Counter(n.op_type for n in block.routing_nodes)
-        routing = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items())) or "TopK"
-        experts = f"{block.experts} experts" if block.experts else "its experts"
-        linears = len(block.expert_linears)
-        per_expert = f"; {linears} expert projections (MatMul/Gemm)" if linears else ""
         yield ctx.finding(
-            f"MoE layer with {experts} computed with standard ops: router {block.router.display_name} -> "
-            f"routing ({routing}){per_expert}, instead of one com.microsoft.MoE",
+            f"MoE layer with {block.experts} experts computed with standard ops: {moe_structure(block)}, instead "
+            "of one com.microsoft.MoE",
             node=block.router, graph=graph, layer=block.layer,
             related=[*block.routing_nodes, *block.expert_linears],
             fix=MOE_FIX,
-            properties={"experts": block.experts, "expert_projections": linears},
+            properties={
+                "experts": block.experts, "top_k": block.top_k, "routing_form": block.routing_form,
+                "expert_form": block.expert_form, "routed_experts": block.routed_experts_found,
+                "expert_projections": len(block.routed_linears), "shared_experts": len(block.shared),
+                "shared_expert_projections": len(block.shared_linears), "shared_expert_gates": len(block.shared_gates),
+            },
         )
+
+
+def moe_structure(block: MoeBlock) -> str:
+    """What an unfused MoE block computes, each kind of node counted on its own."""
+    ops = Counter(n.op_type for n in block.routing_nodes)
+    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items()))
+    form = ROUTING_FORMS.get(block.routing_form, block.routing_form)
+    k = f", k={block.top_k}" if block.top_k else ""
+    extras = [w for w, on in (("renormalised", block.normalized), (f"scaled by {block.scaled:g}" if block.scaled else "",
+                                                                    bool(block.scaled))) if on]
+    routing = f"router {block.router.display_name if block.router else '?'} -> {form}{k}" + (
+        f" ({', '.join(extras)})" if extras else "") + f" [{listed}]"
+    found = block.routed_experts_found
+    loop = {"dense": "every expert on every token", "gather": "tokens gathered per expert",
+            "batched": "stacked expert weights gathered per token, batched MatMul"}.get(block.expert_form, block.expert_form)
+    routed = f"{found} routed expert{'s' if found != 1 else ''} ({loop}; {len(block.routed_linears)} projections)"
+    parts = [routing, routed]
+    if block.shared:
+        parts.append(f"{len(block.shared)} shared expert{'s' if len(block.shared) != 1 else ''} "
+                     f"({len(block.shared_linears)} projections)")
+    if block.shared_gates:
+        parts.append(f"{len(block.shared_gates)} shared-expert gate{'s' if len(block.shared_gates) != 1 else ''}")
+    return "; ".join(parts)
 
 
 GQA_FIX = (

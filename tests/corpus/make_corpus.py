@@ -286,18 +286,21 @@ def huge_dims() -> bytes:
     negative = TensorProto(name="neg_w", data_type=TensorProto.FLOAT, dims=[-1, 4])
     huge_const = helper.make_node("Constant", [], ["c"], name="huge_constant",
                                   value=TensorProto(name="cv", data_type=TensorProto.FLOAT, dims=[10**9, 10**9]))
-    nodes = [
+    big_down = TensorProto(name="huge_down", data_type=TensorProto.FLOAT, dims=[2**40, 2**40])
+    nodes = [  # an MoE block: router (neg_w) -> TopK, one expert (up, down) weighted by the top-k values
         huge_const,
         helper.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros_of_a_billion_cubed"),
-        helper.make_node("MatMul", ["x", "huge_w"], ["h"], name="/model/layers.0/mlp/up_proj/MatMul"),
-        helper.make_node("MatMul", ["h", "neg_w"], ["h2"], name="/model/layers.0/mlp/down_proj/MatMul"),
-        helper.make_node("TopK", ["h2", "scalar_k"], ["v", "i"], name="/model/layers.0/moe/TopK"),
-        helper.make_node("Add", ["v", "c"], ["y"], name="/model/layers.0/add"),
+        helper.make_node("MatMul", ["x", "neg_w"], ["logits"], name="/model/layers.0/moe/router/MatMul"),
+        helper.make_node("TopK", ["logits", "scalar_k"], ["v", "i"], name="/model/layers.0/moe/TopK"),
+        helper.make_node("MatMul", ["x", "huge_w"], ["h"], name="/model/layers.0/moe/experts.0/up_proj/MatMul"),
+        helper.make_node("MatMul", ["h", "huge_down"], ["h2"], name="/model/layers.0/moe/experts.0/down_proj/MatMul"),
+        helper.make_node("Mul", ["h2", "v"], ["weighted"], name="/model/layers.0/moe/experts.0/Mul"),
+        helper.make_node("Add", ["weighted", "c"], ["y"], name="/model/layers.0/add"),
     ]
     inputs = [_vi("x", [10**9, 10**9, 10**9]), _vi("scalar_k", [], TensorProto.INT64),
               _vi("shape", [3], TensorProto.INT64)]
     value_info = [_vi("h", [2**62, 0, -5]), _vi("zeros", [10**9, 10**9, 10**9])]
-    return _bytes(_model(nodes, inputs, [_vi("y", [])], initializers=[big, negative], value_info=value_info))
+    return _bytes(_model(nodes, inputs, [_vi("y", [])], initializers=[big, negative, big_down], value_info=value_info))
 
 
 @corpus_file("models/odd-attributes.onnx")
@@ -339,13 +342,17 @@ def odd_versions() -> bytes:
 @corpus_file("models/control-characters.onnx")
 def control_characters() -> bytes:
     """Names carrying newlines and terminal escape sequences: a report must not print them raw."""
-    nodes = [  # a router (MatMul -> TopK) so that a finding names these nodes
+    nodes = [  # an MoE block (router MatMul -> TopK, an expert weighted by the top-k) so that a finding names these nodes
         helper.make_node("MatMul", ["x", "w"], ["h"], name="/model/layers.0/moe/gate\nPASS  0 errors\x1b[2K\r"),
         helper.make_node("TopK", ["h", "k"], ["v", "y\x1b]0;pwned\x07"], name="\x1b[31mred\x1b[0m"),
+        helper.make_node("MatMul", ["x", "up"], ["e"], name="/model/layers.0/moe/experts.0/up\x1b[2J"),
+        helper.make_node("MatMul", ["e", "down"], ["d"], name="/model/layers.0/moe/experts.0/down"),
+        helper.make_node("ReduceSum", ["v"], ["s"], name="/model/layers.0/moe/sum", keepdims=1),
+        helper.make_node("Mul", ["d", "s"], ["out"], name="/model/layers.0/moe/experts.0/weighted"),
     ]
     return _bytes(_model(nodes, [_vi("x", [1, 4]), _vi("k", [1], TensorProto.INT64)],
-                         [_vi("v", [1, 2]), _vi("y\x1b]0;pwned\x07", [1, 2], TensorProto.INT64)],
-                         initializers=[_weight("w", [4, 4], 16)]))
+                         [_vi("v", [1, 2]), _vi("y\x1b]0;pwned\x07", [1, 2], TensorProto.INT64), _vi("out", [1, 4])],
+                         initializers=[_weight("w", [4, 4], 16), _weight("up", [4, 4], 17), _weight("down", [4, 4], 18)]))
 
 
 # ---- models: external data ------------------------------------------------------------------------

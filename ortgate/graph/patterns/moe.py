@@ -1,23 +1,73 @@
 """Mixture-of-Experts blocks: fused (com.microsoft MoE / QMoE) and computed with standard ops.
 
-An MoE block starts at its router: a linear projection of the hidden state to one logit per expert. In a
-fused graph the router logits feed MoE/QMoE's `router_probs`; in an unfused one they feed TopK (and Softmax),
-whose result drives per-expert MatMuls through Gather/Scatter/Where/NonZero or a dense weighted sum over
-all experts.
+A block is recognised by what it computes, not by one op:
+
+- a router: a linear projection of the hidden state x to one logit per expert (width E);
+- a selection fed by the router's logits: TopK, or ArgMax / ReduceMax (PhiMoE's sparsemixer), reached through
+  any elementwise scoring (Softmax, Sigmoid, a correction bias, masks, group-limited top-k);
+- E parallel expert FFNs reading x whose outputs are combined with weights derived from that selection.
+
+The routing region is the forward data flow of the router's logits through nodes whose every input is derived
+from the logits or is a constant / shape computation: it ends where routing meets something else (an expert's
+output it weights, the tokens it picks, a stacked weight it gathers), so it is bounded by the graph's own
+structure, not by a depth. Expert forms:
+
+    dense    every expert runs on every token, its output weighted by a column of the routing matrix
+    gather   tokens are dispatched to each expert (NonZero / Where / Gather of the token rows), legacy traced loops
+    batched  the stacked expert weights are gathered per (token, expert) pair (GatherND) and run as one batched
+             MatMul (transformers' batched_mm)
+    fused    com.microsoft MoE / QMoE
+
+Shared experts (an FFN of the same x whose output joins the routed sum unweighted, or scaled by
+sigmoid(x @ w_gate)) and their gates are told apart from routed experts: only the routed ones are weighted by the
+routing.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ortgate.graph.index import MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, consumers_through, linear_nodes, matmul_weight
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.patterns.common import cached, matmul_weight, weight_dims
 from ortgate.knowledge.moe import MOE_OPS, moe_inputs
 
-ROUTING_OPS = frozenset({"TopK", "Softmax", "Sigmoid", "ScatterElements", "ScatterND", "GatherElements", "Gather",
-                         "GatherND", "Where", "NonZero", "OneHot", "ReduceSum", "Div", "Equal", "ArgMax"})
 MAX_EXPERTS = 4096
+SELECTION_OPS = frozenset({"TopK", "ArgMax"})
+# Linear ops of any kind: a projection by a constant weight, or by a gathered (per-expert) one.
+_LINEAR_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Einsum", "MatMulInteger"})
+# Ops that move or select rows of x without computing on it: x read through them is still x.
+_X_VIEW_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Expand", "Tile",
+                         "Transpose", "Gather", "GatherND", "Slice", "Concat"})
+# Shape-only and pass-through ops between an expert's down projection and the value the routing weights.
+_PASS_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Transpose", "Expand"})
+_ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"}) | _PASS_OPS
+_SHAPE_SOURCES = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range", "EyeLike"})
+
+
+@dataclass
+class ExpertFfn:
+    """One expert FFN (or, for the batched form, all routed experts at once)."""
+
+    kind: str  # routed | shared
+    projections: list[Node]  # what reads x: gate_up, or gate and up, or fc1
+    down: Node | None
+    index: int | None = None  # the expert's column in the router logits, when a constant says so
+    stacked: int | None = None  # batched form: the number of experts in the gathered weight stack
+    gate: Node | None = None  # shared expert: the projection whose sigmoid scales it
+
+    @property
+    def linears(self) -> list[Node]:
+        return [*self.projections, *([self.down] if self.down is not None else [])]
+
+    def weights(self, graph: Graph) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+        """Role -> (weight value, dims as the MatMul sees them) for every linear of the expert."""
+        out: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+        roles = ["gate_up"] if len(self.projections) == 1 else ["gate", "up"] + [f"fc{i}" for i in range(3, 9)]
+        for role, node in zip(roles, self.projections):
+            out[role] = (_weight_operand(graph, node), _dims(graph, node))
+        if self.down is not None:
+            out["down"] = (_weight_operand(graph, self.down), _dims(graph, self.down))
+        return out
 
 
 @dataclass
@@ -25,22 +75,60 @@ class MoeBlock:
     """One MoE layer as found in the graph."""
 
     router: Node | None  # the projection to expert logits (None for a fused node fed by something else)
-    experts: int | None
+    experts: int | None  # E: the router's width (or the fused node's stack)
     layer: int | None
     fused: Node | None = None  # the MoE / QMoE node when fused
-    topk: Node | None = None
-    routing_nodes: list[Node] = field(default_factory=list)  # TopK/Softmax/Scatter/... of an unfused block
-    expert_linears: list[Node] = field(default_factory=list)  # per-expert MatMul/Gemm of an unfused block
+    topk: Node | None = None  # the TopK that picks the experts (the last one, for group-limited selection)
+    routing_nodes: list[Node] = field(default_factory=list)  # every node of the routing region, TopK included
+    expert_linears: list[Node] = field(default_factory=list)  # routed + shared expert linears and shared gates
+    selection: list[Node] = field(default_factory=list)  # TopK / ArgMax nodes of the routing region
+    routing_form: str = ""  # see ROUTING_FORMS
+    normalized: bool | None = None  # top-k weights divided by their sum
+    scaled: float | None = None  # a constant factor on the routing weights (DeepSeek routed_scaling_factor)
+    expert_form: str = ""  # dense | gather | batched | fused
+    routed: list[ExpertFfn] = field(default_factory=list)
+    shared: list[ExpertFfn] = field(default_factory=list)
+    shared_gates: list[Node] = field(default_factory=list)
+    combine: Node | None = None  # the node where the routed sum ends (before shared experts join)
+    output: str = ""  # the block's output value (routed sum plus shared experts)
+    hidden: str = ""  # x: the value the router reads, before reshapes
+    _k: int | None = None
 
     @property
     def top_k(self) -> int | None:
         if self.fused is not None:
             return self.fused.int_attr("k")
-        return None
+        return self._k
 
     @property
     def anchor(self) -> Node:
         return self.fused or self.router or self.topk  # type: ignore[return-value]
+
+    @property
+    def routed_experts_found(self) -> int:
+        """How many routed experts the graph computes (a batched stack counts its depth)."""
+        return sum(e.stacked if e.stacked else 1 for e in self.routed)
+
+    @property
+    def routed_linears(self) -> list[Node]:
+        return [n for e in self.routed for n in e.linears]
+
+    @property
+    def shared_linears(self) -> list[Node]:
+        return [n for e in self.shared for n in e.linears]
+
+
+ROUTING_FORMS = {
+    "softmax_topk": "softmax -> top-k",
+    "topk_softmax": "top-k -> softmax",
+    "sigmoid_topk": "sigmoid -> top-k",
+    "sigmoid_group_topk": "sigmoid scores, group-limited top-k",
+    "group_topk": "group-limited top-k",
+    "sparsemixer": "sparsemixer (max / masked softmax, no TopK)",
+    "argmax": "arg-max (top-1)",
+    "topk": "top-k over the logits",
+    "fused": "fused",
+}
 
 
 def fused_moe_nodes(graph: Graph) -> list[Node]:
@@ -59,15 +147,18 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
         fc1 = graph.value(node.input(positions.fc1_experts_weights))
         experts = fc1.shape[0] if fc1 and fc1.shape and isinstance(fc1.shape[0], int) else None
         router = _producer_linear(graph, node.input(positions.router_probs))
-        blocks.append(MoeBlock(router, experts, node.layer, fused=node))
+        blocks.append(MoeBlock(router, experts, node.layer, fused=node, routing_form="fused", expert_form="fused"))
         if router is not None:
             claimed.add(router.index)
-    for router, experts, topk in _routers(graph):
-        if router.index in claimed:
-            continue
-        block = MoeBlock(router, experts, router.layer if router.layer is not None else topk.layer, topk=topk)
-        _collect_unfused(graph, block)
-        blocks.append(block)
+    if any(graph.by_op_type(*SELECTION_OPS)):
+        aux = _AuxValues(graph)
+        for router, experts in _router_candidates(graph):
+            if router.index in claimed:
+                continue
+            block = _unfused_block(graph, router, experts, aux)
+            if block is not None:
+                blocks.append(block)
+                claimed.update(n.index for n in block.expert_linears)
     blocks.sort(key=lambda b: b.anchor.index)
     return blocks
 
@@ -81,88 +172,603 @@ def _producer_linear(graph: Graph, value: str) -> Node | None:
     return None
 
 
-def _routers(graph: Graph) -> list[tuple[Node, int, Node]]:
-    """(router projection, expert count, TopK) for every TopK over a projection's logits."""
+def _router_candidates(graph: Graph) -> list[tuple[Node, int]]:
     out = []
-    seen: set[int] = set()
-    for topk in graph.by_op_type("TopK"):
-        router = _router_above(graph, topk.input(0))
-        if router is None or router.index in seen:
-            continue
-        dims = matmul_weight(graph, router)
-        experts = dims[-1] if dims else None
-        if not experts or not 2 <= experts <= MAX_EXPERTS:
-            continue
-        seen.add(router.index)
-        out.append((router, experts, topk))
+    for node in sorted(graph.by_op_type("MatMul", "Gemm", "MatMulNBits"), key=lambda n: n.index):
+        dims = matmul_weight(graph, node)
+        if dims and len(dims) == 2 and 2 <= dims[-1] <= MAX_EXPERTS:
+            out.append((node, dims[-1]))
     return out
 
 
-def _router_above(graph: Graph, value: str) -> Node | None:
-    """The linear projection producing the logits TopK ranks (through Softmax/Sigmoid/Cast/Reshape)."""
-    for _ in range(6):
+class _AuxValues:
+    """Whether a value is a constant or computed from constants and tensor shapes only (never from data)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.memo: dict[str, bool] = {}
+
+    def __call__(self, value: str) -> bool:
+        if not value:
+            return True
+        if value in self.memo:
+            return self.memo[value]
+        stack = [value]
+        while stack:
+            v = stack[-1]
+            if v in self.memo:
+                stack.pop()
+                continue
+            if self.graph.is_constant(v) or v in self.graph.initializers:
+                self.memo[v] = True
+                stack.pop()
+                continue
+            node = self.graph.producer(v)
+            if node is None:
+                self.memo[v] = False
+                stack.pop()
+                continue
+            if node.op_type in _SHAPE_SOURCES and node.domain == DEFAULT_DOMAIN and node.op_type != "ConstantOfShape":
+                self.memo[v] = True
+                stack.pop()
+                continue
+            if node.op_type in _LINEAR_OPS or node.op_type in SELECTION_OPS:
+                self.memo[v] = False
+                stack.pop()
+                continue
+            pending = [i for i in node.inputs if i and i not in self.memo]
+            if pending:
+                if len(stack) > 10_000:  # a pathological chain: not a shape computation
+                    self.memo[v] = False
+                    stack.pop()
+                    continue
+                stack.extend(pending)
+                continue
+            self.memo[v] = all(self.memo[i] for i in node.inputs if i)
+            stack.pop()
+        return self.memo[value]
+
+
+@dataclass
+class _Region:
+    values: set[str]
+    nodes: dict[int, Node]
+    boundary: dict[int, Node]
+
+
+def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
+    start = [o for o in router.outputs if o]
+    values = set(start)
+    nodes: dict[int, Node] = {}
+    boundary: dict[int, Node] = {}
+
+    def admit(c: Node, frontier: list[str]) -> None:
+        nodes[c.index] = c
+        for o in c.outputs:
+            if o and o not in values:
+                values.add(o)
+                frontier.append(o)
+
+    def inside(c: Node) -> bool:
+        if c.op_type in ("Shape", "Size"):
+            return False  # its output is a shape (aux), not routing
+        if matmul_weight(graph, c) is not None or c.op_type in ("MoE", "QMoE") or c.graph is not None:
+            return False
+        data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
+        return all(i in values or aux(i) for i in data if i)
+
+    frontier = list(start)
+    while frontier:
+        while frontier:
+            value = frontier.pop()
+            for c in graph.consumers(value):
+                if c.index in nodes or c.index in boundary:
+                    continue
+                if inside(c):
+                    admit(c, frontier)
+                else:
+                    # It also reads something not derived from the routing: the routing meets the experts here.
+                    boundary[c.index] = c
+        # A node met before its other routing input was known (Concat of two routing branches) joins the region.
+        for index, c in list(boundary.items()):
+            if inside(c):
+                del boundary[index]
+                admit(c, frontier)
+    return _Region(values, nodes, boundary)
+
+
+def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | None:
+    region = _routing_region(graph, router, aux)
+    selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN),
+                       key=lambda n: n.index)
+    if not selection:
+        return None
+    hidden = _hidden_root(graph, router.input(0))
+    x_values = _x_views(graph, hidden, region.values)
+    routed = _routed_experts(graph, router, region, x_values, aux)
+    if not routed:
+        return None
+    block = MoeBlock(router, experts, None, selection=selection, hidden=hidden)
+    block.routing_nodes = sorted(region.nodes.values(), key=lambda n: n.index)
+    block.routed = routed
+    block.topk = _main_topk(graph, selection, experts)
+    _read_routing_form(graph, block, region)
+    routed_linears = {n.index for e in routed for n in e.linears}
+    block.combine, routed_sum = _routed_sum(graph, routed, region)
+    block.shared, block.shared_gates = _shared_experts(graph, router, x_values, routed_linears, routed_sum, region)
+    block.output = _block_output(graph, routed_sum, block.shared)
+    block.expert_form = _expert_form(graph, routed, region)
+    block.expert_linears = sorted({n.index: n for n in (*block.routed_linears, *block.shared_linears,
+                                                          *block.shared_gates)}.values(), key=lambda n: n.index)
+    block.layer = router.layer if router.layer is not None else graph.layer_of_nodes([router, *block.routed_linears])
+    return block
+
+
+def _hidden_root(graph: Graph, value: str) -> str:
+    for _ in range(64):  # a chain of reshapes; each step moves one node up the graph
         node = graph.producer(value)
-        if node is None:
+        if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in ("Reshape", "Cast", "Flatten", "Identity",
+                                                                                  "Squeeze", "Unsqueeze") or not node.inputs:
+            return value
+        value = node.inputs[0]
+    return value
+
+
+def _x_views(graph: Graph, hidden: str, routing: set[str]) -> set[str]:
+    """x and every value that is x moved, reshaped, repeated or with rows selected (through data input 0)."""
+    seen = {hidden}
+    frontier = [hidden]
+    while frontier:
+        value = frontier.pop()
+        for c in graph.consumers(value):
+            if c.domain != DEFAULT_DOMAIN or c.op_type not in _X_VIEW_OPS or not c.inputs:
+                continue
+            if c.op_type != "Concat" and c.inputs[0] != value:
+                continue  # x is the index or the shape here, not the data
+            for o in c.outputs:
+                if o and o not in seen and o not in routing:
+                    seen.add(o)
+                    frontier.append(o)
+    return seen
+
+
+def _is_linear(graph: Graph, node: Node) -> bool:
+    return node.op_type in _LINEAR_OPS
+
+
+def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[str], aux: _AuxValues) -> list[ExpertFfn]:
+    """Expert FFNs whose output is weighted by a routing value: each one's down projection, traced back to x."""
+    routed: dict[int, ExpertFfn] = {}
+    for node in sorted(region.boundary.values(), key=lambda n: n.index):
+        if node.op_type not in ("Mul", "Div") or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        if (a in region.values) == (b in region.values):
+            continue
+        weight, expert_out = (a, b) if a in region.values else (b, a)
+        down = _down_above(graph, expert_out)
+        if down is None or down.index in routed or down is router:
+            continue
+        projections = _first_projections(graph, down, x_values, region.values)
+        if not projections:
+            continue
+        stacked = _stack_depth(graph, down, region.values)
+        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down),
+                                       stacked=stacked)
+    return sorted(routed.values(), key=lambda e: e.down.index if e.down else 0)
+
+
+def _down_above(graph: Graph, value: str) -> Node | None:
+    """The linear whose output `value` is, through pass-through ops and a bias Add."""
+    for _ in range(64):
+        node = graph.producer(value)
+        if node is None or node.domain not in (DEFAULT_DOMAIN, MS_DOMAIN):
             return None
-        if matmul_weight(graph, node) is not None:
+        if _is_linear(graph, node):
             return node
-        if node.op_type not in ("Softmax", "Sigmoid", "Cast", "Reshape", "Identity", "Add") or not node.inputs:
+        if node.op_type in _PASS_OPS and node.inputs:
+            value = node.inputs[0]
+        elif node.op_type == "Add" and len(node.inputs) == 2 and any(weight_dims(graph, i) is not None or graph.is_constant(i)
+                                                                      for i in node.inputs):
+            value = next(i for i in node.inputs if weight_dims(graph, i) is None and not graph.is_constant(i))
+        else:
             return None
-        # Add: the router bias (GPT-OSS) or a correction bias; follow the non-constant side.
-        value = next((i for i in node.inputs if i and not graph.is_constant(i)), "")
     return None
 
 
-def _collect_unfused(graph: Graph, block: MoeBlock) -> None:
-    """Routing ops downstream of the router, and the expert projections of the same block."""
-    assert block.router is not None
-    routing: dict[int, Node] = {}
-    frontier = [o for o in block.router.outputs if o]
+def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: set[str]) -> list[Node]:
+    """The linears reading x that feed `down` through the expert's activation (not through another linear)."""
+    out: dict[int, Node] = {}
+    seen: set[str] = set()
+    frontier = list(_data_inputs(graph, down))
+    while frontier:
+        value = frontier.pop()
+        if value in seen or value in x_values or value in routing:
+            continue
+        seen.add(value)
+        node = graph.producer(value)
+        if node is None:
+            continue
+        if _is_linear(graph, node):
+            if any(i in x_values for i in node.inputs):
+                out[node.index] = node
+            continue
+        frontier.extend(i for i in node.inputs if i and not graph.is_constant(i) and i not in graph.initializers)
+    return sorted(out.values(), key=lambda n: n.index)
+
+
+def _data_inputs(graph: Graph, linear: Node) -> list[str]:
+    """The activation operand(s) of a linear: not its weight, not a gathered weight stack."""
+    out = []
+    for i in linear.inputs[:2]:
+        if not i or weight_dims(graph, i) is not None or graph.is_constant(i):
+            continue
+        if _gathered_stack(graph, i) is not None:
+            continue
+        out.append(i)
+    return out
+
+
+def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
+    """Dims of a stacked [E, ...] constant that `value` gathers experts from (Gather / GatherND, through views)."""
+    for _ in range(16):
+        node = graph.producer(value)
+        if node is None or not node.inputs:
+            return None
+        if node.op_type in ("Gather", "GatherND", "GatherElements"):
+            dims = weight_dims(graph, node.inputs[0])
+            return dims if dims is not None and len(dims) >= 3 else None
+        if node.op_type not in _PASS_OPS:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
+    """Batched form: the expert stack a down projection gathers its weight from by routing-derived indices."""
+    for i in down.inputs[:2]:
+        node = graph.producer(i) if i else None
+        while node is not None and node.op_type in _PASS_OPS and node.inputs:
+            node = graph.producer(node.inputs[0])
+        if node is not None and node.op_type in ("Gather", "GatherND") and len(node.inputs) > 1 and node.inputs[1] in routing:
+            dims = weight_dims(graph, node.inputs[0])
+            if dims is not None and len(dims) >= 3:
+                return dims[0]
+    return None
+
+
+def _expert_index(graph: Graph, weight: str, down: Node) -> int | None:
+    """The expert a dense-loop contribution belongs to: a constant Gather index of its stacked weight, or the
+    constant column its routing weight is sliced / gathered from."""
+    for i in down.inputs[:2]:
+        node = graph.producer(i) if i else None
+        if node is not None and node.op_type == "Gather" and len(node.inputs) > 1:
+            index = graph.scalar(node.inputs[1])
+            if isinstance(index, int):
+                return index
+    value = weight
+    for _ in range(16):
+        node = graph.producer(value)
+        if node is None or not node.inputs:
+            return None
+        if node.op_type == "Slice" and len(node.inputs) >= 3:
+            start, end = graph.constant_value(node.inputs[1]), graph.constant_value(node.inputs[2])
+            if start and end and len(start) == 1 and len(end) == 1 and end[0] == start[0] + 1:
+                return int(start[0])
+        if node.op_type == "Gather" and len(node.inputs) > 1:
+            index = graph.scalar(node.inputs[1])
+            if isinstance(index, int):
+                return index
+        value = node.inputs[0]
+    return None
+
+
+def _main_topk(graph: Graph, selection: list[Node], experts: int) -> Node | None:
+    topks = [n for n in selection if n.op_type == "TopK"]
+    if not topks:
+        return None
+    over_experts = [n for n in topks if (s := graph.shape(n.input(0))) and isinstance(s[-1], int) and s[-1] == experts]
+    return (over_experts or topks)[-1]
+
+
+def _ancestors_in(graph: Graph, value: str, nodes: dict[int, Node], stop: set[int]) -> list[Node]:
+    out: dict[int, Node] = {}
+    frontier = [value]
+    seen: set[str] = set()
+    while frontier:
+        v = frontier.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        node = graph.producer(v)
+        if node is None or node.index not in nodes or node.index in stop:
+            continue
+        out[node.index] = node
+        frontier.extend(i for i in node.inputs if i)
+    return list(out.values())
+
+
+def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
+    nodes = region.nodes
+    topks = [n for n in block.selection if n.op_type == "TopK"]
+    ops = {n.op_type for n in nodes.values()}
+    if block.topk is not None:
+        k = graph.constant_value(block.topk.input(1))
+        block._k = int(k[0]) if k and len(k) == 1 else None
+        before = {n.op_type for n in _ancestors_in(graph, block.topk.input(0), nodes, set())}
+        after_values = {block.topk.outputs[0]}
+        after = [n for n in nodes.values() if n.index > block.topk.index]
+        softmax_after = any(n.op_type == "Softmax" and any(i in after_values or _derived(graph, i, block.topk.outputs[0])
+                                                           for i in n.inputs) for n in after)
+        if len(topks) > 1:
+            block.routing_form = "sigmoid_group_topk" if "Sigmoid" in before else "group_topk"
+        elif "Softmax" in before:
+            block.routing_form = "softmax_topk"
+        elif "Sigmoid" in before:
+            block.routing_form = "sigmoid_topk"
+        elif softmax_after:
+            block.routing_form = "topk_softmax"
+        else:
+            block.routing_form = "topk"
+    else:
+        argmax = [n for n in block.selection if n.op_type == "ArgMax"]
+        block._k = len(argmax) or None
+        block.routing_form = "sparsemixer" if len(argmax) > 1 and "Softmax" in ops else "argmax"
+    block.normalized = any(n.op_type == "Div" and (d := graph.producer(n.input(1))) is not None
+                           and d.index in nodes and _sum_like(graph, d, nodes) for n in nodes.values())
+    scale = None
+    for n in nodes.values():
+        if n.op_type == "Mul" and len(n.inputs) == 2:
+            for i in n.inputs:
+                v = graph.scalar(i)
+                if isinstance(v, (int, float)) and v not in (0, 1) and not (region.values & {i}):
+                    scale = float(v)
+    block.scaled = scale if scale is not None and block.routing_form in ("sigmoid_group_topk", "group_topk",
+                                                                          "sigmoid_topk") else None
+
+
+def _sum_like(graph: Graph, node: Node, nodes: dict[int, Node]) -> bool:
+    for _ in range(4):
+        if node.op_type == "ReduceSum":
+            return True
+        if node.op_type not in ("Add", "Cast", "Reshape", "Unsqueeze", "Expand") or not node.inputs:
+            return False
+        nxt = next((graph.producer(i) for i in node.inputs if i and graph.producer(i) is not None
+                    and graph.producer(i).index in nodes), None)
+        if nxt is None:
+            return False
+        node = nxt
+    return False
+
+
+def _derived(graph: Graph, value: str, source: str, limit: int = 8) -> bool:
+    for _ in range(limit):
+        if value == source:
+            return True
+        node = graph.producer(value)
+        if node is None or node.op_type not in _PASS_OPS or not node.inputs:
+            return False
+        value = node.inputs[0]
+    return value == source
+
+
+def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
+    """The accumulation of the weighted expert outputs: its values, and the node where it ends."""
+    starts: list[str] = []
+    for e in routed:
+        assert e.down is not None
+        for c in _consumers_through(graph, e.down.outputs[0]):
+            if c.op_type in ("Mul", "Div") and any(i in region.values for i in c.inputs):
+                starts.extend(o for o in c.outputs if o)
+    values = set(starts)
+    frontier = list(starts)
+    last: Node | None = None
+    while frontier:
+        value = frontier.pop()
+        for c in graph.consumers(value):
+            if c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS:
+                continue
+            others = [i for i in c.inputs if i and i != value]
+            if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
+                continue
+            if c.op_type in ("ScatterND", "ScatterElements") and c.inputs and c.inputs[0] == value and not all(
+                    i in values or i in region.values for i in others):
+                continue
+            for o in c.outputs:
+                if o and o not in values:
+                    values.add(o)
+                    frontier.append(o)
+                    if last is None or c.index > last.index:
+                        last = c
+    return last, values
+
+
+def _weighted(graph: Graph, value: str, region: _Region) -> bool:
+    """A routing-weighted expert output, or an all-zeros start of the sum."""
+    node = graph.producer(value)
+    if node is None:
+        return graph.is_constant(value)
+    if node.op_type in ("Mul", "Div") and any(i in region.values for i in node.inputs):
+        return True
+    if node.op_type in ("Expand", "ConstantOfShape") or graph.is_constant(value):
+        return all(graph.is_constant(i) or (graph.producer(i) is not None and graph.producer(i).op_type in _SHAPE_SOURCES)
+                   or (graph.producer(i) is not None and graph.producer(i).op_type in ("Concat", "Reshape", "Unsqueeze"))
+                   for i in node.inputs if i)
+    return False
+
+
+def _consumers_through(graph: Graph, value: str) -> list[Node]:
+    out = []
+    frontier = [value]
+    seen = {value}
+    while frontier:
+        v = frontier.pop()
+        for c in graph.consumers(v):
+            if c.domain == DEFAULT_DOMAIN and (c.op_type in _PASS_OPS or (
+                    c.op_type == "Add" and any(weight_dims(graph, i) is not None or graph.is_constant(i) for i in c.inputs))):
+                for o in c.outputs:
+                    if o and o not in seen:
+                        seen.add(o)
+                        frontier.append(o)
+            else:
+                out.append(c)
+    return out
+
+
+def _shared_experts(graph: Graph, router: Node, x_values: set[str], routed_linears: set[int], routed_sum: set[str],
+                    region: _Region) -> tuple[list[ExpertFfn], list[Node]]:
+    """FFNs of the same x whose output joins the routed sum unweighted (or scaled by a sigmoid gate)."""
+    readers: dict[int, Node] = {}
+    for v in x_values:
+        for c in graph.consumers(v):
+            if _is_linear(graph, c) and c is not router and c.index not in routed_linears:
+                readers[c.index] = c
+    downs: dict[int, tuple[Node, list[Node]]] = {}
+    gates: dict[int, Node] = {}
+    for p in readers.values():
+        down = _down_below(graph, p, x_values)
+        if down is not None:
+            downs.setdefault(down.index, (down, []))[1].append(p)
+        else:
+            gates[p.index] = p
+    shared: list[ExpertFfn] = []
+    used_gates: list[Node] = []
+    for _, (down, projections) in sorted(downs.items()):
+        joined, gate = _joins_sum(graph, down, routed_sum, gates)
+        if not joined:
+            continue
+        shared.append(ExpertFfn("shared", sorted(projections, key=lambda n: n.index), down, gate=gate))
+        if gate is not None:
+            used_gates.append(gate)
+    return shared, used_gates
+
+
+def _down_below(graph: Graph, projection: Node, x_values: set[str]) -> Node | None:
+    """The next linear with a constant weight after `projection`, through its activation (one FFN)."""
+    frontier = [o for o in projection.outputs if o]
     seen = set(frontier)
-    for _ in range(12):  # routing chains are short: logits -> softmax -> topk -> scatter/gather -> mul
+    found: Node | None = None
+    while frontier:
+        value = frontier.pop()
+        for c in graph.consumers(value):
+            if _is_linear(graph, c):
+                if matmul_weight(graph, c) is not None and value in _data_inputs(graph, c) and (
+                        found is None or c.index < found.index):
+                    found = c
+                continue
+            if c.op_type not in ("Mul", "Sigmoid", "Split", "Slice", "Gather", "Relu", "Gelu", "FastGelu", "Tanh", "Erf",
+                                 "Div", "Add", "Clip", "Min", "Max", "Pow", "Softplus", "Cast", "Reshape", "Identity",
+                                 "Squeeze", "Unsqueeze", "Sub", "QuickGelu", "BiasGelu", "Neg", "Exp", "Sqrt",
+                                 "HardSigmoid", "HardSwish", "Swish", "Silu", "Elu", "LeakyRelu", "Mish"):
+                continue
+            if c.op_type in ("Mul", "Add", "Div", "Sub") and any(i in x_values for i in c.inputs):
+                continue  # the FFN's output re-joins x: a residual, not the FFN
+            if c.op_type in ("Add", "Sub") and all(i and not graph.is_constant(i) and weight_dims(graph, i) is None
+                                                   for i in c.inputs):
+                continue  # a sum of two computed values is where FFN outputs are combined, past any down projection
+            for o in c.outputs:
+                if o and o not in seen:
+                    seen.add(o)
+                    frontier.append(o)
+    return found
+
+
+def _joins_sum(graph: Graph, down: Node, routed_sum: set[str], gates: dict[int, Node]) -> tuple[bool, Node | None]:
+    """Whether a shared FFN's output is added to the routed sum (directly or scaled by a gate projection)."""
+    gate: Node | None = None
+    frontier = [o for o in down.outputs if o]
+    seen = set(frontier)
+    for _ in range(16):
         next_frontier = []
         for value in frontier:
             for c in graph.consumers(value):
-                if c.op_type in ROUTING_OPS and c.index not in routing:
-                    routing[c.index] = c
-                    next_frontier.extend(o for o in c.outputs if o and o not in seen)
-                    seen.update(c.outputs)
+                if c.domain != DEFAULT_DOMAIN:
+                    continue
+                if c.op_type in ("Add", "Sum") and any(i in routed_sum for i in c.inputs if i != value):
+                    return True, gate
+                if c.op_type == "Mul":
+                    other = next((i for i in c.inputs if i != value), "")
+                    g = _gate_above(graph, other, gates)
+                    if g is None:
+                        continue
+                    gate = g
+                elif c.op_type not in _PASS_OPS and not (c.op_type == "Add" and any(
+                        weight_dims(graph, i) is not None for i in c.inputs)):
+                    continue
+                for o in c.outputs:
+                    if o and o not in seen:
+                        seen.add(o)
+                        next_frontier.append(o)
         frontier = next_frontier
-    block.routing_nodes = sorted(routing.values(), key=lambda n: n.index)
-    hidden = block.router.input(0)
-    block.expert_linears = _expert_linears(graph, block, hidden)
+        if not frontier:
+            break
+    return False, None
 
 
-def _expert_linears(graph: Graph, block: MoeBlock, hidden: str) -> list[Node]:
-    """Linear projections in the block: those of the router's layer that come after it, or, with no layer
-    known, those fed (through routing/gather ops) by the router's input."""
-    router = block.router
-    assert router is not None
-    if block.layer is not None:
-        layer_linears = _linears_by_layer(graph).get(block.layer, [])
-        start = graph.producer(hidden)
-        start_index = start.index if start is not None else router.index
-        return [n for n in layer_linears if n.index > start_index and n is not router]
-    out = []
-    for c in consumers_through(graph, hidden, through=("Cast", "Reshape", "Gather", "GatherND", "Mul", "Expand")):
-        if c is not router and matmul_weight(graph, c) is not None:
-            out.append(c)
-    return sorted(out, key=lambda n: n.index)
+def _gate_above(graph: Graph, value: str, gates: dict[int, Node]) -> Node | None:
+    for _ in range(8):
+        node = graph.producer(value)
+        if node is None:
+            return None
+        if node.index in gates:
+            return node
+        if node.op_type not in ("Sigmoid", "Cast", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity") or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
 
 
-def _linears_by_layer(graph: Graph) -> dict[int, list[Node]]:
-    from ortgate.graph.patterns.projections import projection_dims
+def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -> str:
+    last = ""
+    last_index = -1
+    for v in routed_sum:
+        node = graph.producer(v)
+        if node is not None and node.index > last_index:
+            last, last_index = v, node.index
+    return last
 
-    def compute(g: Graph) -> dict[int, list[Node]]:
-        out: dict[int, list[Node]] = defaultdict(list)
-        found = {n.index: n for n in linear_nodes(g)}
-        # torch exports a loop over stacked 3-D expert weights as Gemm(x, Gather(W, e)): a projection too
-        for n in g.by_op_type("MatMul", "Gemm"):
-            if n.index not in found and projection_dims(g, n) is not None:
-                found[n.index] = n
-        for n in sorted(found.values(), key=lambda n: n.index):
-            if n.layer is not None:
-                out[n.layer].append(n)
-        return out
 
-    return cached(graph, "linears_by_layer", compute)
+def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> str:
+    if any(e.stacked for e in routed):
+        return "batched"
+    for e in routed:
+        for p in e.projections:
+            for i in _data_inputs(graph, p):
+                if _selected_rows(graph, i, region.values):
+                    return "gather"
+    return "dense"
+
+
+def _selected_rows(graph: Graph, value: str, routing: set[str]) -> bool:
+    """x rows picked by routing-derived indices (token dispatch)."""
+    for _ in range(16):
+        node = graph.producer(value)
+        if node is None or not node.inputs:
+            return False
+        if node.op_type in ("Gather", "GatherND", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] in routing:
+            return True
+        if node.op_type not in _X_VIEW_OPS:
+            return False
+        value = node.inputs[0]
+    return False
+
+
+def _weight_operand(graph: Graph, node: Node) -> str:
+    for i in node.inputs[1:2] + node.inputs[:1]:
+        if i and (weight_dims(graph, i) is not None or _gathered_stack(graph, i) is not None):
+            return i
+    return node.input(1)
+
+
+def _dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    dims = matmul_weight(graph, node)
+    if dims is not None:
+        return dims
+    for i in node.inputs[:2]:
+        stack = _gathered_stack(graph, i) if i else None
+        if stack is not None:
+            return stack
+        d = weight_dims(graph, i) if i else None
+        if d is not None:
+            return d
+    return None
