@@ -159,6 +159,8 @@ class RunEvidence:
     profile: ProfileSummary | None = None
     skipped: str | None = None  # why nothing was measured
     notes: list[str] = field(default_factory=list)
+    # the decode cost model's estimate for the device the run used, beside the measurement (never mixed with it)
+    estimate: dict[str, Any] | None = None
 
     @property
     def speedup_vs_default(self) -> float | None:

@@ -51,6 +51,19 @@ class Suppression:
 
 
 @dataclass(frozen=True)
+class Price:
+    """What fixing a finding would save on one decode step: an estimate for a device, never a measurement."""
+
+    ms_per_token: float  # each sequence's time per output token (the step time) saved
+    share: float  # of the step as exported
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ms_per_token": round(self.ms_per_token, 4), "share_of_step": round(self.share, 4),
+                "device": self.device, "estimate": True}
+
+
+@dataclass(frozen=True)
 class Finding:
     code: str
     rule: str
@@ -66,6 +79,7 @@ class Finding:
     properties: tuple[tuple[str, Any], ...] = ()
     suppressed: Suppression | None = None
     kind: Kind = Kind.VIOLATION
+    price: Price | None = None  # what fixing it saves per decode step on the policy's device (an estimate)
 
     def __post_init__(self) -> None:
         if self.kind is not Kind.VIOLATION and self.severity is not Severity.INFO:

@@ -23,9 +23,11 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
 def cmd_policy_validate(args: argparse.Namespace) -> int:
     from ortgate.config.policy import load_policy
+    from ortgate.config.throughput import throughput_policy
     from ortgate.engine.gate import gate_config_from
 
     policy = load_policy(args.file)
+    throughput_policy(policy)  # the device exists, a target names its device, the calibration file reads
     gate_config_from(policy, cli_select=None, cli_ignore=None, fail_on=None)  # rule names in rules: and waivers:
     chain = " <- ".join(str(p) for p in policy.chain[1:])
     print(f"{args.file}: valid policy {policy.name!r}" + (f" (extends {chain})" if chain else ""))

@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     run.add_argument("--fail-on", choices=("error", "warning", "info"),
                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+    run.add_argument("--write-calibration", metavar="FILE",
+                     help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
+                          "throughput.calibration")
 
 
 def require_onnxruntime() -> None:
@@ -74,13 +77,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         error(str(exc))
         return EXIT_TIMEOUT
     write(render_run(args.format, outcome.result, outcome.evidence), args.output)
+    if args.write_calibration:
+        _write_calibration(args, outcome)
     if args.exit_zero:
         return EXIT_PASS
     return outcome.result.verdict.exit_code
 
 
+def _write_calibration(args: argparse.Namespace, outcome) -> None:
+    from ortgate.engine.throughput import calibration_yaml
+
+    if outcome.estimate is None or outcome.evidence.measurement is None:
+        why = (outcome.evidence.estimate or {}).get("note") or outcome.evidence.skipped or "nothing was measured"
+        raise InputError(f"--write-calibration: no calibration written: {why}", args.write_calibration)
+    write(calibration_yaml(outcome.estimate, outcome.evidence, args.policy), args.write_calibration)
+
+
 def run_outputs(args: argparse.Namespace) -> list[Output]:
     outputs = [Output(args.output, "report") if args.output else None]
+    if getattr(args, "write_calibration", None):
+        outputs.append(Output(args.write_calibration, "calibration file"))
     if args.dump:
         # ORT writes a large model's initializers beside the dump, as DUMP.data (runner.session).
         outputs += [Output(args.dump, "optimized dump"), Output(args.dump + ".data", "optimized dump's weights")]

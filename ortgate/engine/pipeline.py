@@ -17,6 +17,8 @@ from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
 from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
+from ortgate.engine.pricing import estimate_summary, price_findings
+from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
 from ortgate.findings import Finding
 from ortgate.graph import build_graph
@@ -34,6 +36,7 @@ class LintRequest:
     policy: str | None = None
     optimized: str | None = None
     config: str | None = None
+    cost: CostOverrides | None = None  # `ortgate estimate`'s device / batch / context flags
 
 
 def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
@@ -61,8 +64,14 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
             *(policy.chain if policy else ())]
     if optimized is not None:
         read += [Path(optimized.path), *_external_data(optimized)]
-    return LintInputs(model, optimized, deployment, expect, policy, genai,
-                      files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs = LintInputs(model, optimized, deployment, expect, policy, genai,
+                        files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs.cost = resolve_cost(inputs, request.cost)
+    if inputs.throughput is not None and inputs.throughput.calibration is not None:
+        path = inputs.throughput.calibration.path
+        if path is not None:
+            inputs.files_read = (*inputs.files_read, path)
+    return inputs
 
 
 def _external_data(graph) -> list[Path]:
@@ -106,13 +115,20 @@ class LintResult:
 def lint(inputs: LintInputs, config: GateConfig, progress: Callable[[str], None] | None = None) -> LintResult:
     """Run the rules `config` selects over `inputs`, then gate and decide."""
     rules = selected_rules(config)
-    return judge(run_rules(inputs, rules, progress), inputs, config, rules)
+    raw = run_rules(inputs, rules, progress)
+    if inputs.estimate is not None and progress is not None:
+        progress("pricing the findings")
+    return judge(price_findings(raw, inputs), inputs, config, rules)
 
 
 def judge(raw: list[Finding], inputs: LintInputs, config: GateConfig, rules: list[Rule]) -> LintResult:
     """Gate the rules' findings (waivers, severities, baseline) and decide the verdict."""
     findings = apply_gate(raw, config)
-    return LintResult(findings, decide(findings, config.fail_on), summarize(inputs), rules, raw)
+    summary = summarize(inputs)
+    estimate = estimate_summary(inputs, [f for f in findings if f.suppressed is None])
+    if estimate is not None:
+        summary["estimate"] = estimate
+    return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 
 
 def summarize(inputs: LintInputs) -> dict:

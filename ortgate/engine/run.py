@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
+from ortgate.engine.throughput import run_estimate
 from ortgate.errors import InputError
 from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.rules.context import LintInputs
@@ -24,6 +25,7 @@ class RunOutcome:
     result: LintResult
     evidence: RunEvidence
     inputs: LintInputs
+    estimate: object | None = None  # the cost model's Estimate for the device the run used (ortgate.cost)
 
 
 def run_reference(request: RunRequest, *, progress: RunProgress | None = None, hard_exit: bool = False,
@@ -52,4 +54,9 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
         result = lint(inputs, config)
         if request.dump is None and inputs.optimized is not None:
             result.summary["optimized_kept"] = False
-    return RunOutcome(result, evidence, inputs)
+        progress.note("estimating the measured device")
+        found = run_estimate(inputs, evidence)
+    est = None
+    if found is not None:
+        evidence.estimate, est = found
+    return RunOutcome(result, evidence, inputs, est)

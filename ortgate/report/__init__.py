@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ortgate.engine.pipeline import LintResult
-from ortgate.findings import Finding
+from ortgate.findings import Finding, Price
 
 Reporter = Callable[[LintResult], str]
 
@@ -47,3 +47,10 @@ def target(finding: Finding) -> str:
 
 def layer_label(layer: int | None) -> str:
     return f"layer {layer}" if layer is not None else "model / config"
+
+
+def price_text(price: Price) -> str:
+    """'~4.21 ms per token (37% of the step) on h100-sxm, estimated'."""
+    ms = price.ms_per_token
+    amount = f"{ms:.3g} ms" if ms >= 0.01 else f"{ms * 1e3:.3g} us"
+    return f"~{amount} per token ({price.share:.0%} of the step) on {price.device}, estimated"

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
+from ortgate.report import price_text
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -57,6 +58,8 @@ def _write_finding(console: Console, f: Finding, *, show_fix: bool) -> None:
         line.append(f"  {target}{where}", style="dim")
     console.print(line)
     console.print(Text(f"      {f.message}"))
+    if f.price is not None:
+        console.print(Text(f"      saves {price_text(f.price)}", style="magenta"))
     if show_fix:
         console.print(Text(f"      fix: {f.fix}", style="green"))
 
@@ -76,6 +79,10 @@ def _write_summary(console: Console, result: LintResult) -> None:
         scope += f", {s['layers']} layers"
     if s.get("provider"):
         scope += f", {s['provider']}"
+    if s.get("estimate"):
+        from ortgate.engine.pricing import headline
+
+        console.print(Text(f"estimate  {headline(s['estimate'])}"))
     verdict = Text("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
     line = Text()
     line.append(verdict)

@@ -28,6 +28,7 @@ def _register() -> None:
         rotary,
         runtime,
         session,
+        throughput,
         waivers,
     )
 

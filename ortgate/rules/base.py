@@ -72,6 +72,7 @@ FAMILIES = {
     "OGC": "drift",       # two declarations of one deployment disagree
     "OGR": "runtime",     # what `ortgate run` saw the real session do
     "OGW": "waivers",     # the policy's waivers
+    "OGT": "throughput",  # the policy's throughput targets against the decode cost model's estimate
 }
 
 _REGISTRY: dict[str, Rule] = {}

@@ -6,7 +6,7 @@ say nothing when there is none (plain `ortgate lint`).
 
 from __future__ import annotations
 
-from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
+from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.findings import Location, Severity
 from ortgate.knowledge import compute_ops, memcpy_ops
 from ortgate.rules.base import rule
@@ -311,7 +311,8 @@ def optimization_changed_outputs(ctx: RuleContext):
 
 
 THRESHOLDS = (
-    ("min_tokens_per_second", "tokens per second", lambda run: run.measurement.tokens_per_second, "min"),
+    ("min_tokens_per_s", "tokens per second", lambda run: run.measurement.tokens_per_second, "min"),
+    ("max_ms_per_token", "time per output token (ms, the p50 step)", lambda run: run.measurement.stats.p50_ms, "max"),
     ("max_p50_latency_ms", "p50 latency (ms)", lambda run: run.measurement.stats.p50_ms, "max"),
     ("max_p90_latency_ms", "p90 latency (ms)", lambda run: run.measurement.stats.p90_ms, "max"),
     ("max_p99_latency_ms", "p99 latency (ms)", lambda run: run.measurement.stats.p99_ms, "max"),
@@ -324,11 +325,12 @@ def throughput_target_missed(ctx: RuleContext):
     """The measured throughput or latency misses a target in the policy's `throughput:` block.
 
     ## What it checks
-    `min_tokens_per_second`, `max_p50_latency_ms`, `max_p90_latency_ms`, `max_p99_latency_ms` and
-    `min_speedup_vs_default` (needs `--baseline`) against the runner's measurement. The targets apply only
-    where `throughput.device` matches the device the run used ("cpu", or a glob on the GPU name such as
-    "NVIDIA H100*"; without `device`, wherever the policy's own provider ran). Elsewhere each target is
-    reported as undecided (not applicable on this machine), never as passed.
+    `min_tokens_per_s`, `max_ms_per_token` (the p50 step), `max_p50_latency_ms`, `max_p90_latency_ms`,
+    `max_p99_latency_ms` and `min_speedup_vs_default` (needs `--baseline`) against the runner's measurement. The
+    targets apply only where the device the run used is `throughput.device` (a catalog device, matched by the
+    GPU name the run reports, or `cpu`) or matches `throughput.match` (a glob such as "NVIDIA H100*"); without
+    either, wherever the policy's own provider ran. Elsewhere each target is reported as undecided (not
+    applicable on this machine), never as passed.
 
     ## Why it costs throughput
     Static rules predict; this is the measurement. A target in the policy turns "the model got slower" into
@@ -336,12 +338,12 @@ def throughput_target_missed(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}   # measured 71.4 on an H100
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}   # measured 71.4 on an H100 SXM
     ```
 
     ## Good
     ```yaml
-    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}   # measured 131.0 on an H100
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}   # measured 131.0 on an H100 SXM
     ```
 
     ## Fix
@@ -360,14 +362,16 @@ def throughput_target_missed(ctx: RuleContext):
                             location=_policy_location(ctx, "throughput"))
         return
     m = run.measurement
-    device = DeviceInfo(m.device_kind, m.device)
-    pattern = block.get("device")
-    if pattern is not None and not device_matches(str(pattern), device):
+    tp = ctx.inputs.throughput
+    named = tp is not None and (tp.device is not None or tp.match is not None)
+    if named and not tp.matches_reported(m.device):
+        wanted = tp.device.name if tp.device is not None else repr(tp.match)
+        key = "device" if tp.device is not None else "match"
         yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: the run used "
-                            f"{m.device}, the targets are for device {pattern!r}",
-                            location=_policy_location(ctx, "throughput", "device"), properties={"device": m.device})
+                            f"{m.device}, the targets are for device {wanted}",
+                            location=_policy_location(ctx, "throughput", key), properties={"device": m.device})
         return
-    if pattern is None and run.cpu_figures:
+    if not named and run.cpu_figures:
         yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: they are for "
                             f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)",
                             location=_policy_location(ctx, "throughput"))
