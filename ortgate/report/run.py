@@ -78,7 +78,7 @@ def _write(console: Console, ev: RunEvidence) -> None:
                                       f"(p50 {_ms(ev.baseline.stats.p50_ms)} ms / {_ms(ev.measurement.stats.p50_ms)} ms)"
                                       f"{cpu}")
     if ev.estimate is not None:
-        _estimate(console, ev)
+        _estimate(console, ev, cpu)
     if ev.correctness is not None:
         worst = [o for o in ev.correctness.outputs if not o.ok]
         diffs = ", ".join(f"{o.output} {o.max_abs_diff:.2g}" for o in ev.correctness.outputs[:4]
@@ -93,7 +93,7 @@ def _write(console: Console, ev: RunEvidence) -> None:
         _profile(console, ev, cpu)
 
 
-def _estimate(console: Console, ev: RunEvidence) -> None:
+def _estimate(console: Console, ev: RunEvidence, cpu: str) -> None:
     e = ev.estimate or {}
     if e.get("device") is None:
         _line(console, "estimate", e.get("note", "no estimate"))
@@ -106,7 +106,7 @@ def _estimate(console: Console, ev: RunEvidence) -> None:
     _line(console, "estimate", f"{e['device']} ({figures}): {expected:,.1f} tokens/s expected "
                                f"({_ms(e['ms_per_step_expected'])} ms per step), ceiling "
                                f"{e['tokens_per_s_ceiling']:,.1f} tokens/s{ratio} (an estimate for {e['device']}, "
-                               "not a measurement)")
+                               f"not a measurement){cpu}")
 
 
 def _ms(value: float) -> str:
