@@ -76,10 +76,10 @@ EOF
 
 step "ortgate run: GPT-OSS fp16 on CUDA with CUDA graph (baseline, profile, dump)"
 "$PYTHON" -m ortgate run "$FIXTURES/genai-gpt_oss-fp16-cuda" --policy "$OUT/gpt-oss-cuda-graph.yaml" \
-  --baseline --profile "$OUT/gpt_oss.trace.json" --dump "$OUT/gpt_oss.optimized.onnx" --timeout 300 \
+  --compare-default --profile "$OUT/gpt_oss.trace.json" --dump "$OUT/gpt_oss.optimized.onnx" --timeout 300 \
   --format json --output "$OUT/gpt_oss.json" --exit-zero
 "$PYTHON" -m ortgate run "$FIXTURES/genai-gpt_oss-fp16-cuda" --policy "$OUT/gpt-oss-cuda-graph.yaml" \
-  --baseline --timeout 300 --exit-zero | tee "$OUT/gpt_oss.txt"
+  --compare-default --timeout 300 --exit-zero | tee "$OUT/gpt_oss.txt"
 "$PYTHON" - "$OUT/gpt_oss.json" <<'EOF' || fail "GPT-OSS CUDA graph run"
 import json, sys
 report = json.load(open(sys.argv[1]))
@@ -109,7 +109,7 @@ sys.exit(0 if all(checks.values()) else 1)
 EOF
 
 step "ortgate run: Qwen3.5-MoE fp16 on CUDA without CUDA graph (IOBinding on device, CPU placement reported)"
-"$PYTHON" -m ortgate run "$FIXTURES/genai-qwen3_5_moe-fp16-cuda" --policy "$OUT/qwen35-cuda.yaml" --baseline \
+"$PYTHON" -m ortgate run "$FIXTURES/genai-qwen3_5_moe-fp16-cuda" --policy "$OUT/qwen35-cuda.yaml" --compare-default \
   --profile --timeout 300 --format json --output "$OUT/qwen35.json" --exit-zero
 "$PYTHON" - "$OUT/qwen35.json" <<'EOF' || fail "Qwen3.5 CUDA run"
 import json, sys

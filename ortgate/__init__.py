@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-
-def __getattr__(name: str) -> str:
-    # The version lives in pyproject.toml only; reading the installed metadata costs milliseconds, so it is read on
-    # first use (reports, --version), never when the package is imported.
-    if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            value = version("ortgate")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            value = "0+unknown"
-        globals()["__version__"] = value
-        return value
-    raise AttributeError(f"module 'ortgate' has no attribute {name!r}")
+# The one place the version is written: pyproject.toml reads it from here ([tool.setuptools.dynamic]), so a source
+# tree, an editable install and a wheel all report the same version.
+__version__ = "0.1.0"

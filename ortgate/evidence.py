@@ -146,6 +146,20 @@ class ProfileSummary:
     note: str | None = None
 
 
+@dataclass(frozen=True)
+class RunFailure:
+    """Something `ortgate run` could not do: ORT refused to create or to run a session, or the run passed --timeout.
+
+    A failure is evidence like any other: the runtime rules turn it into a finding, so the report still comes out
+    with the static findings beside it."""
+
+    kind: str  # "load" (ORT refused to create the session) | "run" (a session run failed) | "timeout"
+    session: str  # which session: "policy" | "default" | "reference" | "profiled"
+    phase: str  # what the runner was doing: "creating the policy session", "running the policy session once", ...
+    message: str  # ORT's own words (one line), or the timeout
+    node: str | None = None  # the node ORT named, when it named one
+
+
 @dataclass
 class RunEvidence:
     model: str
@@ -159,6 +173,8 @@ class RunEvidence:
     profile: ProfileSummary | None = None
     skipped: str | None = None  # why nothing was measured
     notes: list[str] = field(default_factory=list)
+    failures: list[RunFailure] = field(default_factory=list)  # what ORT refused, or where --timeout stopped the run
+    timeout_s: float | None = None
     # the decode cost model's estimate for the device the run used, beside the measurement (never mixed with it)
     estimate: dict[str, Any] | None = None
 

@@ -41,6 +41,9 @@ class Location:
     file: str
     line: int | None = None
     key_path: str | None = None  # "execution_provider.options.enable_cuda_graph"
+    # What to call `file` when the finding is not about the file as it is: "optimized graph of MODEL" (ORT's
+    # optimized graph of MODEL, from a dump that was not kept).
+    label: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import onnxruntime as ort
 import pytest
 
+from ortgate.findings import Kind
 from tests.conftest import EXPORTED
 from tests.helpers import lint_findings
 
@@ -35,6 +36,14 @@ EXPECTED: dict[str, dict[str, list]] = {
     "dynamo-olmoe": {
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+    "dynamo-gpt_oss": {  # rotary on halves without Neg (Sub form)
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+    "dynamo-deepseek_v3": {  # layer 0 is a dense MLP; MLA: q/k/v packing is undecided, not a violation
+        "moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
     },
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
@@ -72,7 +81,8 @@ def test_moe_finding_counts_what_it_names(fixture, findings):
 
 
 def _layers(findings, rule):
-    return sorted((f.layer for f in findings if f.rule == rule), key=lambda layer: (layer is None, layer or 0))
+    return sorted((f.layer for f in findings if f.rule == rule and f.kind is Kind.VIOLATION),
+                  key=lambda layer: (layer is None, layer or 0))
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +116,20 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
     ids = np.array([[1, 5, 9, 17]], dtype=np.int64)
     (logits,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     assert logits.shape == (1, 4, info["hf_config"]["vocab_size"]) and np.isfinite(logits).all()
+
+
+# fixture -> how its rotary pairs components (transformers: rotate_half, or DeepSeek-V3's rope_interleave)
+ROTARY_PAIRING = {
+    "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
+    "dynamo-gpt_oss": "half", "dynamo-deepseek_v3": "interleaved",
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(ROTARY_PAIRING))
+def test_rotary_finding_says_which_components_pair(fixture, findings):
+    rotary = [f for f in findings(fixture) if f.rule == "rotary-not-fused"]
+    assert rotary
+    pairing = ROTARY_PAIRING[fixture]
+    for f in rotary:
+        assert dict(f.properties)["pairing"] == pairing
+        assert f"rotary_interleaved={int(pairing == 'interleaved')}" in f.message

@@ -201,8 +201,7 @@ def test_a_failed_write_leaves_the_previous_report_whole(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no temporary file left behind
     monkeypatch.undo()
     code, out, err = run_cli("lint", POLICIES.parent / "examples" / "qwen3-moe-tiny-fused", "--output", report)
-    assert (code, out) == (0, "") and report.read_text().startswith("examples/") is False
-    assert "PASS" in report.read_text()
+    assert (code, out) == (0, "") and "PASS" in report.read_text()
     assert stat.S_IMODE(report.stat().st_mode) == 0o640  # replacing keeps the file's permissions
 
 

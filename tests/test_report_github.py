@@ -1,5 +1,6 @@
-"""GitHub workflow-command annotations: errors first, at most 10 of each type per step with one line saying
-how many more, and escaping that keeps any node name or message inside its own annotation."""
+"""GitHub workflow-command annotations: one per rule and file with the layer range, errors first, at most 10 of
+each type per step with one line saying how many findings more, and escaping that keeps any node name or message
+inside its own annotation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from ortgate.engine.gate import decide
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Location, Severity
-from ortgate.report.github import annotation, escape_data, escape_property, render
+from ortgate.report.github import escape_data, escape_property, render, rule_annotation
 from tests.helpers import run_cli
 
 COMMAND = re.compile(r"^::(error|warning|notice) (?P<props>[^:]*)::(?P<message>.*)$")
@@ -27,20 +28,41 @@ def parse(line: str) -> tuple[str, dict[str, str], str]:
     return m.group(1), {k: unescape(v) for k, v in props.items()}, unescape(m["message"])
 
 
-def test_twelve_layers_fill_ten_error_and_ten_warning_annotations_then_say_how_many_more(make_model, write_policy):
+def test_one_annotation_per_rule_and_file_carries_the_layer_range(make_model, write_policy):
     model = make_model(layers=12, moe="dense_loop", attention="decomposed", kv_cache=False)
     policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: warning}\n")
     code, out, _ = run_cli("lint", model, "--policy", policy, "--select", "OGF001,OGF002", "--format", "github")
     assert code == 1
     lines = out.splitlines()
     commands = [parse(line) for line in lines if line.startswith("::")]
-    kinds = [kind for kind, _, _ in commands]
-    assert kinds == ["error"] * 10 + ["warning"] * 10  # the most severe first, 10 of each
-    assert [props["title"] for _, props, _ in commands[:10]] == [
-        f"OGF001 moe-not-fused (layer {i})" for i in range(10)]
+    assert [(kind, props["title"]) for kind, props, _ in commands] == [
+        ("error", "OGF001 moe-not-fused: layers 0-11 (12)"), ("warning", "OGF002 gqa-not-fused: layers 0-11 (12)")]
     assert all(props["file"] == str(model) or model.name in props["file"] for _, props, _ in commands)
-    assert "4 more findings not annotated (2 errors, 2 warnings)" in out
+    message = commands[0][2].splitlines()
+    assert message[0].startswith("layers 0-11 (12): /model/layers.N/")  # the node, its layer abstracted
+    assert len(message) == 2 and message[1].startswith("fix: Export each MoE layer")
     assert lines[-1] == "ortgate: FAIL  12 errors, 12 warnings, 0 infos (fails on error and above)"
+
+
+def test_more_than_ten_rule_annotations_of_a_type_say_how_many_findings_were_left_out():
+    findings = [Finding(code=f"OGF{i:03d}", rule=f"rule-{i}", severity=Severity.ERROR, message=f"m{i}",
+                        location=Location("m.onnx"), node=f"/layers.{layer}/n", layer=layer)
+                for i in range(12) for layer in range(3)]
+    out = render(LintResult(findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, []))
+    commands = [parse(line) for line in out.splitlines() if line.startswith("::")]
+    assert [props["title"] for _, props, _ in commands] == [f"OGF{i:03d} rule-{i}: layers 0-2 (3)" for i in range(10)]
+    assert "6 more findings not annotated (6 errors)" in out
+
+
+def test_different_findings_of_one_rule_share_its_annotation_fix_once():
+    findings = [Finding(code="OGF005", rule="skip", severity=Severity.WARNING, message=f"{n} Adds in layer {i}",
+                        location=Location("m.onnx"), node=f"/layers.{i}/add", layer=i, fix="fuse them")
+                for i, n in ((0, 1), (1, 2), (2, 2), (3, 2))]
+    [(kind, props, message)] = [parse(line) for line in render(LintResult(
+        findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, [])).splitlines() if line.startswith("::")]
+    assert props["title"] == "OGF005 skip: layers 0-3 (4)"
+    assert message.splitlines() == ["layer 0: /layers.0/add: 1 Adds in layer 0",
+                                    "layers 1-3 (3): /layers.N/add: 2 Adds in layer N", "fix: fuse them"]
 
 
 def test_config_findings_carry_file_and_line(write_policy, make_model):
@@ -57,12 +79,12 @@ def test_escaping_keeps_hostile_names_inside_one_annotation():
                       message="100% of experts\r\n::warning file=x::forged",
                       location=Location("models/a,b:c.onnx"), node="/model/layers.0/moe\n::error::forged",
                       layer=0, fix="fuse: all, now")
-    line = annotation(hostile)
+    line = rule_annotation([hostile])
     assert "\n" not in line and "\r" not in line
     kind, props, message = parse(line)
     assert kind == "error"
-    assert props == {"file": "models/a,b:c.onnx", "title": "OGF001 moe-not-fused (layer 0)"}
-    assert message == ("/model/layers.0/moe\n::error::forged: 100% of experts\r\n::warning file=x::forged"
+    assert props == {"file": "models/a,b:c.onnx", "title": "OGF001 moe-not-fused: layer 0"}
+    assert message == ("layer 0: /model/layers.0/moe\n::error::forged: 100% of experts\r\n::warning file=x::forged"
                        "\nfix: fuse: all, now")
 
 

@@ -59,18 +59,28 @@ def test_among_errors_the_rule_with_more_findings_ranks_first(make_model, write_
                                                                       "`OGF001` moe-not-fused"]
 
 
-def test_findings_by_layer_count_each_layer(make_model, write_policy):
-    model = make_model(layers=3, moe="dense_loop", attention="decomposed", kv_cache=False)
-    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: info}\nmodel:\n  moe_layers: 4\n")
+def test_findings_by_layer_count_each_layer_and_identical_layers_share_a_row(make_model, write_policy):
+    model = make_model(layers=4, moe="dense_loop", attention="decomposed", kv_cache=False)
+    policy = write_policy("name: p\nrules:\n  severity: {gqa-not-fused: info}\nmodel:\n  moe_layers: 5\n"
+                          "waivers:\n  - {rule: gqa-not-fused, node: '/model/layers.2/*', reason: x}\n")
     _, md = summary(model, policy)
     rows = table(md, "### Findings by layer")
     assert rows == [
-        ["layer 0", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
-        ["layer 1", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
-        ["layer 2", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
+        ["layers 0–1 (2)", "1 each", "0", "1 each", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
+        ["layer 2", "1", "0", "0", "`OGF001` moe-not-fused"],
+        ["layer 3", "1", "0", "1", "`OGF001` moe-not-fused, `OGF002` gqa-not-fused"],
         ["model / config", "1", "0", "0", "`OGM008` moe-layer-count-mismatch"],
     ]
-    assert "**4 errors**, 0 warnings, **3 infos**" in md
+    assert "**5 errors**, 0 warnings, **3 infos**" in md
+    # All findings: identical ones across layers are one row; --expand lists each.
+    assert "All 8 findings as 3 rows (identical findings across layers share one)" in md
+    rows = table(md, "<details><summary>All")
+    assert [(r[1], r[2]) for r in rows] == [("`OGF001` moe-not-fused", "layers 0–3 (4)"),
+                                            ("`OGM008` moe-layer-count-mismatch", "model / config"),
+                                            ("`OGF002` gqa-not-fused", "layers 0–1, 3 (3)")]
+    assert rows[0][4] == "`/model/layers.N/moe/router/MatMul`"
+    code, out, _ = run_cli("lint", model, "--policy", policy, "--format", "markdown", "--expand")
+    assert "<summary>All 8 findings</summary>" in out
 
 
 def test_suppressed_findings_are_listed_with_their_justification(make_model, write_policy):

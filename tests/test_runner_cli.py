@@ -45,7 +45,7 @@ def findings(report, prefix="OGR"):
 
 
 def test_genai_qwen35_moe_runs_on_cpu_with_every_figure(write_policy):
-    code, report, err = run_json(QWEN35, "--policy", write_policy(CPU_POLICY), "--baseline")
+    code, report, err = run_json(QWEN35, "--policy", write_policy(CPU_POLICY), "--compare-default")
     run = report["run"]
     assert run["session"]["provider"]["ran_on"] == ["CPUExecutionProvider"]
     assert {d["dim"]: d["status"] for d in run["session"]["dims"]} == {"batch_size": "pinned",
@@ -131,7 +131,7 @@ def test_speedup_target_needs_the_baseline(write_policy):
     policy = write_policy(CPU_POLICY + "throughput:\n  device: cpu\n  min_speedup_vs_default: 1000\n")
     _, report, _ = run_json(GPT_OSS, "--policy", policy)
     assert findings(report)["throughput-target-missed"]["severity"] == "info"
-    code, report, _ = run_json(GPT_OSS, "--policy", policy, "--baseline")
+    code, report, _ = run_json(GPT_OSS, "--policy", policy, "--compare-default")
     missed = findings(report)["throughput-target-missed"]
     assert code == 1 and missed["severity"] == "error" and "speedup over ORT's default session" in missed["message"]
 
@@ -166,11 +166,16 @@ def test_text_report_has_figures_then_findings(write_policy):
     assert err == ""
 
 
-def test_timeout_stops_cleanly_with_one_line(write_policy):
+def test_timeout_is_a_finding_in_the_report_with_the_static_findings(write_policy):
     code, out, err = run_cli("run", QWEN35, "--policy", write_policy(CPU_POLICY), "--iterations", "100000000",
-                             "--timeout", "1")
-    assert code == 1 and out == ""
-    assert err.startswith("ortgate: error: run exceeded --timeout 1s while ") and err.count("\n") == 1
+                             "--timeout", "1", "--format", "json")
+    assert code == 1 and err == ""
+    report = json.loads(out)
+    (timeout,) = [f for f in report["findings"] if f["rule"] == "run-timeout"]
+    assert timeout["severity"] == "error" and "--timeout 1s while measuring the policy session" in timeout["message"]
+    assert report["run"]["failures"][0]["kind"] == "timeout" and report["run"]["measurement"] is None
+    assert {f["code"][:3] for f in report["findings"]} - {"OGR"}  # the static findings are still there
+    assert not report["verdict"]["passed"]
 
 
 def test_inputs_that_cannot_be_synthesised_exit_2(make_model, write_policy, tmp_path):

@@ -12,6 +12,7 @@ from ortgate.cli.output import (
     progress,
     progress_wanted,
     split_list,
+    terminal_options,
     write,
 )
 from ortgate.errors import InputError
@@ -42,6 +43,9 @@ def add_parser(sub) -> None:
     lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+    lint.add_argument("--expand", action="store_true",
+                      help="text and markdown: list every finding on its own, in full, instead of one entry per "
+                           "group of identical findings across layers")
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -75,7 +79,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
         result = judge(result.raw, inputs, config, result.rules)
     for fmt, path in reports:
-        write(render(fmt, result), path)
+        write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code

@@ -19,7 +19,15 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line in ortgate's error format."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise InputError(f"{message} (see `{self.prog} --help`)")
+        hint = RENAMED_FLAGS.get((self.prog, message))
+        raise InputError(f"{message} ({hint + '; ' if hint else ''}see `{self.prog} --help`)")
+
+
+# Usage errors that an old spelling of a flag produces, with what to write now (see CHANGELOG.md).
+RENAMED_FLAGS = {
+    ("ortgate run", "argument --baseline: expected one argument"):
+        "measuring ORT's default session is --compare-default now; --baseline FILE is a findings baseline",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -138,6 +138,15 @@ def write_file(output: str | Path, data: bytes) -> None:
         raise InputError(f"cannot write: {getattr(exc, 'strerror', None) or exc}", output) from None
 
 
+def terminal_options(output: str | None) -> dict:
+    """Colour and the terminal's width when the report goes to a terminal; else none (a fixed width)."""
+    if output is not None or not sys.stdout.isatty() or os.environ.get("TERM") == "dumb":
+        return {"color": False, "width": None}
+    import shutil
+
+    return {"color": "NO_COLOR" not in os.environ, "width": shutil.get_terminal_size().columns}
+
+
 # A lint that ends sooner than this shows no spinner at all (no flicker on small models).
 PROGRESS_DELAY_S = 0.4
 

@@ -1,5 +1,6 @@
 """The `ortgate run` subcommand: its arguments and what it prints. Exit codes as `ortgate lint`: 0 the gate
-passes, 1 it fails (or the run passed --timeout), 2 usage or input error."""
+passes, 1 it fails (ORT refused the model, or the run passed --timeout, among the findings), 2 usage or input
+error."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ortgate.cli.output import EXIT_PASS, Output, check_outputs, error, write
+from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, write
 from ortgate.errors import InputError
 
-FORMATS = ("text", "json")
-
-EXIT_TIMEOUT = 1
+FORMATS = ("text", "json", "sarif", "github", "markdown")
+_REPORT_NAMES = {"sarif": "SARIF report", "markdown": "markdown report", "json": "JSON report"}
 
 
 def add_parser(sub) -> None:
@@ -28,18 +28,31 @@ def add_parser(sub) -> None:
                           "in TRACE.json if given)")
     run.add_argument("--warmup", type=int, metavar="N", help="warm-up runs (default: runner.warmup, else 3)")
     run.add_argument("--iterations", type=int, metavar="N", help="timed runs (default: runner.iterations, else 20)")
-    run.add_argument("--baseline", action="store_true",
+    run.add_argument("--compare-default", action="store_true",
                      help="also measure ORT's default session (speedup) and compare outputs with ORT_DISABLE_ALL")
     run.add_argument("--allow-cpu", action="store_true",
                      help="if the policy's provider is not available here, run the same config on CPU "
                           "(every figure is labelled CPU)")
     run.add_argument("--allow-custom-ops", action="store_true",
                      help="load the custom-op libraries named by the policy's session.custom_op_libraries")
-    run.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds (exit 1)")
-    run.add_argument("--format", choices=FORMATS, default="text")
+    run.add_argument("--timeout", type=float, metavar="S",
+                     help="stop the run after S seconds: a run-timeout finding, the report, exit 1")
+    run.add_argument("--format", choices=FORMATS, default="text",
+                     help="report format on stdout (or --output): text, json, sarif, github (workflow "
+                          "annotations), markdown (job summary)")
     run.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    run.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
+    run.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
+    run.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
+    run.add_argument("--baseline", metavar="FILE",
+                     help="an ortgate baseline: findings listed in it are reported as suppressed")
+    run.add_argument("--write-baseline", metavar="FILE",
+                     help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
+                          "then judge against it")
     run.add_argument("--fail-on", choices=("error", "warning", "info"),
                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
+    run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
+    run.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     run.add_argument("--write-calibration", metavar="FILE",
                      help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
@@ -57,31 +70,52 @@ def require_onnxruntime() -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     require_onnxruntime()
-    from ortgate.engine.run import run_reference
-    from ortgate.report.run import render_run
+    from ortgate.engine.baseline import load_baseline
+    from ortgate.engine.run import RunGate, run_reference
     from ortgate.runner.collect import RunRequest
-    from ortgate.runner.measure import RunTimeout
     from ortgate.runner.progress import RunProgress
 
-    outputs = run_outputs(args)
-    check_outputs(outputs, [args.model, args.policy, args.config])  # before loading: fail at once
+    reports = [(args.format, args.output)] + [(fmt, path) for fmt, path in (
+        ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
+    outputs = run_outputs(args, reports)
+    check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
+    gate = RunGate(split_list(args.select), split_list(args.ignore),
+                   load_baseline(args.baseline) if args.baseline else None, args.baseline)
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
-                         warmup=args.warmup, iterations=args.iterations, baseline=args.baseline,
+                         warmup=args.warmup, iterations=args.iterations, compare_default=args.compare_default,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
                          fail_on=args.fail_on)
-    try:
-        with RunProgress(enabled=sys.stderr.isatty()) as progress:
-            outcome = run_reference(request, progress=progress, hard_exit=True,
-                                    before_writing=lambda inputs: check_outputs(outputs, run_reads(inputs)))
-    except RunTimeout as exc:
-        error(str(exc))
-        return EXIT_TIMEOUT
-    write(render_run(args.format, outcome.result, outcome.evidence), args.output)
+
+    def emit(outcome) -> int:
+        return _emit(args, reports, outcome)
+
+    with RunProgress(enabled=sys.stderr.isatty()) as progress:
+        outcome = run_reference(request, progress=progress, hard_exit=True, gate=gate, emit=emit,
+                                before_writing=lambda inputs: check_outputs(outputs,
+                                                                            [*run_reads(inputs), args.baseline]))
+    return emit(outcome)
+
+
+def _emit(args: argparse.Namespace, reports: list[tuple[str, str | None]], outcome) -> int:
+    """Write the baseline (if asked) and every report; the exit code."""
+    from ortgate.cli.lint import _check_baseline_target
+    from ortgate.engine.baseline import baseline_text, load_baseline
+    from ortgate.engine.pipeline import judge
+    from ortgate.report.run import render_run
+
+    result, config = outcome.result, outcome.config
+    if args.write_baseline:
+        _check_baseline_target(args.write_baseline, args.baseline)
+        write(baseline_text(result.findings), args.write_baseline)
+        config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
+        result = judge(result.raw, outcome.inputs, config, result.rules)
+    for fmt, path in reports:
+        write(render_run(fmt, result, outcome.evidence), path)
     if args.write_calibration:
         _write_calibration(args, outcome)
     if args.exit_zero:
         return EXIT_PASS
-    return outcome.result.verdict.exit_code
+    return result.verdict.exit_code
 
 
 def _write_calibration(args: argparse.Namespace, outcome) -> None:
@@ -93,16 +127,19 @@ def _write_calibration(args: argparse.Namespace, outcome) -> None:
     write(calibration_yaml(outcome.estimate, outcome.evidence, args.policy), args.write_calibration)
 
 
-def run_outputs(args: argparse.Namespace) -> list[Output]:
-    outputs = [Output(args.output, "report") if args.output else None]
-    if getattr(args, "write_calibration", None):
+def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]]) -> list[Output]:
+    outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
+               if path is not None]
+    if args.write_baseline:
+        outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
+    if args.write_calibration:
         outputs.append(Output(args.write_calibration, "calibration file"))
     if args.dump:
         # ORT writes a large model's initializers beside the dump, as DUMP.data (runner.session).
         outputs += [Output(args.dump, "optimized dump"), Output(args.dump + ".data", "optimized dump's weights")]
     if isinstance(args.profile, str):
         outputs.append(Output(args.profile, "profile trace"))
-    return [o for o in outputs if o is not None]
+    return outputs
 
 
 def run_reads(inputs) -> list:

@@ -1,5 +1,8 @@
 """`ortgate run`: the runner builds the policy's session for real and collects evidence; the same rules and
-gate as `ortgate lint` then judge what it saw."""
+gate as `ortgate lint` then judge what it saw.
+
+ORT refusing the model and --timeout are evidence, not errors: the run stops, and the report (with every static
+finding and what was measured so far) still comes out, failing the gate."""
 
 from __future__ import annotations
 
@@ -9,13 +12,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from ortgate.engine.gate import gate_config_from
+from ortgate.engine.gate import GateConfig, gate_config_from
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
 from ortgate.engine.throughput import run_estimate
 from ortgate.errors import InputError
 from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.rules.context import LintInputs
-from ortgate.runner.collect import RunRequest, collect
+from ortgate.runner.collect import RunRequest, collect, record_timeout, start_evidence
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import runner_settings
 
@@ -25,17 +28,32 @@ class RunOutcome:
     result: LintResult
     evidence: RunEvidence
     inputs: LintInputs
+    config: GateConfig
     estimate: object | None = None  # the cost model's Estimate for the device the run used (ortgate.cost)
 
 
+@dataclass
+class RunGate:
+    """How the gate judges the run: rule selection and a findings baseline, as for `ortgate lint`."""
+
+    select: list[str] | None = None
+    ignore: list[str] | None = None
+    baseline: object | None = None  # a loaded baseline (ortgate.engine.baseline)
+    baseline_path: str | None = None
+
+
 def run_reference(request: RunRequest, *, progress: RunProgress | None = None, hard_exit: bool = False,
-                  before_writing: Callable[[LintInputs], None] | None = None) -> RunOutcome:
-    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) or RunTimeout.
+                  before_writing: Callable[[LintInputs], None] | None = None, gate: RunGate | None = None,
+                  emit: Callable[[RunOutcome], int] | None = None) -> RunOutcome:
+    """Everything `ortgate run` does short of printing. Raises InputError (exit 2) on bad input.
 
     `before_writing(inputs)` runs once every input file is known and before ORT writes the dump or the trace:
-    the place to refuse an output that would replace an input."""
+    the place to refuse an output that would replace an input. `emit(outcome)` writes the reports and returns the
+    exit code: with `hard_exit`, when --timeout passes inside a call ORT cannot interrupt, it is called from the
+    watchdog with what the run has so far, and the process then exits with its code."""
     from ortgate.runner.measure import Deadline
 
+    gate = gate or RunGate()
     progress = progress or RunProgress(enabled=False)
     progress.note("loading the model and policy")
     inputs = load_inputs(LintRequest(request.model, request.policy, None, request.config))
@@ -43,20 +61,35 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
         raise InputError("`ortgate run` needs --policy: the session it builds is the policy's")
     settings = runner_settings(inputs.policy, warmup=request.warmup, iterations=request.iterations,
                                timeout_s=request.timeout_s)
+    # Before the run: a typo in the policy's rules block or a bad baseline must not cost a long run.
+    config = gate_config_from(inputs.policy, cli_select=gate.select, cli_ignore=gate.ignore, fail_on=request.fail_on,
+                              baseline=gate.baseline, baseline_path=gate.baseline_path)
     if before_writing is not None:
         before_writing(inputs)
-    with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit) as deadline:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
-        evidence = collect(request, inputs, settings, deadline, progress, workdir)
+    evidence = start_evidence(inputs)
+
+    def judged() -> RunOutcome:
         inputs.evidence[EVIDENCE_KEY] = evidence
         progress.note("running the rules")
-        config = gate_config_from(inputs.policy, cli_select=None, cli_ignore=None, fail_on=request.fail_on)
         result = lint(inputs, config)
-        if request.dump is None and inputs.optimized is not None:
+        if inputs.optimized is not None and inputs.optimized.label:
+            result.summary["optimized"] = inputs.optimized.label
             result.summary["optimized_kept"] = False
-        progress.note("estimating the measured device")
-        found = run_estimate(inputs, evidence)
-    est = None
-    if found is not None:
-        evidence.estimate, est = found
-    return RunOutcome(result, evidence, inputs, est)
+        est = None
+        if evidence.measurement is not None:
+            progress.note("estimating the measured device")
+            found = run_estimate(inputs, evidence)
+            if found is not None:
+                evidence.estimate, est = found
+        return RunOutcome(result, evidence, inputs, config, est)
+
+    def abandoned(timeout) -> int:
+        assert emit is not None
+        record_timeout(evidence, timeout, inputs)
+        return emit(judged())
+
+    on_hard_exit = abandoned if emit is not None else None
+    with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit, on_hard_exit=on_hard_exit) as deadline:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
+        collect(request, inputs, settings, deadline, progress, workdir, evidence)
+        return judged()

@@ -328,6 +328,9 @@ class Graph:
         self.model = model
         self.path = path
         self.role = role  # "model" (as exported) or "optimized" (ORT's optimized dump)
+        # What reports call the graph when `path` is not its own file: ORT's optimized graph of a model, written to
+        # a temporary file that `ortgate run` deleted ("optimized graph of MODEL"; `path` is then MODEL).
+        self.label: str | None = None
         self.opsets: dict[str, int] = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
         self.nodes: list[Node] = []
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)

@@ -19,7 +19,18 @@ def reporters() -> dict[str, Reporter]:
             "markdown": markdown.render}
 
 
-def render(fmt: str, result: LintResult) -> str:
+def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | None = None,
+           color: bool = False) -> str:
+    """`result` in format `fmt`. `expand`, `width` and `color` shape the text report (and `expand` the markdown
+    summary); the machine formats always hold every finding whole."""
+    if fmt == "text":
+        from ortgate.report import text
+
+        return text.render(result, text.TextOptions(width=width or text.DEFAULT_WIDTH, color=color, expand=expand))
+    if fmt == "markdown":
+        from ortgate.report import markdown
+
+        return markdown.render(result, expand=expand)
     return reporters()[fmt](result)
 
 

@@ -1,4 +1,6 @@
-"""GitHub Actions workflow commands: one `::error` / `::warning` / `::notice` annotation per active finding.
+"""GitHub Actions workflow commands: one `::error` / `::warning` / `::notice` annotation per rule and file, whose
+title carries where its findings lie ("layers 0-47 (48)") and whose message lists each group of identical
+findings (report.groups) once, and the rule's fix once.
 
 GitHub keeps at most 10 annotations of each type per step, so errors come first and each type stops at 10;
 one plain line then says how many were left out (the job summary and the SARIF report have them all).
@@ -8,14 +10,16 @@ node name can never inject a workflow command.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from ortgate.engine.gate import suppressed_breakdown
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, layer_label, target
+from ortgate.report import display_path
+from ortgate.report.groups import group_findings, where
 
 MAX_ANNOTATIONS_PER_TYPE = 10
+MAX_ENTRIES = 8  # groups of identical findings listed in one annotation; the summary and SARIF list the rest
 COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
 
@@ -27,28 +31,56 @@ def escape_property(value: str) -> str:
     return escape_data(value).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotation(finding: Finding) -> str:
-    props = [f"file={escape_property(display_path(finding.location.file))}"]
-    if finding.location.line:
-        props.append(f"line={finding.location.line}")
-    title = f"{finding.code} {finding.rule}"
-    if finding.layer is not None:
-        title += f" ({layer_label(finding.layer)})"
+def rule_annotation(findings: list[Finding]) -> str:
+    """One annotation for one rule's findings in one file."""
+    first = findings[0]
+    severity = max(f.severity for f in findings)
+    props = [f"file={escape_property(display_path(first.location.file))}"]
+    line = min((f.location.line for f in findings if f.location.line), default=None)
+    if line:
+        props.append(f"line={line}")
+    title = f"{first.code} {first.rule}"
+    place = where(findings)
+    if any(f.node for f in findings) and place:
+        title += f": {place}"
+    elif len(findings) > 1:
+        title += f": {len(findings)} findings"
     props.append(f"title={escape_property(title)}")
-    message = f"{target(finding)}: {finding.message}" if target(finding) else finding.message
-    if finding.fix:
-        message += f"\nfix: {finding.fix}"
-    return f"::{COMMAND[finding.severity]} {','.join(props)}::{escape_data(message)}"
+    entries: list[str] = []
+    fixes: list[str] = []
+    groups = sorted(group_findings(findings), key=lambda g: (g.first.layer is None, g.first.layer or 0,
+                                                              g.first.location.line or 0))
+    for group in groups[:MAX_ENTRIES]:
+        f = group.first
+        head = []
+        if f.node:
+            head.append(where(group.findings))
+        if group.target:
+            other_line = f.location.line and f.location.line != line  # the annotation's own line goes unsaid
+            head.append(group.target + (f" (line {f.location.line})" if other_line else ""))
+        entries.append(f"{': '.join(head)}: {group.message}" if head else group.message)
+        if group.fix and group.fix not in fixes:
+            fixes.append(group.fix)
+    if len(groups) > MAX_ENTRIES:
+        entries.append(f"... and {len(groups) - MAX_ENTRIES} more (the job summary and the SARIF report list them)")
+    if first.location.label:  # the optimized graph of MODEL, from a dump that was not kept
+        entries[0] = f"[{first.location.label}] {entries[0]}"
+    message = "\n".join(entries + [f"fix: {fix}" for fix in fixes])
+    return f"::{COMMAND[severity]} {','.join(props)}::{escape_data(message)}"
 
 
 def render(result: LintResult) -> str:
     active = [f for f in result.findings if f.suppressed is None]
+    by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
+    for f in active:
+        by_rule[(f.location.file, f.location.label, f.code)].append(f)
+    annotations = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), fs[0].code))
     lines: list[str] = []
     left_out: Counter[Severity] = Counter()
     for severity in sorted(Severity, reverse=True):  # the most severe first
-        group = [f for f in active if f.severity == severity]
-        lines += [annotation(f) for f in group[:MAX_ANNOTATIONS_PER_TYPE]]
-        left_out[severity] = max(0, len(group) - MAX_ANNOTATIONS_PER_TYPE)
+        group = [fs for fs in annotations if max(f.severity for f in fs) == severity]
+        lines += [rule_annotation(fs) for fs in group[:MAX_ANNOTATIONS_PER_TYPE]]
+        left_out[severity] = sum(len(fs) for fs in group[MAX_ANNOTATIONS_PER_TYPE:])
     total = sum(left_out.values())
     if total:
         parts = ", ".join(_plural(n, s.label) for s in sorted(Severity, reverse=True) if (n := left_out[s]))

@@ -12,7 +12,7 @@ SCHEMA_VERSION = 1
 
 
 def finding_dict(f: Finding) -> dict:
-    return {
+    out = {
         "code": f.code,
         "rule": f.rule,
         "severity": f.severity.label,
@@ -37,6 +37,9 @@ def finding_dict(f: Finding) -> dict:
         "fingerprint": f.identity(),
         "price": f.price.to_dict() if f.price is not None else None,
     }
+    if f.location.label:  # "file" is MODEL; the finding is about its optimized graph, from a dump not kept
+        out["file_label"] = f.location.label
+    return out
 
 
 def report_dict(result: LintResult) -> dict:

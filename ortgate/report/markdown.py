@@ -1,8 +1,9 @@
 """Markdown job summary (for $GITHUB_STEP_SUMMARY or a pull-request comment).
 
 Verdict and counts, what to fix first (errors before warnings, then the rule whose fix clears the most
-findings), a table of findings by decoder layer, every finding, and the suppressed ones with their
-justification. Deterministic, and bounded well below GitHub's 1 MiB summary limit.
+findings), a table of findings by decoder layer (layers with the same findings share a row), the findings with
+identical ones across layers as one row (report.groups; `expand` lists each), and the suppressed ones with
+their justification. Deterministic, and bounded well below GitHub's 1 MiB summary limit.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections import Counter, defaultdict
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
 from ortgate.report import display_path, layer_label, target
+from ortgate.report.groups import FindingGroup, group_findings, ranges
 
 MAX_FIX_FIRST = 10
 MAX_ROWS = 300
 
 
-def render(result: LintResult) -> str:
+def render(result: LintResult, *, expand: bool = False) -> str:
     v = result.verdict
     active = [f for f in result.findings if f.suppressed is None]
     suppressed = [f for f in result.findings if f.suppressed is not None]
@@ -32,7 +34,7 @@ def render(result: LintResult) -> str:
     if active:
         out += _fix_first(active, result.summary.get("estimate"))
         out += _by_layer(active)
-        out += _findings_table(active)
+        out += _findings_table(active, expand)
     else:
         out += ["No findings." if not suppressed else "No active findings.", ""]
     if suppressed:
@@ -99,34 +101,54 @@ def _by_layer(active: list[Finding]) -> list[str]:
     groups: dict[int | None, list[Finding]] = defaultdict(list)
     for f in active:
         groups[f.layer].append(f)
-    order = sorted(groups, key=lambda layer: (layer is None, layer if layer is not None else 0))
-    out = ["### Findings by layer", "",
-           _row(["Layer", "Errors", "Warnings", "Infos", "Rules"]),
-           _row(["---", "---:", "---:", "---:", "---"])]
-    for layer in order:
+    rows: list[tuple[list[int | None], tuple]] = []  # layers sharing one row, and the row's cells
+    for layer in sorted(groups, key=lambda layer: (layer is None, layer if layer is not None else 0)):
         fs = groups[layer]
         sev = Counter(f.severity for f in fs)
         rules = Counter((f.code, f.rule) for f in fs)
         names = ", ".join(f"{_code(code)} {name}" + (f" ×{n}" if n > 1 else "")
                           for (code, name), n in sorted(rules.items()))
-        out.append(_row([layer_label(layer), str(sev[Severity.ERROR]), str(sev[Severity.WARNING]),
-                         str(sev[Severity.INFO]), names]))
+        cells = (str(sev[Severity.ERROR]), str(sev[Severity.WARNING]), str(sev[Severity.INFO]), names)
+        previous = rows[-1] if rows else None
+        if (layer is not None and previous is not None and previous[1] == cells and previous[0][-1] is not None
+                and previous[0][-1] == layer - 1):
+            previous[0].append(layer)
+        else:
+            rows.append(([layer], cells))
+    out = ["### Findings by layer", "",
+           _row(["Layer", "Errors", "Warnings", "Infos", "Rules"]),
+           _row(["---", "---:", "---:", "---:", "---"])]
+    for layers, cells in rows:
+        label = layer_label(layers[0]) if len(layers) == 1 else f"layers {ranges(layers, '–')} ({len(layers)})"
+        note = " each" if len(layers) > 1 else ""
+        out.append(_row([label, *(c + note if c != "0" else c for c in cells[:3]), cells[3]]))
     out.append("")
     return out
 
 
-def _findings_table(active: list[Finding]) -> list[str]:
+def _findings_table(active: list[Finding], expand: bool) -> list[str]:
     ordered = sorted(active, key=lambda f: (-f.severity, f.sort_key()))
-    out = [f"<details><summary>All {_plural(len(active), 'finding')}</summary>", "",
+    groups = [FindingGroup([f]) for f in ordered] if expand else group_findings(ordered)
+    summary = _plural(len(active), "finding")
+    if len(groups) < len(active):
+        summary += f" as {_plural(len(groups), 'row')} (identical findings across layers share one)"
+    out = [f"<details><summary>All {summary}</summary>", "",
            _row(["Severity", "Rule", "Layer", "File", "Where", "Message"]),
            _row(["---", "---", "---", "---", "---", "---"])]
-    for f in ordered[:MAX_ROWS]:
-        out.append(_row([f.severity.label, f"{_code(f.code)} {f.rule}", layer_label(f.layer), _file(f),
-                         _code(target(f)) if target(f) else "—", _cell(f.message)]))
-    if len(ordered) > MAX_ROWS:
-        out += ["", f"…and {len(ordered) - MAX_ROWS} more (the SARIF and JSON reports list every finding)."]
+    for g in groups[:MAX_ROWS]:
+        f = g.first
+        out.append(_row([f.severity.label, f"{_code(f.code)} {f.rule}", _group_layers(g), _file(f),
+                         _code(g.target) if g.target else "—", _cell(g.message)]))
+    if len(groups) > MAX_ROWS:
+        out += ["", f"…and {len(groups) - MAX_ROWS} more (the SARIF and JSON reports list every finding)."]
     out += ["", "</details>", ""]
     return out
+
+
+def _group_layers(group: FindingGroup) -> str:
+    if group.count == 1:
+        return layer_label(group.first.layer)
+    return _where_summary(group.findings) + f" ({group.count})"
 
 
 def _suppressed_table(suppressed: list[Finding]) -> list[str]:
@@ -151,24 +173,15 @@ def _where_summary(findings: list[Finding]) -> str:
     layers = sorted({f.layer for f in findings if f.layer is not None})
     parts = []
     if layers:
-        parts.append(("layer " if len(layers) == 1 else "layers ") + _ranges(layers))
+        parts.append(("layer " if len(layers) == 1 else "layers ") + ranges(layers, "–"))
     if any(f.layer is None for f in findings):
         parts.append("model / config")
     return "; ".join(parts)
 
 
-def _ranges(values: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0–2, 5, 7–8'."""
-    spans: list[list[int]] = []
-    for v in values:
-        if spans and v == spans[-1][1] + 1:
-            spans[-1][1] = v
-        else:
-            spans.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
-
-
 def _file(f: Finding) -> str:
+    if f.location.label:
+        return _code(f.location.label)
     return _code(_file_line(f.location.file, f.location.line))
 
 

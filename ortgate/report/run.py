@@ -1,4 +1,6 @@
-"""`ortgate run`'s report: the run's figures, then the findings exactly as `ortgate lint` reports them."""
+"""`ortgate run`'s report, in every format `ortgate lint` writes: the findings exactly as lint reports them (the
+runtime rules' among them, ORT's refusals and --timeout included), with the run's figures where the format has a
+place for them (text: before the findings; json: under "run"; markdown: a section after the verdict)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from rich.text import Text
 from ortgate.engine.pipeline import LintResult
 from ortgate.evidence import Measurement, RunEvidence
 
-FORMATS = ("text", "json")
+FORMATS = ("text", "json", "sarif", "github", "markdown")
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
 
 
@@ -23,7 +25,15 @@ def render_run(fmt: str, result: LintResult, evidence: RunEvidence) -> str:
         report = json.loads(render("json", result))
         report["run"] = evidence.to_dict()
         return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
-    return render_figures(evidence) + "\n" + render("text", result)
+    if fmt == "text":
+        return render_figures(evidence) + "\n" + render("text", result)
+    if fmt == "markdown":
+        summary = render("markdown", result)
+        head, sep, rest = summary.partition("\n\n")  # after the verdict heading
+        figures = render_figures(evidence).rstrip("\n").replace("`", "'")  # no fence can close early
+        section = f"### Run\n\n```text\n{figures}\n```\n"
+        return f"{head}{sep}{section}\n{rest}" if sep else f"{summary}\n{section}"
+    return render(fmt, result)  # sarif, github: the findings (the runtime ones carry what the run saw)
 
 
 def render_figures(evidence: RunEvidence, *, width: int = 110) -> str:
@@ -60,13 +70,18 @@ def _write(console: Console, ev: RunEvidence) -> None:
         memcpy = sum(n for ops in s.placement.values() for op, n in ops.items() if op.startswith("Memcpy"))
         _line(console, "placement", f"{counts}; {memcpy} Memcpy nodes")
     if s.dump is not None:
-        if s.dump.path:
-            kept = "" if s.dump.kept else " (temporary; --dump FILE keeps it)"
-            _line(console, "dump", f"{s.dump.path}{kept}: linted with the same rules")
+        if s.dump.path and s.dump.kept:
+            _line(console, "dump", f"{s.dump.path}: linted with the same rules")
+        elif s.dump.path:
+            _line(console, "dump", f"the optimized graph was linted with the same rules, then deleted (--dump FILE "
+                                   f"keeps it); its findings are under 'optimized graph of {ev.model}'")
         else:
             _line(console, "dump", f"none: {s.dump.reason}")
     if ev.dims:
         _line(console, "inputs", ", ".join(f"{k}={v}" for k, v in ev.dims.items()))
+    for failure in ev.failures:
+        node = f" at node {failure.node!r}" if failure.node else ""
+        _line(console, "stopped", f"while {failure.phase}{node}: {failure.message}")
     if ev.skipped:
         _line(console, "measured", f"nothing: {ev.skipped}")
     if ev.measurement is not None:

@@ -118,6 +118,8 @@ def _result(finding: Finding, index: dict[str, int]) -> dict:
     properties: dict = {"rule": finding.rule}
     if not finding.relevelable:
         properties["findingKind"] = finding.kind.value
+    if finding.location.label:
+        properties["fileLabel"] = finding.location.label
     if finding.layer is not None:
         properties["layer"] = finding.layer
     if finding.op_type:

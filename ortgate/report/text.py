@@ -1,70 +1,168 @@
-"""Human report: findings grouped by file and decoder layer, then a one-line verdict."""
+"""Human report: one entry per group of identical findings (report.groups), configuration first, each fix once,
+wrapped to the width, then a per-rule summary table and the verdict.
+
+By default a group of identical findings across decoder layers is one entry ("layers 0-47 (48)") and a long
+message or fix is cut at a few lines; `expand` lists every finding in full. The JSON and SARIF reports always
+hold every finding whole.
+"""
 
 from __future__ import annotations
 
 import io
+import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
 
+from rich import box
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import price_text
+from ortgate.report import display_path, price_text
+from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+DEFAULT_WIDTH = 120  # when the report goes to a file or a CI log, not a terminal
+MIN_WIDTH = 60
+INDENT = "    "
+# Lines of a grouped entry's message (the first entry of a rule, then later ones) and of a fix; `expand` shows
+# them whole, and the JSON and SARIF reports always do.
+MAX_MESSAGE_LINES = 2
+MAX_REPEAT_MESSAGE_LINES = 1
+MAX_FIX_LINES = 1
 
 
-def render(result: LintResult, *, color: bool = False, width: int = 110) -> str:
+@dataclass(frozen=True)
+class TextOptions:
+    width: int = DEFAULT_WIDTH
+    color: bool = False  # rich styles and a boxed table: a terminal
+    expand: bool = False  # every finding on its own, messages whole
+
+
+def render(result: LintResult, options: TextOptions | None = None) -> str:
+    options = options or TextOptions()
     buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width, highlight=False,
-                      soft_wrap=True)
-    write(console, result)
-    return buffer.getvalue()
+    width = max(options.width, MIN_WIDTH)
+    console = Console(file=buffer, force_terminal=options.color, no_color=not options.color, width=width,
+                      highlight=False, soft_wrap=True, emoji=False, markup=False)
+    write(console, result, options)
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())  # rich pads table cells
 
 
-def write(console: Console, result: LintResult) -> None:
-    by_file: dict[str, dict[int | None, list[Finding]]] = defaultdict(lambda: defaultdict(list))
-    for f in result.findings:
-        if f.suppressed is None:
-            by_file[f.location.file][f.layer].append(f)
-    shown_fixes: set[str] = set()  # a fix repeated on every layer is printed once, under its first finding
-    for file, layers in by_file.items():
+def write(console: Console, result: LintResult, options: TextOptions) -> None:
+    active = [f for f in result.findings if f.suppressed is None]
+    width = max(options.width, MIN_WIDTH)
+    shown_fixes: set[str] = set()
+    shown_rules: set[str] = set()
+    for file, findings in _by_file(active):
         console.print(Text(file, style="bold underline"))
-        for layer in sorted(layers, key=lambda x: (x is not None, x if x is not None else -1)):
-            if layer is not None:
-                heading = f"  layer {layer}"
-            elif any(f.node for f in layers[layer]):
-                heading = "  outside the decoder layers"
-            else:
-                heading = "  configuration"
-            console.print(Text(heading, style="bold"))
-            for f in layers[layer]:
-                _write_finding(console, f, show_fix=bool(f.fix) and f.fix not in shown_fixes)
-                if f.fix:
-                    shown_fixes.add(f.fix)
+        groups = [FindingGroup([f]) for f in findings] if options.expand else group_findings(findings)
+        for group in sorted(groups, key=_group_order):
+            limit = None if options.expand else (
+                MAX_REPEAT_MESSAGE_LINES if group.first.code in shown_rules else MAX_MESSAGE_LINES)
+            _write_group(console, group, width, options, message_lines=limit,
+                         show_fix=bool(group.fix) and group.fix not in shown_fixes)
+            shown_rules.add(group.first.code)
+            if group.fix:
+                shown_fixes.add(group.fix)
+    if active:
         console.print()
-    _write_summary(console, result)
+        _write_table(console, active, options)
+    _write_verdict(console, result, active, options)
 
 
-def _write_finding(console: Console, f: Finding, *, show_fix: bool) -> None:
-    where = f":{f.location.line}" if f.location.line else ""
-    target = f.node or f.location.key_path or ""
-    line = Text("    ")
-    line.append(f"{f.severity.label:<7}", style=STYLE[f.severity])
-    line.append(f" {f.code} ", style="dim")
-    line.append(f"{f.rule}", style="bold")
-    if target or where:
-        line.append(f"  {target}{where}", style="dim")
-    console.print(line)
-    console.print(Text(f"      {f.message}"))
-    if f.price is not None:
-        console.print(Text(f"      saves {price_text(f.price)}", style="magenta"))
-    if show_fix:
-        console.print(Text(f"      fix: {f.fix}", style="green"))
+def _by_file(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
+    """Files with configuration findings (no graph node) first: they are the quickest to fix."""
+    by_file: dict[str, list[Finding]] = defaultdict(list)
+    for f in findings:
+        by_file[f.location.label or display_path(f.location.file)].append(f)
+    order = {file: i for i, file in enumerate(by_file)}
+    return sorted(by_file.items(), key=lambda item: (any(f.node for f in item[1]), order[item[0]]))
 
 
-def _write_summary(console: Console, result: LintResult) -> None:
+def _group_order(group: FindingGroup) -> tuple:
+    """Most severe first; a rule's entries together, in layer order, the ones outside the layers last."""
+    f = group.first
+    return (-group.severity, bool(f.node), f.code, f.layer is None, f.layer or 0, f.location.line or 0)
+
+
+def _write_group(console: Console, group: FindingGroup, width: int, options: TextOptions, *,
+                 message_lines: int | None, show_fix: bool) -> None:
+    f = group.first
+    header = Text("  ")
+    header.append(f"{f.severity.label:<7}", style=STYLE[f.severity])
+    header.append(f" {f.code} ", style="dim")
+    header.append(f.rule, style="bold")
+    if f.node:
+        header.append(f"  {where(group.findings)}", style="bold")
+    target = group.target
+    if target or f.location.line:
+        header.append(f"  {target}{f':{f.location.line}' if f.location.line else ''}", style="dim")
+    _print_wrapped(console, header, width)
+    for line in _wrap(group.message, width, INDENT, message_lines):
+        console.print(Text(line))
+    price = _price_line(group)
+    if price:
+        for line in _wrap(price, width, INDENT, None):
+            console.print(Text(line, style="magenta"))
+    if show_fix and group.fix:
+        fix_limit = None if options.expand else MAX_FIX_LINES
+        lines = _wrap(f"fix: {group.fix}", width, INDENT, fix_limit, more=f" … (ortgate explain {f.code})")
+        for line in lines:
+            console.print(Text(line, style="green"))
+
+
+def _price_line(group: FindingGroup) -> str | None:
+    """What fixing the entry saves: one finding's price, or each and all of a group's (an estimate)."""
+    prices = [f.price for f in group.findings if f.price is not None]
+    if not prices:
+        return None
+    if len(prices) == 1:
+        return f"saves {price_text(prices[0])}"
+    total = sum(p.ms_per_token for p in prices)
+    share = sum(p.share for p in prices)
+    each = price_text(prices[0]).split(" on ", 1)[0] if len({round(p.ms_per_token, 6) for p in prices}) == 1 else None
+    all_of = f"~{total:.3g} ms per token for all {len(prices)} ({share:.0%} of the step)"
+    return f"saves {each + ' each, ' if each else ''}{all_of} on {prices[0].device}, estimated"
+
+
+def _wrap(text: str, width: int, indent: str, max_lines: int | None, more: str = " …") -> list[str]:
+    return textwrap.wrap(" ".join(text.split()), width=width, initial_indent=indent, subsequent_indent=indent,
+                         break_on_hyphens=False, max_lines=max_lines, placeholder=more) or [indent]
+
+
+def _print_wrapped(console: Console, text: Text, width: int) -> None:
+    """A styled line, folded at spaces to `width` with the message indent."""
+    if text.cell_len <= width:
+        console.print(text)
+        return
+    lines = text.wrap(console, width - len(INDENT), overflow="fold")
+    for i, line in enumerate(lines):
+        console.print(Text(INDENT) + line if i else line)
+
+
+def _write_table(console: Console, active: list[Finding], options: TextOptions) -> None:
+    """One row per rule: severity, how many findings, where (most severe first, then the most findings)."""
+    by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
+    for f in active:
+        by_rule[(f.code, f.rule)].append(f)
+    rows = sorted(by_rule.items(), key=lambda item: (-max(f.severity for f in item[1]), -len(item[1]), item[0]))
+    table = Table(box=box.SIMPLE_HEAD if options.color else None, pad_edge=False, show_edge=False,
+                  header_style="bold" if options.color else "")
+    table.add_column("rule")
+    table.add_column("severity")
+    table.add_column("findings", justify="right")
+    table.add_column("where", overflow="fold")
+    for (code, name), findings in rows:
+        severity = max(f.severity for f in findings)
+        table.add_row(f"{code} {name}", Text(severity.label, style=STYLE[severity]), str(len(findings)),
+                      where(findings))
+    console.print(table)
+
+
+def _write_verdict(console: Console, result: LintResult, active: list[Finding], options: TextOptions) -> None:
     v = result.verdict
     counts = ", ".join(f"{n} {label}{'s' if n != 1 else ''}" for label, n in v.counts.items())
     suppressed = ""
@@ -79,12 +177,17 @@ def _write_summary(console: Console, result: LintResult) -> None:
         scope += f", {s['layers']} layers"
     if s.get("provider"):
         scope += f", {s['provider']}"
+    line = Text()
+    line.append("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
+    line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
+    width = max(options.width, MIN_WIDTH)
     if s.get("estimate"):
         from ortgate.engine.pricing import headline
 
-        console.print(Text(f"estimate  {headline(s['estimate'])}"))
-    verdict = Text("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
-    line = Text()
-    line.append(verdict)
-    line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
-    console.print(line)
+        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'])}"), width)
+    entries = len(group_findings(active))
+    if not options.expand and entries < len(active):
+        shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
+        _print_wrapped(console, Text(f"{len(active)} findings shown as {shown} of identical findings; --expand "
+                                     "lists each one", style="dim"), width)
+    _print_wrapped(console, line, width)  # the verdict is the last line

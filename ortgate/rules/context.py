@@ -109,7 +109,7 @@ class RuleContext:
         Its severity is the rule's: a fact of another severity is another rule's."""
         if location is None:
             graph = graph or self.model
-            location = Location(graph.path)
+            location = Location(graph.path, label=graph.label)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
         return Finding(
             code=self.rule.code,

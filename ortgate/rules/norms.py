@@ -23,6 +23,8 @@ RMSNORM_FIX = (
 _FORM_TEXT = {
     "pow_div": "x / Sqrt(ReduceMean(Pow(x, 2)) + eps) * gamma",
     "pow_div_cast": "x / Sqrt(...) cast back before * gamma (fp16 upcast around the norm)",
+    "pow_div_one": "x * (1 / Sqrt(ReduceMean(Pow(x, 2)) + eps)) * gamma (legacy TorchScript export)",
+    "pow_div_one_cast": "x * (1 / Sqrt(...)) cast back before * gamma (fp16 upcast around the norm)",
     "pow_reciprocal": "x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2)) + eps)) * gamma (torch.rsqrt)",
     "pow_reciprocal_cast": "x * Reciprocal(Sqrt(...)) with Casts around it (fp16 upcast around the norm)",
     "square_mul": "ReduceMean(x * x) (Mul instead of Pow)",

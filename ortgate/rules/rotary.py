@@ -12,10 +12,16 @@ from ortgate.rules.targets import by_layer, judged_graph, layer_text
 ROTARY_FIX = (
     "Fold the rotary into GroupQueryAttention (do_rotary=1 with cos_cache/sin_cache inputs [max_position, "
     "rotary_dim/2], rotary_interleaved as the model's) or export com.microsoft RotaryEmbedding (input, position_ids, "
-    "cos_cache, sin_cache; interleaved=0 for rotate_half) / MRotaryEmbedding for multimodal RoPE. "
+    "cos_cache, sin_cache; interleaved=0 for half-split pairs, 1 for interleaved) / MRotaryEmbedding for multimodal RoPE. "
     "onnxruntime-genai's builder does both; onnxscript's ort_fusions rewrites the pattern into RotaryEmbedding when "
     "cos/sin come from cached tables (fuse_cos_sin_cache)."
 )
+
+
+PAIRING_TEXT = {
+    "half": "half-split pairs (x[i] with x[i + d/2], rotate_half)",
+    "interleaved": "interleaved pairs (x[2i] with x[2i+1])",
+}
 
 
 @rule("OGF006", "rotary-not-fused", Severity.WARNING)
@@ -23,9 +29,13 @@ def rotary_not_fused(ctx: RuleContext):
     """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
 
     ## What it checks
-    The rotate_half pattern in the executed graph (the optimized dump when given): `Slice` (or `Split`) of q or k
-    into halves, `Neg` of the second half, `Concat`, then `x * cos + rotated * sin`, with cos/sin from `Sin`/`Cos`
-    nodes or from cached tables. Fused forms are com.microsoft `RotaryEmbedding`, `MRotaryEmbedding` and
+    A rotation of paired components of q or k by position-dependent cos/sin, in the executed graph (the
+    optimized dump when given), written either way exporters write it: rotate_half (`Slice`/`Split` into halves,
+    `Neg` of the second, `Concat`, then `x * cos + rotated * sin`), or both halves rotated apart and joined
+    (`Concat(a * cos - b * sin, b * cos + a * sin)`, GPT-OSS, DeepSeek-V3), with cos/sin from `Sin`/`Cos` nodes or
+    from cached tables. The finding says which components are paired: half-split (x[i] with x[i + d/2]) or
+    interleaved (x[2i] with x[2i+1], strided `0::2` / `1::2` slices), because the fused op needs the matching
+    `interleaved` / `rotary_interleaved` attribute. Fused forms are com.microsoft `RotaryEmbedding`, `MRotaryEmbedding` and
     `GemmaRotaryEmbedding`, ONNX (opset 23) `RotaryEmbedding`, and `GroupQueryAttention` with `do_rotary=1`; ops
     are matched by (domain, op_type). One finding per decoder layer (q and k together).
 
@@ -57,12 +67,16 @@ def rotary_not_fused(ctx: RuleContext):
     for (_, layer), group in by_layer(rotaries, lambda r: r.add, lambda r: r.layer):
         trig = "Sin/Cos computed in the graph" if any(r.trig for r in group) else "cached cos/sin tables"
         ops = sorted({n.op_type for r in group for n in r.nodes})
+        pairings = sorted({r.pairing for r in group})
+        pairing = " and ".join(PAIRING_TEXT[p] for p in pairings)
+        interleaved = int(pairings == ["interleaved"])
         yield ctx.finding(
             f"rotary embedding applied to {len(group)} tensor{'s' if len(group) > 1 else ''} (q/k) "
-            f"{layer_text(layer)} with {', '.join(ops)} ({trig}){where} instead of com.microsoft RotaryEmbedding or "
-            f"GroupQueryAttention do_rotary=1; ORT {fusions_version()} has no pass that fuses it",
+            f"{layer_text(layer)}, {pairing}, with {', '.join(ops)} ({trig}){where} instead of com.microsoft "
+            f"RotaryEmbedding (interleaved={interleaved}) or GroupQueryAttention do_rotary=1 "
+            f"(rotary_interleaved={interleaved}); ORT {fusions_version()} has no pass that fuses it",
             node=group[0].neg, graph=graph, layer=layer,
             related=[n for r in group for n in r.nodes] + [t for r in group for t in r.trig],
             fix=ROTARY_FIX,
-            properties={"rotated_tensors": len(group)},
+            properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings},
         )

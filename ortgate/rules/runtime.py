@@ -266,7 +266,7 @@ def optimization_changed_outputs(ctx: RuleContext):
     """The policy's session computes different outputs than ORT_DISABLE_ALL on the same inputs.
 
     ## What it checks
-    With `ortgate run --baseline`, every output of the policy session against the same provider's
+    With `ortgate run --compare-default`, every output of the policy session against the same provider's
     session at ORT_DISABLE_ALL (no graph optimization), element-wise within a dtype-aware tolerance
     (float32: rtol 1e-3, atol 1e-4; float16: 1e-2, 1e-2; bfloat16: 2e-2, 2e-2; integers exact).
 
@@ -326,11 +326,11 @@ def throughput_target_missed(ctx: RuleContext):
 
     ## What it checks
     `min_tokens_per_s`, `max_ms_per_token` (the p50 step), `max_p50_latency_ms`, `max_p90_latency_ms`,
-    `max_p99_latency_ms` and `min_speedup_vs_default` (needs `--baseline`) against the runner's measurement. The
-    targets apply only where the device the run used is `throughput.device` (a catalog device, matched by the
-    GPU name the run reports, or `cpu`) or matches `throughput.match` (a glob such as "NVIDIA H100*"); without
-    either, wherever the policy's own provider ran. Elsewhere each target is reported as undecided (not
-    applicable on this machine), never as passed.
+    `max_p99_latency_ms` and `min_speedup_vs_default` (needs `--compare-default`) against the runner's
+    measurement. The targets apply only where the device the run used is `throughput.device` (a catalog device,
+    matched by the GPU name the run reports, or `cpu`) or matches `throughput.match` (a glob such as
+    "NVIDIA H100*"); without either, wherever the policy's own provider ran. Elsewhere each target is reported as
+    undecided (not applicable on this machine), never as passed.
 
     ## Why it costs throughput
     Static rules predict; this is the measurement. A target in the policy turns "the model got slower" into
@@ -380,7 +380,7 @@ def throughput_target_missed(ctx: RuleContext):
         target = float(block[key])
         value = measure(run)
         if value is None:
-            yield ctx.undecided(f"throughput.{key} was not checked: measure the default session with --baseline",
+            yield ctx.undecided(f"throughput.{key} was not checked: measure the default session with --compare-default",
                                 location=_policy_location(ctx, "throughput", key))
             continue
         missed = value < target if kind == "min" else value > target
@@ -481,3 +481,114 @@ def compute_off_requested_provider(ctx: RuleContext):
         fix=f"Give every compute node a {provider.requested} kernel (fp16/bf16 for CUDA's contrib ops).",
         properties={"provider": provider.requested, "cpu_ops": dict(sorted(on_cpu.items())), "memcpy": memcpy},
     )
+
+
+def _failure_node(ctx: RuleContext, name: str | None):
+    """The node ORT named, in the model or (a node ORT's optimizer made) in the optimized graph."""
+    if not name:
+        return None, None
+    for graph in ctx.inputs.graphs:
+        for node in graph.nodes:
+            if node.name == name:
+                return node, graph
+    return None, None
+
+
+@rule("OGR010", "session-failed", Severity.ERROR)
+def session_failed(ctx: RuleContext):
+    """ONNX Runtime refused to create or to run a session of the model as the policy configures it.
+
+    ## What it checks
+    `ortgate run` creates the policy's session and runs it on inputs synthesised from the model's signature
+    (and, with `--compare-default`, ORT's default and ORT_DISABLE_ALL sessions). When ORT raises instead (the
+    model does not load, a kernel rejects an input, a node has no implementation for its types), the run stops
+    there and this finding carries ORT's own message and the node it names. The static findings of the same
+    report are unaffected.
+
+    ## Why it costs throughput
+    A model ORT cannot load or run serves nothing at all. Such models are shipped: an exporter writes an op
+    with an input layout its kernel does not accept (onnxruntime-genai 0.18's Qwen3.5-MoE export feeds a 3-D
+    position_ids to com.microsoft RotaryEmbedding, whose kernel takes 1-D or 2-D), and nothing checks it
+    before a server tries to start.
+
+    ## Bad
+    ```
+    RotaryEmbedding /model/layers.0/attn/rotary_emb: Input 'position_ids' is expected to have 0, 1, or 2
+    dimensions, got 3
+    ```
+
+    ## Good
+    ```
+    policy     CPUExecutionProvider on cpu: p50 0.41 ms ...   (the session was created and ran)
+    ```
+
+    ## Fix
+    Read ORT's message: it names the node and the input or attribute it rejects. Re-export the model so that
+    node matches its kernel's contract (`ortgate explain` of the graph findings on that node often says how),
+    or run a newer ORT release whose kernel accepts it, and set the policy's provider to one that implements
+    the node.
+    """
+    run = run_evidence(ctx)
+    if run is None:
+        return
+    for failure in run.failures:
+        if failure.kind == "timeout":
+            continue
+        node, graph = _failure_node(ctx, failure.node)
+        what = "create" if failure.kind == "load" else "run"
+        where = f"node {failure.node!r}: " if failure.node and node is None else ""
+        yield ctx.finding(
+            f"ORT could not {what} the {failure.session} session ({failure.phase}): {where}{failure.message}",
+            node=node, graph=graph, location=None if node is not None else Location(ctx.model.path),
+            fix="Make the node ORT names match its kernel's contract (re-export), or use an ORT release or "
+                "provider that implements it; the message above is ORT's own.",
+            properties={"session": failure.session, "stage": failure.kind, "ort_node": failure.node or ""},
+        )
+
+
+@rule("OGR011", "run-timeout", Severity.ERROR)
+def run_timeout(ctx: RuleContext):
+    """`ortgate run` passed its `--timeout` before it finished: what it did not get to was not checked.
+
+    ## What it checks
+    `--timeout S` (or the policy's `runner.timeout_s`) bounds the whole run. When it passes, the run stops
+    (a session run is interrupted; session creation, which ORT cannot interrupt, is abandoned after a grace
+    period) and the report says in which phase. Everything measured before that point, and the static
+    findings, are reported as usual.
+
+    ## Why it costs throughput
+    A model whose session takes minutes to create, or whose decode step takes seconds, is a deployment
+    problem in itself (cold starts, health checks that kill the server), and a CI gate that hangs is switched
+    off. A run that never finished proves nothing, so it fails the gate instead of passing silently.
+
+    ## Bad
+    ```
+    run-timeout: the run passed --timeout 60s while creating the policy session
+    ```
+
+    ## Good
+    ```
+    policy     CUDAExecutionProvider on NVIDIA H100: p50 7.6 ms ... (the run finished within --timeout)
+    ```
+
+    ## Fix
+    Raise `--timeout` (or `runner.timeout_s`) if the machine is simply slow; lower `runner.iterations` or
+    `runner.past_sequence_length` for a shorter measurement; if session creation is what takes the time, look
+    at the optimizer (graph_optimization_level, a TensorRT engine build without an engine cache).
+    """
+    run = run_evidence(ctx)
+    if run is None:
+        return
+    for failure in run.failures:
+        if failure.kind != "timeout":
+            continue
+        limit = f" {run.timeout_s:g}s" if run.timeout_s is not None else ""
+        yield ctx.finding(
+            f"the run passed --timeout{limit} while {failure.phase}: nothing after that point was measured or "
+            "checked",
+            location=_policy_location(ctx, "runner", "timeout_s") if ctx.policy is not None and
+            ctx.policy.get("runner", "timeout_s") is not None else Location(ctx.model.path),
+            fix="Raise --timeout (or runner.timeout_s), shorten the measurement (runner.iterations, "
+                "runner.past_sequence_length), or find what makes session creation slow.",
+            properties={"phase": failure.phase, "session": failure.session},
+        )

@@ -2,7 +2,7 @@
 
 Order: probe the provider -> build the session exactly as the policy declares it (with the optimized dump) ->
 compare providers / options / input shapes with the policy -> synthesise inputs -> warm up and time ->
-[--baseline: ORT's default session, and outputs against ORT_DISABLE_ALL] -> [--profile] -> RunEvidence.
+[--compare-default: ORT's default session, and outputs against ORT_DISABLE_ALL] -> [--profile] -> RunEvidence.
 The runner observes; the rules and the gate (ortgate.engine) judge.
 """
 
@@ -36,15 +36,79 @@ class RunRequest:
     profile: bool | str = False  # True: profile, trace not kept; a path: keep ORT's trace there
     warmup: int | None = None
     iterations: int | None = None
-    baseline: bool = False
+    compare_default: bool = False  # also measure ORT's default session and compare with ORT_DISABLE_ALL
     allow_cpu: bool = False
     allow_custom_ops: bool = False
     timeout_s: float | None = None
     fail_on: str | None = None
 
 
+def start_evidence(inputs: LintInputs) -> RunEvidence:
+    """The evidence `collect` fills in. Created before the run starts, so that whatever stops the run (a failure,
+    --timeout) leaves the evidence gathered so far to be judged and reported."""
+    from ortgate.runner import session as rs
+
+    policy = inputs.policy
+    assert policy is not None
+    setup: SessionSetup = inputs.deployment.policy_setup or setup_from_policy(policy)
+    # Not probed yet: "available" until the probe says otherwise, so that nothing is reported about a provider
+    # this run never got to try.
+    provider = rs.provider_check(setup, available=True, reason=None, ran_on=[], substituted=False,
+                                 fallback_reason=None)
+    return RunEvidence(inputs.model.path, str(policy.path), SessionEvidence(provider))
+
+
+class SessionRunError(Exception):
+    """A session ORT created failed to run: ORT's message, in one line."""
+
+    def __init__(self, session: str, phase: str, message: str):
+        self.session, self.phase, self.message = session, phase, message
+        super().__init__(message)
+
+
 def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
-             workdir: Path) -> RunEvidence:
+            workdir: Path, evidence: RunEvidence) -> RunEvidence:
+    """Fill `evidence`. ORT refusing to create or run a session, and --timeout, end the run and are recorded in
+    `evidence.failures` (the runtime rules report them); bad input is an InputError."""
+    from ortgate.runner import session as rs
+    from ortgate.runner.measure import RunTimeout
+
+    evidence.timeout_s = settings.timeout_s
+    try:
+        _collect(request, inputs, settings, deadline, progress, workdir, evidence)
+    except rs.SessionCreationError as exc:
+        _failed(evidence, "load", exc.session, f"creating the {exc.session} session", exc.detail, inputs)
+    except SessionRunError as exc:
+        _failed(evidence, "run", exc.session, exc.phase, exc.message, inputs)
+    except RunTimeout as exc:
+        _failed(evidence, "timeout", _session_of(exc.phase), exc.phase, str(exc), inputs)
+    return evidence
+
+
+def record_timeout(evidence: RunEvidence, timeout, inputs: LintInputs) -> None:
+    """--timeout passed while ORT could not be interrupted: what the report says about it."""
+    _failed(evidence, "timeout", _session_of(timeout.phase), timeout.phase, str(timeout), inputs)
+
+
+def _session_of(phase: str) -> str:
+    for label in ("policy", "default", "reference", "profiled"):
+        if label in phase or (label == "reference" and "ORT_DISABLE_ALL" in phase):
+            return label
+    return "policy"
+
+
+def _failed(evidence: RunEvidence, kind: str, session: str, phase: str, message: str, inputs: LintInputs) -> None:
+    from ortgate.evidence import RunFailure
+    from ortgate.runner.session import failing_node
+
+    evidence.failures.append(RunFailure(kind, session, phase, message, failing_node(message)))
+    if evidence.measurement is None and evidence.skipped is None:
+        what = "the run passed --timeout" if kind == "timeout" else f"ORT could not {'create' if kind == 'load' else 'run'} the {session} session"
+        evidence.skipped = f"{what} ({phase})"
+
+
+def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
+             workdir: Path, evidence: RunEvidence) -> None:
     from ortgate.runner import session as rs
 
     policy = inputs.policy
@@ -57,12 +121,11 @@ def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, d
     progress.note(f"probing {requested}")
     available, reason = rs.provider_availability(requested)
     substituted = not available and request.allow_cpu
-    provider = rs.provider_check(setup, available=available, reason=reason, ran_on=[], substituted=substituted,
-                                 fallback_reason=None)
-    evidence = RunEvidence(inputs.model.path, str(policy.path), SessionEvidence(provider))
+    evidence.session.provider = rs.provider_check(setup, available=available, reason=reason, ran_on=[],
+                                                  substituted=substituted, fallback_reason=None)
     if not available and not request.allow_cpu:
         evidence.skipped = f"{requested} is not available on this machine (pass --allow-cpu to run on CPU)"
-        return evidence
+        return
     run_provider = rs.CPU if substituted else requested
 
     # The policy session, exactly as declared (on CPU with --allow-cpu), with the optimized dump.
@@ -84,7 +147,7 @@ def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, d
                                          request.dump is not None)
     if built.dump is not None and built.dump.path:
         progress.note("loading the optimized dump")
-        inputs.optimized = build_graph(load_model(built.dump.path), built.dump.path, role="optimized")
+        inputs.optimized = optimized_graph(built.dump.path, inputs.model.path, kept=request.dump is not None)
         if substituted:
             evidence.notes.append(f"the optimized dump is {rs.CPU}'s: {requested} would optimize differently")
 
@@ -97,13 +160,20 @@ def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, d
         "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence)
     del session, built
 
-    if request.baseline:
+    if request.compare_default:
         evidence.baseline, evidence.correctness = _baseline(inputs, ran_on[0], feeds, settings, deadline, progress,
                                                             libraries, policy_outputs, output_types, evidence)
     if request.profile:
         evidence.profile = _profile(request, inputs, setup, run_provider if substituted else None, feeds, settings,
                                     deadline, progress, libraries, workdir, evidence)
-    return evidence
+
+
+def optimized_graph(dump_path: str, model_path: str, *, kept: bool) -> Graph:
+    """The session's optimized model as a graph the rules read. A temporary dump is deleted when the run ends, so
+    its findings point at MODEL, labelled as its optimized graph, never at a file that no longer exists."""
+    graph = build_graph(load_model(dump_path), dump_path if kept else model_path, role="optimized")
+    graph.label = None if kept else f"optimized graph of {model_path}"
+    return graph
 
 
 def _session_evidence(setup: SessionSetup, built, model: Graph, ran_on: list[str], available: bool,
@@ -193,8 +263,8 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
             from ortgate.runner.measure import RunTimeout
 
             raise RunTimeout(deadline.limit_s, deadline.phase) from None
-        raise InputError(f"the {label} session failed to run on the synthesised inputs: {_one_line(exc)}",
-                         evidence.model) from None
+        raise SessionRunError(label, f"running the {label} session once on the synthesised inputs",
+                              _one_line(exc)) from None
     with progress.phase(f"{label} session: {warmup} warm-up + {iterations} timed runs", warmup + iterations) as tick:
         try:
             latencies = timed_runs(bound, warmup, iterations, deadline, label=label, tick=tick)
@@ -203,8 +273,7 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
 
             if isinstance(exc, RunTimeout):
                 raise
-            raise InputError(f"the {label} session failed during measurement: {_one_line(exc)}",
-                             evidence.model) from None
+            raise SessionRunError(label, f"measuring the {label} session", _one_line(exc)) from None
     peak, source = memory.stop() if memory is not None else (None, None)
     stats = latency_stats(latencies)
     device = device_info(plan)
@@ -245,8 +314,11 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
         with rs.captured_output():
             bound.discover_outputs()
     except Exception as exc:
-        raise InputError(f"the ORT_DISABLE_ALL reference session failed to run: {_one_line(exc)}",
-                         evidence.model) from None
+        if deadline.expired:
+            from ortgate.runner.measure import RunTimeout
+
+            raise RunTimeout(deadline.limit_s, deadline.phase) from None
+        raise SessionRunError("reference", "running the ORT_DISABLE_ALL reference session", _one_line(exc)) from None
     from ortgate.runner.inputs import written_positions
 
     written = written_positions(inputs.model, feeds.step)

@@ -148,15 +148,19 @@ def _ortvalue(array: np.ndarray, elem_type: int, plan: BindingPlan):
 class Deadline:
     """--timeout. `check` raises RunTimeout between runs; a watchdog sets the running session's terminate flag so
     that a long run stops too. When `hard_exit` is set and the process is still busy `grace_s` after the limit
-    (e.g. inside session creation, which ORT cannot interrupt), it prints one line and exits with `exit_code`."""
+    (e.g. inside session creation, which ORT cannot interrupt), the watchdog calls `on_hard_exit(timeout)` (which
+    writes the reports it can and returns the exit code) and exits the process with that code; without a callback,
+    or when it fails, it prints one line and exits with `exit_code`."""
 
-    def __init__(self, limit_s: float | None, *, hard_exit: bool = False, grace_s: float = 10.0, exit_code: int = 1):
+    def __init__(self, limit_s: float | None, *, hard_exit: bool = False, grace_s: float = 10.0, exit_code: int = 1,
+                 on_hard_exit: Callable[[RunTimeout], int] | None = None):
         self.limit_s = limit_s
         self.started = time.monotonic()
         self.phase = "starting"
         self.hard_exit = hard_exit
         self.grace_s = grace_s
         self.exit_code = exit_code
+        self.on_hard_exit = on_hard_exit
         self._current: BoundSession | None = None
         self._done = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -194,9 +198,17 @@ class Deadline:
             return
         from ortgate.runner.session import original_stderr_fd
 
-        message = f"ortgate: error: run exceeded --timeout {self.limit_s:g}s while {self.phase}\n"
-        os.write(original_stderr_fd(), message.encode())
-        os._exit(self.exit_code)
+        timeout = RunTimeout(self.limit_s, self.phase)
+        code = self.exit_code
+        if self.on_hard_exit is not None:
+            try:
+                code = self.on_hard_exit(timeout)
+            except BaseException as exc:  # the process ends either way: say why in one line
+                message = f"ortgate: error: {timeout} (and the report could not be written: {exc})\n"
+                os.write(original_stderr_fd(), message.encode())
+            os._exit(code)
+        os.write(original_stderr_fd(), f"ortgate: error: {timeout}\n".encode())
+        os._exit(code)
 
 
 Tick = Callable[[int], None]

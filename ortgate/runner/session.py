@@ -43,6 +43,29 @@ MAX_MESSAGE_CHARS = 500
 class SessionCreationError(InputError):
     """ORT could not create the session (bad model, missing kernel, conflicting options, ...)."""
 
+    def __init__(self, session: str, detail: str, path: str | Path):
+        self.session = session  # "policy" | "default" | "reference"
+        self.detail = detail  # ORT's message, one line
+        super().__init__(f"{session} session creation failed: {detail}", path)
+
+
+# How ORT names the node a failure happened in, at load time and at run time.
+_NODE_IN_MESSAGE = (
+    re.compile(r"Name:'([^']*)'"),  # "Non-zero status code returned while running X node. Name:'n' ..."
+    re.compile(r"node with name '([^']*)'"),  # "Could not find an implementation for X(1) node with name 'n'"
+    re.compile(r"\bin node \(([^)]*)\)"),  # "Type Error: ... of operator (Add) in node (n) is invalid."
+    re.compile(r"\bNode \(([^)]*)\)"),  # "Node (n) Op (X) [ShapeInferenceError] ..."
+)
+
+
+def failing_node(message: str) -> str | None:
+    """The node an ORT error message names, if it names one."""
+    for pattern in _NODE_IN_MESSAGE:
+        match = pattern.search(message)
+        if match and match.group(1):
+            return match.group(1)
+    return None
+
 
 # ---- what ORT prints -----------------------------------------------------------------------------------------
 
@@ -317,7 +340,7 @@ def create_session(model_path: str, setup: SessionSetup | None, *, kind: str = "
     if error is not None:
         cause = error.__cause__
         detail = _first_line(error) + (f" (after: {_first_line(cause)})" if cause is not None else "")
-        raise SessionCreationError(f"{kind} session creation failed: {detail}", model_path) from None
+        raise SessionCreationError(kind, detail, model_path) from None
     session.disable_fallback()  # a provider error during a run must raise, not switch providers mid-measurement
     fallback = next((m for m in messages if m.startswith("EP Error")), None)
     dump = DumpEvidence(dump_path, False) if dump_path else None

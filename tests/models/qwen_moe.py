@@ -130,7 +130,10 @@ class ModelSpec:
     linear_value_head_dim: int = 16
     linear_conv_kernel: int = 4
     stub_location: str = "model.onnx.data"  # external_stub: the location every stub points to
-    position_ids: str = "computed"  # "computed" in the graph from the mask lengths | "input" (int64 [batch_size, sequence_length])
+    # "computed" in the graph from the mask lengths | "input" (int64 [batch_size, sequence_length]) | "input_3d"
+    # (int64 [3, batch_size, sequence_length], Qwen3.5's multimodal layout, fed as is to the rotary: what
+    # onnxruntime-genai 0.18's Qwen3.5-MoE export does, and what ORT's RotaryEmbedding kernel refuses at run time)
+    position_ids: str = "computed"
 
     def __post_init__(self) -> None:
         choices = {
@@ -146,7 +149,7 @@ class ModelSpec:
             "router_order": ROUTER_ORDERS,
             "moe_activation": MOE_ACTIVATIONS,
             "attention_scale": ("div", "mul"),
-            "position_ids": ("computed", "input"),
+            "position_ids": ("computed", "input", "input_3d"),
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -524,7 +527,7 @@ class _Context:
 
     def position_ids(self) -> str:
         """[batch_size, sequence_length] int64 positions past_len .. total_len - 1 (or the position_ids input)."""
-        if self.spec.position_ids == "input":
+        if self.spec.position_ids in ("input", "input_3d"):
             return "position_ids"
 
         def make():
@@ -1168,6 +1171,8 @@ def _declare_io(g: _Graph) -> None:
     g.add_input("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])
     if spec.position_ids == "input":
         g.add_input("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
+    elif spec.position_ids == "input_3d":
+        g.add_input("position_ids", TensorProto.INT64, [3, "batch_size", "sequence_length"])
     g.add_output("logits", dtype, ["batch_size", "sequence_length", spec.vocab])
     conv_shape = ["batch_size", spec.linear_conv_dim, spec.linear_conv_kernel - 1]
     recurrent_shape = ["batch_size", spec.linear_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim]

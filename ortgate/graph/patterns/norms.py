@@ -3,7 +3,8 @@ ONNX RMSNormalization) and the decomposed chain exporters write:
 
     x2 = Pow(x, 2) | Mul(x, x)
     ms = ReduceMean(x2, axes=[-1])
-    r  = Sqrt(Add(ms, eps)) ;  y = Div(x, r)  |  y = Mul(x, Reciprocal(r))      (or Pow(ms + eps, -0.5))
+    r  = Sqrt(Add(ms, eps)) ;  y = Div(x, r)  |  y = Mul(x, Reciprocal(r))  |  y = Mul(x, Div(1, r))
+                                                                                  (or Pow(ms + eps, -0.5))
     y  = Mul(gamma, y)                                                            (optional Casts around it)
 
 Each decomposed norm gets a `form` key of ort_fusions.json's SimplifiedLayerNormFusion table, which says whether
@@ -40,7 +41,7 @@ class DecomposedRmsNorm:
     input: str  # x as the chain reads it (after a leading Cast)
     source: str  # x before any leading Cast
     output: str  # the normalised value after gamma (and a trailing Cast)
-    form: str  # pow_div | pow_div_cast | pow_reciprocal | pow_reciprocal_cast | square_mul | pow_rsqrt_pow
+    form: str  # a key of ort_fusions.json's SimplifiedLayerNormFusion rmsnorm_forms
     epsilon: float | None
     gamma: str | None
     width: int | None  # normalised width (gamma's length)
@@ -165,12 +166,13 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
             if is_op(c, "Div") and c.input(1) == sqrt.outputs[0] and _same_source(graph, c.input(0), x):
                 normalize, kind = c, "div"
                 break
-            if is_op(c, "Reciprocal"):
+            one_over = is_op(c, "Div") and c.input(1) == sqrt.outputs[0] and _constant_scalar(graph, c.input(0)) == 1.0
+            if is_op(c, "Reciprocal") or one_over:
                 mul = next((m for m in graph.consumers(c.outputs[0]) if is_op(m, "Mul")
                             and _same_source(graph, _other_input(m, c.outputs[0]), x)), None)
                 if mul is not None:
                     nodes.append(c)
-                    normalize, kind = mul, "reciprocal"
+                    normalize, kind = mul, "div_one" if one_over else "reciprocal"
                     break
     elif inverse_pow is not None:
         mul = next((m for m in graph.consumers(inverse_pow.outputs[0]) if is_op(m, "Mul")
@@ -205,6 +207,8 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
         form = "pow_rsqrt_pow"
     elif kind == "div":
         form = "pow_div_cast" if trailing_cast else "pow_div"
+    elif kind == "div_one":
+        form = "pow_div_one_cast" if trailing_cast else "pow_div_one"
     else:
         form = "pow_reciprocal_cast" if (trailing_cast or leading_cast) else "pow_reciprocal"
     width = _gamma_width(graph, gamma) if gamma else None

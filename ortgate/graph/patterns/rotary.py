@@ -11,6 +11,15 @@ Decomposed (what torch exports of transformers' apply_rotary_pos_emb look like):
     out = Add(Mul(x, cos), Mul(rotated, sin))         (cos/sin from Sin/Cos nodes or from cached tables)
 
 The anchor is each Neg; the walk checks the Concat, both Muls and the Add around it.
+
+The same rotation written without Neg (GPT-OSS; DeepSeek-V3's interleaved rotary) computes both halves apart:
+
+    a, b = halves of x              (Slice / Split: [:half], [half:])   or   (Slice step 2: [0::2], [1::2])
+    out = Concat(a * cos - b * sin, b * cos + a * sin)
+
+anchored on the Sub. Either way the `pairing` says which components rotate together: "half" (x[i] with
+x[i + d/2], rotate_half, RotaryEmbedding interleaved=0) or "interleaved" (x[2i] with x[2i+1], interleaved=1 /
+GroupQueryAttention rotary_interleaved=1).
 """
 
 from __future__ import annotations
@@ -34,15 +43,17 @@ _TABLE_OPS = frozenset({"Unsqueeze", "Cast", "Gather", "GatherND", "Slice", "Exp
 
 @dataclass
 class DecomposedRotary:
-    """One rotate_half rotary applied to one tensor (q or k)."""
+    """One decomposed rotary applied to one tensor (q or k)."""
 
-    neg: Node
+    neg: Node  # the anchor: the Neg of rotate_half, or the Sub of the two-halves form
     add: Node
     input: str  # x
     output: str
     layer: int | None
     trig: list[Node] = field(default_factory=list)  # the Sin/Cos nodes feeding cos/sin (empty: cached tables)
     nodes: list[Node] = field(default_factory=list)
+    pairing: str = "half"  # half | interleaved
+    form: str = "neg"  # neg (rotate_half with Neg) | sub (both halves rotated apart, joined by Concat)
 
 
 def decomposed_rotaries(graph: Graph) -> list[DecomposedRotary]:
@@ -59,14 +70,104 @@ def _find(graph: Graph) -> list[DecomposedRotary]:
         match = _match_at(graph, neg)
         if match is not None:
             out.append(match)
+    for sub in graph.by_op_type("Sub"):
+        match = _match_sub(graph, sub)
+        if match is not None:
+            out.append(match)
+    out.sort(key=lambda r: r.neg.index)
     return out
 
 
 def _half_source(graph: Graph, value: str) -> tuple[str, Node] | None:
     node = graph.producer(value)
+    if is_op(node, "Unsqueeze", "Reshape") and node.inputs:  # stack(-x2, x1) of the interleaved form
+        node = graph.producer(node.inputs[0])
     if is_op(node, *_HALF_OPS) and node.inputs:
         return node.inputs[0], node
     return None
+
+
+def _step(graph: Graph, slicer: Node) -> int | None:
+    if not is_op(slicer, "Slice"):
+        return 1
+    if len(slicer.inputs) < 5 or not slicer.input(4):
+        return 1
+    steps = graph.constant_value(slicer.input(4))
+    return int(steps[0]) if steps and len(steps) == 1 else None
+
+
+def _pairing(graph: Graph, slicers: list[Node]) -> str:
+    return "interleaved" if any(_step(graph, s) == 2 for s in slicers) else "half"
+
+
+def _mul_parts(graph: Graph, value: str) -> tuple[str, str] | None:
+    """(operand, table) of Mul(operand, table), the operand being a half of some x."""
+    node = graph.producer(value)
+    if not is_op(node, "Mul") or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if _half_source(graph, a) is not None:
+        return a, b
+    if _half_source(graph, b) is not None:
+        return b, a
+    return None
+
+
+def _match_sub(graph: Graph, sub: Node) -> DecomposedRotary | None:
+    """Concat(a*cos - b*sin, b*cos + a*sin) with a, b two halves of one x."""
+    if len(sub.inputs) != 2 or not sub.outputs:
+        return None
+    left, right = _mul_parts(graph, sub.input(0)), _mul_parts(graph, sub.input(1))
+    if left is None or right is None:
+        return None
+    (a, cos), (b, sin) = left, right
+    src_a, src_b = _half_source(graph, a), _half_source(graph, b)
+    if src_a is None or src_b is None or src_a[0] != src_b[0] or src_a[1] is src_b[1] and a == b:
+        return None
+    x = src_a[0]
+    # The partner: Add(b * cos, a * sin), joined with the Sub by a Concat (directly, or stacked and reshaped).
+    for concat in _joins(graph, sub.outputs[0]):
+        for other in concat.inputs:
+            add = graph.producer(_through(graph, other))
+            if not is_op(add, "Add") or add is sub or len(add.inputs) != 2:
+                continue
+            parts = [_mul_parts(graph, i) for i in add.inputs]
+            if any(p is None for p in parts):
+                continue
+            operands = {p[0] for p in parts if p}
+            tables = {p[1] for p in parts if p}
+            if operands != {a, b} or tables != {cos, sin}:
+                continue
+            muls = [graph.producer(i) for i in (*sub.inputs, *add.inputs)]
+            slicers = [src_a[1], src_b[1]]
+            nodes = sorted({n.index: n for n in [*slicers, *muls, sub, add, concat] if n is not None}.values(),
+                           key=lambda n: n.index)
+            output = concat.outputs[0]
+            after = graph.consumers(output)
+            if len(after) == 1 and is_op(after[0], "Reshape"):  # the interleaved form's flatten of the pairs
+                nodes.append(after[0])
+                output = after[0].outputs[0]
+            trig = _trig_above(graph, cos) + _trig_above(graph, sin)
+            return DecomposedRotary(sub, add, x, output, graph.layer_of_nodes(nodes), trig, nodes,
+                                    pairing=_pairing(graph, slicers), form="sub")
+    return None
+
+
+def _through(graph: Graph, value: str) -> str:
+    node = graph.producer(value)
+    if is_op(node, "Unsqueeze", "Reshape") and node.inputs:
+        return node.inputs[0]
+    return value
+
+
+def _joins(graph: Graph, value: str) -> list[Node]:
+    out = []
+    for c in graph.consumers(value):
+        if is_op(c, "Concat"):
+            out.append(c)
+        elif is_op(c, "Unsqueeze", "Reshape"):
+            out.extend(n for n in graph.consumers(c.outputs[0]) if is_op(n, "Concat"))
+    return out
 
 
 def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
@@ -107,7 +208,9 @@ def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
     for mul, operand_of in ((mul_sin, value), (mul_cos, x)):
         table = mul.input(1) if mul.input(0) == operand_of else mul.input(0)
         trig.extend(_trig_above(graph, table))
-    return DecomposedRotary(neg, add, x, add.outputs[0], graph.layer_of_nodes(nodes), trig, nodes)
+    slicers = [n for n in nodes if is_op(n, *_HALF_OPS)]
+    return DecomposedRotary(neg, add, x, add.outputs[0], graph.layer_of_nodes(nodes), trig, nodes,
+                            pairing=_pairing(graph, slicers), form="neg")
 
 
 def _trig_above(graph: Graph, value: str) -> list[Node]:
