@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, price_text
+from ortgate.report import display_path, group_price_text
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -115,17 +115,9 @@ def _write_group(console: Console, group: FindingGroup, width: int, options: Tex
 
 
 def _price_line(group: FindingGroup) -> str | None:
-    """What fixing the entry saves: one finding's price, or each and all of a group's (an estimate)."""
+    """What fixing the entry saves (an estimate for the policy's device)."""
     prices = [f.price for f in group.findings if f.price is not None]
-    if not prices:
-        return None
-    if len(prices) == 1:
-        return f"saves {price_text(prices[0])}"
-    total = sum(p.ms_per_token for p in prices)
-    share = sum(p.share for p in prices)
-    each = price_text(prices[0]).split(" on ", 1)[0] if len({round(p.ms_per_token, 6) for p in prices}) == 1 else None
-    all_of = f"~{total:.3g} ms per token for all {len(prices)} ({share:.0%} of the step)"
-    return f"saves {each + ' each, ' if each else ''}{all_of} on {prices[0].device}, estimated"
+    return f"saves {group_price_text(prices)}" if prices else None
 
 
 def _wrap(text: str, width: int, indent: str, max_lines: int | None, more: str = " …") -> list[str]:
