@@ -83,6 +83,13 @@ class Finding:
     suppressed: Suppression | None = None
     kind: Kind = Kind.VIOLATION
     price: Price | None = None  # what fixing it saves per decode step on the policy's device (an estimate)
+    # The structural signature of what a node finding is about: the graph's role and the anchor node's op
+    # ("model:MatMul", "optimized:com.microsoft.MoE"), its position in its graph (to order findings), and which
+    # occurrence it is among the rule's findings with the same signature in the same layer (set by the pipeline).
+    # Node names are left out: a re-export (torch dynamo) renames every node.
+    anchor: str | None = None
+    position: int | None = None
+    occurrence: int = 0
 
     def __post_init__(self) -> None:
         if self.kind is not Kind.VIOLATION and self.severity is not Severity.INFO:
@@ -116,18 +123,50 @@ class Finding:
         )
 
     def identity(self) -> str:
-        """Stable identity for baselines and fingerprints: rule + file name + graph node (or key path).
+        """Stable identity for baselines and fingerprints: rule, file name, decoder layer, and the structural
+        signature of the match (anchor op and occurrence) or the config key path.
 
-        Never a line number, so moving YAML around or re-exporting the model keeps the identity.
+        Never a line number or a node name: moving YAML around or re-exporting the model with new node names
+        keeps the identity.
         """
         from pathlib import PurePath
 
+        layer = "-" if self.layer is None else str(self.layer)
+        if self.anchor is not None:
+            target = f"{self.anchor}#{self.occurrence}"
+        elif self.location.key_path:
+            target = f"key:{self.location.key_path}"
+        else:
+            target = f"props:{_properties_anchor(self)}"
+        return f"{self.rule}|{PurePath(self.location.file).name}|{layer}|{target}"
+
+    def legacy_identity(self) -> str:
+        """The identity of version-1 baselines: rule + file name + graph node (or key path). A re-export that renames
+        nodes changes it; kept so that old baseline files still match."""
+        from pathlib import PurePath
+
         anchor = self.node or self.location.key_path or ""
-        return f"{self.rule}|{PurePath(self.location.file).name}|{self.graph or ''}|{anchor}|{_message_anchor(self)}"
+        message = "" if (self.node or self.location.key_path) else _properties_anchor(self)
+        return f"{self.rule}|{PurePath(self.location.file).name}|{self.graph or ''}|{anchor}|{message}"
 
 
-def _message_anchor(finding: Finding) -> str:
+def _properties_anchor(finding: Finding) -> str:
     # Findings without a node or key (counts, expectations) are distinguished by their properties.
-    if finding.node or finding.location.key_path:
-        return ""
     return ",".join(f"{k}={v}" for k, v in finding.properties)
+
+
+def number_occurrences(findings: list[Finding]) -> list[Finding]:
+    """Give each node finding its occurrence among the findings of its rule with the same file, layer and anchor,
+    in graph order, so that identical matches in one layer keep distinct, name-free identities."""
+    groups: dict[tuple, list[int]] = {}
+    for i, f in enumerate(findings):
+        if f.anchor is not None:
+            groups.setdefault((f.rule, f.location.file, f.layer, f.anchor), []).append(i)
+    out = list(findings)
+    for indexes in groups.values():
+        if len(indexes) == 1 and out[indexes[0]].occurrence == 0:
+            continue
+        ordered = sorted(indexes, key=lambda i: (out[i].position is None, out[i].position or 0, i))
+        for occurrence, i in enumerate(ordered):
+            out[i] = replace(out[i], occurrence=occurrence)
+    return out

@@ -121,7 +121,7 @@ def test_fingerprints_ignore_line_numbers_and_tell_findings_apart(tmp_path):
     after = sarif(UNFUSED, "--policy", moved)["runs"][0]["results"]
 
     def by_fingerprint(results):
-        return {r["partialFingerprints"]["ortgate/v1"]: r for r in results}
+        return {r["partialFingerprints"]["ortgate/v2"]: r for r in results}
 
     assert len(by_fingerprint(before)) == len(before)  # every finding has its own
     assert by_fingerprint(before).keys() == by_fingerprint(after).keys()

@@ -35,9 +35,7 @@ def add_parser(sub) -> None:
     lint.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
     lint.add_argument("--baseline", metavar="FILE",
                       help="an ortgate baseline: findings listed in it are reported as suppressed")
-    lint.add_argument("--write-baseline", metavar="FILE",
-                      help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
-                           "then judge against it")
+    add_baseline_arguments(lint)
     lint.add_argument("--fail-on", choices=("error", "warning", "info"),
                       help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
@@ -49,9 +47,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from ortgate.engine.baseline import baseline_text, load_baseline
+    from ortgate.engine.baseline import load_baseline
     from ortgate.engine.gate import gate_config_from
-    from ortgate.engine.pipeline import LintRequest, judge, lint, load_inputs
+    from ortgate.engine.pipeline import LintRequest, lint, load_inputs
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
@@ -59,8 +57,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
     outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
-    if args.write_baseline:
-        outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
+    outputs += baseline_outputs(args)
     given = [args.model, args.policy, args.optimized, args.config, args.baseline]
     check_outputs(outputs, given)  # before loading: a mistyped command fails at once
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -73,16 +70,56 @@ def cmd_lint(args: argparse.Namespace) -> int:
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
                                   baseline_path=args.baseline)
         result = lint(inputs, config, note)
-    if args.write_baseline:
-        _check_baseline_target(args.write_baseline, args.baseline)
-        write(baseline_text(result.findings), args.write_baseline)
-        config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
-        result = judge(result.raw, inputs, config, result.rules)
+    result = write_baselines(args, result, inputs, config)
     for fmt, path in reports:
         write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
+
+
+def add_baseline_arguments(parser) -> None:
+    parser.add_argument("--write-baseline", metavar="FILE",
+                        help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
+                             "then judge against it")
+    parser.add_argument("--prune-baseline", action="store_true",
+                        help="rewrite the --baseline file without its stale entries (entries that matched no "
+                             "finding), as the current baseline version")
+
+
+def baseline_outputs(args: argparse.Namespace) -> list[Output]:
+    """The baseline files this command may write (--write-baseline, --prune-baseline rewrites --baseline)."""
+    if args.prune_baseline and not args.baseline:
+        raise InputError("--prune-baseline rewrites the --baseline FILE: give --baseline")
+    if args.prune_baseline and args.write_baseline:
+        raise InputError("--prune-baseline and --write-baseline both write a baseline: use one")
+    outputs = []
+    if args.write_baseline:
+        outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
+    if args.prune_baseline:
+        outputs.append(Output(args.baseline, "pruned baseline", may_replace=args.baseline))
+    return outputs
+
+
+def write_baselines(args: argparse.Namespace, result, inputs, config):
+    """Write --write-baseline or the pruned --baseline, and judge again against what was written."""
+    from ortgate.engine.baseline import baseline_text, load_baseline, pruned_text
+    from ortgate.engine.gate import rules_that_ran
+    from ortgate.engine.pipeline import judge, linted_files
+
+    if args.write_baseline:
+        _check_baseline_target(args.write_baseline, args.baseline)
+        write(baseline_text(result.findings), args.write_baseline)
+        target = args.write_baseline
+    elif args.prune_baseline:
+        baseline = config.baseline
+        ran = rules_that_ran(config, [e.rule for e in baseline.entries])
+        write(pruned_text(baseline, result.findings, linted_files(inputs), ran), args.baseline)
+        target = args.baseline
+    else:
+        return result
+    config.baseline, config.baseline_path = load_baseline(target), target
+    return judge(result.raw, inputs, config, result.rules)
 
 
 def _check_baseline_target(path: str, baseline_in: str | None) -> None:

@@ -8,7 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, write
+from ortgate.cli.lint import add_baseline_arguments, baseline_outputs, write_baselines
+from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, terminal_options, write
 from ortgate.errors import InputError
 
 FORMATS = ("text", "json", "sarif", "github", "markdown")
@@ -46,9 +47,7 @@ def add_parser(sub) -> None:
     run.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
     run.add_argument("--baseline", metavar="FILE",
                      help="an ortgate baseline: findings listed in it are reported as suppressed")
-    run.add_argument("--write-baseline", metavar="FILE",
-                     help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
-                          "then judge against it")
+    add_baseline_arguments(run)
     run.add_argument("--fail-on", choices=("error", "warning", "info"),
                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
@@ -57,6 +56,9 @@ def add_parser(sub) -> None:
     run.add_argument("--write-calibration", metavar="FILE",
                      help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
                           "throughput.calibration")
+    run.add_argument("--expand", action="store_true",
+                     help="text and markdown: list every finding on its own, in full, instead of one entry per "
+                          "group of identical findings across layers")
 
 
 def require_onnxruntime() -> None:
@@ -98,19 +100,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _emit(args: argparse.Namespace, reports: list[tuple[str, str | None]], outcome) -> int:
     """Write the baseline (if asked) and every report; the exit code."""
-    from ortgate.cli.lint import _check_baseline_target
-    from ortgate.engine.baseline import baseline_text, load_baseline
-    from ortgate.engine.pipeline import judge
     from ortgate.report.run import render_run
 
-    result, config = outcome.result, outcome.config
-    if args.write_baseline:
-        _check_baseline_target(args.write_baseline, args.baseline)
-        write(baseline_text(result.findings), args.write_baseline)
-        config.baseline, config.baseline_path = load_baseline(args.write_baseline), args.write_baseline
-        result = judge(result.raw, outcome.inputs, config, result.rules)
+    result = write_baselines(args, outcome.result, outcome.inputs, outcome.config)
     for fmt, path in reports:
-        write(render_run(fmt, result, outcome.evidence), path)
+        write(render_run(fmt, result, outcome.evidence, **terminal_options(path), expand=args.expand), path)
     if args.write_calibration:
         _write_calibration(args, outcome)
     if args.exit_zero:
@@ -134,6 +128,7 @@ def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]])
         outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
     if args.write_calibration:
         outputs.append(Output(args.write_calibration, "calibration file"))
+    outputs += baseline_outputs(args)
     if args.dump:
         # ORT writes a large model's initializers beside the dump, as DUMP.data (runner.session).
         outputs += [Output(args.dump, "optimized dump"), Output(args.dump + ".data", "optimized dump's weights")]

@@ -1,47 +1,112 @@
-"""Baselines: the identities of findings a team has accepted, so that adopting ortgate on an existing model
-fails only on what is new."""
+"""Baselines: the findings a team has accepted, so that adopting ortgate on an existing model fails only on what
+is new.
+
+An entry names a finding by its fingerprint (`Finding.identity`): rule, file name, decoder layer and the structural
+signature of the match (the anchor node's op and its occurrence among the rule's findings in that layer), or the
+config key. Never a line number and never a node name: a re-export that renames every node (torch dynamo does)
+keeps the baseline. Version-1 files named findings by node name; they still load, their entries match by that old
+identity, and `--prune-baseline` rewrites them as version 2.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from ortgate.config.source import MAX_DOCUMENT_BYTES, format_key_path, load_json
 from ortgate.errors import InputError
 from ortgate.findings import Finding
 
-GATE_FAMILY = "OGW"  # findings the gate itself raises about the policy's waivers
-
-
-# Baselines ---------------------------------------------------------------------------------------------------
-# A baseline lists the identities of findings a team has accepted (rule + model-relative node or config key,
-# never a line), so that adopting ortgate on an existing model fails only on what is new.
+GATE_FAMILY = "OGW"  # findings the gate itself raises about the policy's waivers and the baseline
 
 BASELINE_FORMAT = "ortgate-baseline"
-BASELINE_VERSION = 1
+BASELINE_VERSION = 2
+LEGACY_VERSION = 1  # entries keyed by "identity": rule | file | subgraph | node name | properties
+
+
+@dataclass
+class BaselineEntry:
+    key: str  # the fingerprint (version 2) or the node-name identity (version 1)
+    legacy: bool  # a version-1 identity: matched against Finding.legacy_identity()
+    rule: str | None
+    file: str | None  # file name the finding was in ("model.onnx"), when the entry says
+    line: int | None  # where the entry is in the baseline file
+    data: dict = field(default_factory=dict)  # the entry as written, to write back when pruning
+
+
+@dataclass
+class Baseline:
+    """A loaded baseline: its entries, and which of them matched a finding in this run."""
+
+    path: str | None
+    version: int
+    entries: list[BaselineEntry]
+    matched: set[int] = field(default_factory=set)  # indexes into entries
+
+    def __post_init__(self) -> None:
+        self._index: dict[tuple[bool, str], list[int]] = {}
+        for i, entry in enumerate(self.entries):
+            self._index.setdefault((entry.legacy, entry.key), []).append(i)
+
+    def covers(self, finding: Finding) -> bool:
+        """Whether an entry accepts `finding` (and remember which entries did)."""
+        hits = self._index.get((False, finding.identity()), []) + self._index.get((True, finding.legacy_identity()),
+                                                                                   [])
+        self.matched.update(hits)
+        return bool(hits)
+
+    def stale(self, files: Iterable[str], rules: Iterable[str]) -> list[int]:
+        """Indexes of the entries that matched nothing although their file was linted and their rule ran: what they
+        accepted is gone (fixed, or a version-1 entry whose node was renamed)."""
+        names = {PurePath(f).name for f in files if f}
+        ran = set(rules)
+        return [i for i, e in enumerate(self.entries) if i not in self.matched
+                and (e.file is None or e.file in names) and (e.rule is None or e.rule in ran)]
 
 
 def baselineable(finding: Finding) -> bool:
-    """Waiver findings stay out of baselines: a baseline must not silence an expired waiver."""
+    """Gate findings stay out of baselines: a baseline must not silence an expired waiver or its own stale entries."""
     return not finding.code.startswith(GATE_FAMILY)
+
+
+def entry_for(finding: Finding) -> dict:
+    """A baseline entry for `finding`: its fingerprint, and what a reader needs to recognise it."""
+    entry = {"fingerprint": finding.identity(), "code": finding.code, "rule": finding.rule,
+             "file": PurePath(finding.location.file).name}
+    if finding.layer is not None:
+        entry["layer"] = finding.layer
+    if finding.node:
+        entry["node"] = finding.node  # for the reader: the fingerprint does not depend on it
+    if finding.location.key_path:
+        entry["key_path"] = finding.location.key_path
+    return entry
+
+
+def _document(entries: Iterable[dict]) -> str:
+    unique: dict[str, dict] = {}
+    for entry in entries:
+        unique.setdefault(entry.get("fingerprint") or entry.get("identity"), entry)
+    doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "findings": [unique[k] for k in sorted(unique)]}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 def baseline_text(findings: list[Finding]) -> str:
     """The baseline accepting every finding not covered by a waiver (deterministic: sorted, no timestamps)."""
-    entries: dict[str, dict] = {}
+    return _document(entry_for(f) for f in findings
+                     if baselineable(f) and (f.suppressed is None or f.suppressed.kind == "baseline"))
+
+
+def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str], rules: Iterable[str]) -> str:
+    """`baseline` without its stale entries. Entries that matched are rewritten as version 2 (from the findings
+    they matched); entries this run could not judge (their rule did not run, their file was not linted) stay."""
+    stale = set(baseline.stale(files, rules))
+    kept = [e.data for i, e in enumerate(baseline.entries) if i not in baseline.matched and i not in stale]
     for f in findings:
-        if not baselineable(f) or (f.suppressed is not None and f.suppressed.kind != "baseline"):
-            continue
-        entries[f.identity()] = {
-            "identity": f.identity(),
-            "code": f.code,
-            "rule": f.rule,
-            "file": PurePath(f.location.file).name,
-            "target": f.node or f.location.key_path,
-        }
-    doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
-           "findings": [entries[k] for k in sorted(entries)]}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        if baselineable(f) and f.suppressed is not None and f.suppressed.kind == "baseline":
+            kept.append(entry_for(f))
+    return _document(kept)
 
 
 def is_baseline_file(path: str | Path) -> bool:
@@ -54,8 +119,8 @@ def is_baseline_file(path: str | Path) -> bool:
     return isinstance(data, dict) and data.get("format") == BASELINE_FORMAT
 
 
-def load_baseline(path: str | Path) -> set[str]:
-    """The identities in an ortgate baseline file; anything else is an InputError naming the file and key."""
+def load_baseline(path: str | Path) -> Baseline:
+    """An ortgate baseline file (version 1 or 2); anything else is an InputError naming the file and key."""
     hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"
     try:
         doc = load_json(Path(path))
@@ -73,15 +138,24 @@ def load_baseline(path: str | Path) -> set[str]:
     if data.get("format") != BASELINE_FORMAT:
         raise fail(f"expected {BASELINE_FORMAT!r}, got {data.get('format')!r}; {hint}", "format")
     version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= BASELINE_VERSION:
-        raise fail(f"{version!r} is not a baseline version this ortgate reads (1..{BASELINE_VERSION})", "version")
-    entries = data.get("findings")
-    if not isinstance(entries, list):
-        raise fail(f"expected a list, got {type(entries).__name__}", "findings")
-    identities: set[str] = set()
-    for i, entry in enumerate(entries):
-        identity = entry.get("identity") if isinstance(entry, dict) else None
-        if not isinstance(identity, str) or not identity:
-            raise fail("expected a non-empty string", "findings", i, "identity")
-        identities.add(identity)
-    return identities
+    if not isinstance(version, int) or isinstance(version, bool) or not LEGACY_VERSION <= version <= BASELINE_VERSION:
+        newer = " (written by a newer ortgate: upgrade it)" if isinstance(version, int) and version > 0 else ""
+        raise fail(f"{version!r} is not a baseline version this ortgate reads ({LEGACY_VERSION}..{BASELINE_VERSION})"
+                   f"{newer}", "version")
+    items = data.get("findings")
+    if not isinstance(items, list):
+        raise fail(f"expected a list, got {type(items).__name__}", "findings")
+    entries: list[BaselineEntry] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise fail(f"expected an object, got {type(item).__name__}", "findings", i)
+        # Version 2 entries carry a fingerprint; version-1 entries (in either version) an identity.
+        fingerprint = item.get("fingerprint") if version >= 2 else None
+        key = fingerprint if fingerprint is not None else item.get("identity")
+        if not isinstance(key, str) or not key:
+            field_name = "fingerprint" if version >= 2 and "identity" not in item else "identity"
+            raise fail("expected a non-empty string", "findings", i, field_name)
+        rule, file = item.get("rule"), item.get("file")
+        entries.append(BaselineEntry(key, fingerprint is None, rule if isinstance(rule, str) else None,
+                                     file if isinstance(file, str) else None, doc.line_of(("findings", i)), item))
+    return Baseline(str(path), version, entries)

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ortgate.config.policy import Policy, Waiver
-from ortgate.engine.baseline import GATE_FAMILY, baselineable
+from ortgate.engine.baseline import GATE_FAMILY, LEGACY_VERSION, Baseline, baselineable
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, resolve_rule, suggest_rule
@@ -31,7 +31,7 @@ class GateConfig:
     severity: dict[str, tuple[str, str]] = field(default_factory=dict)  # rule ref -> (level, source)
     fail_on: Severity = Severity.ERROR
     waivers: list[Waiver] = field(default_factory=list)
-    baseline: set[str] | None = None  # finding identities already accepted
+    baseline: Baseline | None = None  # findings already accepted
     baseline_path: str | None = None
     today: _dt.date = field(default_factory=_dt.date.today)
 
@@ -50,7 +50,7 @@ class Verdict:
 
 
 def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
-                     fail_on: str | None, baseline: set[str] | None = None, baseline_path: str | None = None,
+                     fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
                      today: _dt.date | None = None) -> GateConfig:
     config = GateConfig(baseline=baseline, baseline_path=baseline_path, today=today or _dt.date.today())
     rules_block = (policy.get("rules") if policy else None) or {}
@@ -121,12 +121,44 @@ def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
     overrides = severity_overrides(config)
     out = [f.with_severity(overrides[f.code]) if f.code in overrides and f.relevelable else f for f in out]
     if config.baseline is not None:
+        config.baseline.matched.clear()
         where = Location(config.baseline_path) if config.baseline_path else None
         justification = f"in the baseline {config.baseline_path}" if config.baseline_path else "in the baseline"
         out = [f.suppress("baseline", justification, where)
-               if f.suppressed is None and baselineable(f) and f.identity() in config.baseline else f
+               if f.suppressed is None and baselineable(f) and config.baseline.covers(f) else f
                for f in out]
     return sorted(out, key=Finding.sort_key)
+
+
+def rules_that_ran(config: GateConfig, names: list[str | None]) -> list[str]:
+    """Of these rule names (old names included), the ones whose rule ran."""
+    selected = {r.code for r in selected_rules(config)}
+    found = {name: find_rule(name) for name in dict.fromkeys(n for n in names if n)}
+    return [name for name, r in found.items() if r is not None and r.code in selected]
+
+
+def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Finding]:
+    """baseline-entry-stale for each entry that matched no finding although its file was linted and its rule ran.
+    Call after apply_gate, which records the entries that matched."""
+    baseline = config.baseline
+    stale_rule = find_rule("baseline-entry-stale")
+    if baseline is None or stale_rule is None or stale_rule.code not in {r.code for r in selected_rules(config)}:
+        return []
+    ran = rules_that_ran(config, [e.rule for e in baseline.entries])
+    legacy = (f"; this baseline is version {LEGACY_VERSION}, which names findings by node name (a re-export that "
+              "renames nodes loses it): --prune-baseline rewrites it as version 2") if baseline.version == LEGACY_VERSION else ""
+    out = []
+    for i in baseline.stale(files, ran):
+        entry = baseline.entries[i]
+        what = ", ".join(f"{k} {entry.data[k]}" for k in ("rule", "file", "layer", "node", "key_path")
+                         if entry.data.get(k) is not None)
+        out.append(Finding(
+            code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
+            message=f"baseline entry ({what or entry.key}) matched no finding: what it accepted is gone{legacy}",
+            location=Location(baseline.path or "", entry.line, f"findings[{i}]"),
+            fix="Rewrite the baseline without its stale entries: add --prune-baseline (with --baseline FILE).",
+            properties=(("fingerprint", entry.key),)))
+    return out
 
 
 def severity_overrides(config: GateConfig) -> dict[str, Severity]:

@@ -16,11 +16,11 @@ from ortgate.config.expectations import decoder_layer_count, resolve_expectation
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
-from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules
+from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules, stale_baseline_findings
 from ortgate.engine.pricing import estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
-from ortgate.findings import Finding
+from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import build_graph
 from ortgate.graph.load import load_model
 from ortgate.rules import Rule
@@ -91,7 +91,7 @@ def run_rules(inputs: LintInputs, rules: Iterable[Rule],
             progress(f"rule {number}/{len(rules)}: {rule.code} {rule.name}")
         ctx = RuleContext(inputs, rule)
         try:
-            findings.extend(rule.check(ctx) or ())
+            findings.extend(number_occurrences(list(rule.check(ctx) or ())))
         except InputError:
             raise
         except Exception as exc:  # a CI gate must not crash on an odd graph: say the rule could not decide
@@ -124,11 +124,19 @@ def lint(inputs: LintInputs, config: GateConfig, progress: Callable[[str], None]
 def judge(raw: list[Finding], inputs: LintInputs, config: GateConfig, rules: list[Rule]) -> LintResult:
     """Gate the rules' findings (waivers, severities, baseline) and decide the verdict."""
     findings = apply_gate(raw, config)
+    findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
     summary = summarize(inputs)
     estimate = estimate_summary(inputs, [f for f in findings if f.suppressed is None])
     if estimate is not None:
         summary["estimate"] = estimate
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
+
+
+def linted_files(inputs: LintInputs) -> list[str]:
+    """The files findings can be about: the model, the optimized dump, genai_config.json, the policy chain."""
+    return [p for p in (inputs.model.path, inputs.optimized.path if inputs.optimized else None,
+                        str(inputs.genai.path) if inputs.genai else None,
+                        *(str(p) for p in (inputs.policy.chain if inputs.policy else ()))) if p]
 
 
 def summarize(inputs: LintInputs) -> dict:

@@ -18,7 +18,9 @@ FORMATS = ("text", "json", "sarif", "github", "markdown")
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
 
 
-def render_run(fmt: str, result: LintResult, evidence: RunEvidence) -> str:
+def render_run(fmt: str, result: LintResult, evidence: RunEvidence, *, expand: bool = False, width: int | None = None,
+               color: bool = False) -> str:
+    """The run report in `fmt`; `expand`, `width` and `color` shape the findings as for `ortgate lint`."""
     from ortgate.report import render
 
     if fmt == "json":
@@ -26,9 +28,9 @@ def render_run(fmt: str, result: LintResult, evidence: RunEvidence) -> str:
         report["run"] = evidence.to_dict()
         return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
     if fmt == "text":
-        return render_figures(evidence) + "\n" + render("text", result)
+        return render_figures(evidence) + "\n" + render("text", result, expand=expand, width=width, color=color)
     if fmt == "markdown":
-        summary = render("markdown", result)
+        summary = render("markdown", result, expand=expand)
         head, sep, rest = summary.partition("\n\n")  # after the verdict heading
         figures = render_figures(evidence).rstrip("\n").replace("`", "'")  # no fence can close early
         section = f"### Run\n\n```text\n{figures}\n```\n"

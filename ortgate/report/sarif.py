@@ -26,7 +26,7 @@ from ortgate.rules import Rule, find_rule
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"
-FINGERPRINT_KEY = "ortgate/v1"
+FINGERPRINT_KEY = "ortgate/v2"  # v2: fingerprints without node names (a re-export keeps them)
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 

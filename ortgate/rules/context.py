@@ -111,6 +111,7 @@ class RuleContext:
             graph = graph or self.model
             location = Location(graph.path, label=graph.label)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
+        role = (graph or self.model).role
         return Finding(
             code=self.rule.code,
             rule=self.rule.name,
@@ -124,6 +125,8 @@ class RuleContext:
             fix=printable(" ".join(fix.split())) if fix else None,
             related_nodes=related_names,
             properties=tuple(sorted((properties or {}).items())),
+            anchor=f"{role}:{node.key}" if node is not None else None,
+            position=node.index if node is not None else None,
         )
 
     def undecided(self, reason: str, *, graph: Graph | None = None, node: Node | None = None,

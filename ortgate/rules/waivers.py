@@ -1,4 +1,5 @@
-"""Waiver rules (OGW): the policy's waivers themselves. The gate raises these when it applies waivers."""
+"""Waiver rules (OGW): the policy's waivers and the findings baseline themselves. The gate raises these when it
+applies them."""
 
 from __future__ import annotations
 
@@ -63,3 +64,34 @@ def waiver_unused(ctx: RuleContext):
     Delete the waiver, or correct its `rule` / `node` pattern.
     """
     return ()  # raised by the gate, which owns waivers
+
+
+@rule("OGW003", "baseline-entry-stale", Severity.INFO)
+def baseline_entry_stale(ctx: RuleContext):
+    """A baseline entry matched no finding: what it accepted is gone.
+
+    ## What it checks
+    Each entry of the `--baseline FILE` whose file was linted and whose rule ran, but which matched no finding.
+    Entries name a finding by rule, file, decoder layer and the structure of the match (never a node name), so
+    a re-export that only renames nodes keeps matching. A version-1 baseline (written before fingerprints left
+    node names out) matches by node name: after such a re-export its entries are reported here.
+
+    ## Why it costs throughput
+    A stale entry accepts nothing today and may silently accept a new regression tomorrow, when a finding with
+    the same identity comes back.
+
+    ## Bad
+    ```
+    baseline entry (rule moe-not-fused, file model.onnx, layer 3) matched no finding
+    ```
+
+    ## Good
+    ```
+    every entry of the baseline matched a finding of this run
+    ```
+
+    ## Fix
+    `ortgate lint MODEL --baseline FILE --prune-baseline` rewrites FILE without its stale entries (and as
+    version 2), keeping the entries this run could not judge.
+    """
+    return ()  # raised by the gate, which owns the baseline

@@ -1,0 +1,166 @@
+"""Baselines that survive a re-export: fingerprints by rule, file, layer and the structure of the match (never a
+node name), stale entries reported and pruned, version-1 files still loading."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.conftest import EXAMPLES, EXPORTED, POLICIES, REPO
+from tests.helpers import run_cli, run_cli_json
+
+DYNAMO = EXPORTED / "dynamo-qwen3_moe"
+UNFUSED = EXAMPLES / "qwen3-moe-tiny-unfused"
+CPU_POLICY = POLICIES / "tiny-moe-cpu.yaml"
+# Written by the previous ortgate (baseline version 1, node names in every identity) for UNFUSED + CPU_POLICY.
+V1_BASELINE = REPO / "tests" / "data" / "baselines" / "v1-qwen3-moe-tiny-unfused.json"
+
+
+def renumbered(source: Path, folder: Path, shift: int = 1000) -> Path:
+    """`source` as another torch dynamo export of the same model would name it: every node's number shifted
+    (node_mul_572 -> node_mul_1572), its own name scope too. Same file name, in another folder."""
+    model = onnx.load(str(source / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        node.name = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + shift), node.name) or node.name
+        node.name = node.name if node.name[-1].isdigit() else f"{node.name}_{shift}"
+        for prop in node.metadata_props:
+            if prop.key == "pkg.torch.onnx.name_scopes":
+                scopes = json.loads(prop.value.replace("'", '"'))
+                scopes[-1] = node.name
+                prop.value = json.dumps(scopes).replace('"', "'")
+    folder.mkdir()
+    for extra in source.iterdir():
+        if extra.name != "model.onnx":
+            shutil.copy(extra, folder / extra.name)
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder
+
+
+def lint_json(*args) -> tuple[int, dict]:
+    return run_cli_json("lint", *args)
+
+
+def active(report: dict) -> list[dict]:
+    return [f for f in report["findings"] if f["suppressed"] is None]
+
+
+def test_a_baseline_survives_a_re_export_that_renames_every_node(tmp_path):
+    baseline = tmp_path / "baseline.json"
+    code, before = lint_json(DYNAMO, "--write-baseline", baseline)
+    assert code == 0 and before["findings"]
+    again = renumbered(DYNAMO, tmp_path / "re-export")
+    code, after = lint_json(again, "--baseline", baseline)
+    renamed = {f["node"] for f in after["findings"] if f["node"]}
+    assert renamed and not renamed & {f["node"] for f in before["findings"]}  # no node kept its name
+    assert code == 0 and active(after) == []
+    assert after["verdict"]["suppressed_by"] == {"baseline": len(before["findings"])}
+    assert sorted(f["fingerprint"] for f in after["findings"]) == sorted(f["fingerprint"] for f in before["findings"])
+
+
+def test_a_baseline_from_one_naming_style_covers_another(make_model, tmp_path):
+    spec = dict(layers=3, moe="dense_loop", attention="decomposed", rotary="decomposed", norm="decomposed")
+    hf = make_model("hf", naming="hf", **spec)
+    opaque = make_model("opaque", naming="opaque", **spec)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    hf, opaque = hf.rename(tmp_path / "a" / "model.onnx"), opaque.rename(tmp_path / "b" / "model.onnx")
+    baseline = tmp_path / "baseline.json"
+    code, written = lint_json(hf, "--write-baseline", baseline)
+    assert code == 0 and len(written["findings"]) > 6
+    code, report = lint_json(opaque, "--baseline", baseline)
+    assert code == 0 and active(report) == []
+
+
+def test_every_finding_has_its_own_fingerprint():
+    for model in (DYNAMO, UNFUSED, EXPORTED / "genai-qwen3_5_moe-fp32-cpu"):
+        _, report = lint_json(model, "--policy", CPU_POLICY)
+        prints = [f["fingerprint"] for f in report["findings"]]
+        assert len(prints) == len(set(prints)), model
+        assert not any(f["node"] and f["node"] in f["fingerprint"] for f in report["findings"])
+
+
+def test_fingerprints_tell_apart_identical_matches_in_one_layer(make_model, tmp_path):
+    """A policy naming the wrong head counts: OGM002 reports each GroupQueryAttention attribute on the same node."""
+    model = make_model(layers=2, attention="gqa", rotary="gqa", num_heads=4, kv_num_heads=2)
+    policy = tmp_path / "p.yaml"
+    policy.write_text("name: p\nmodel: {num_heads: 8, kv_num_heads: 4}\n")
+    _, report = lint_json(model, "--policy", policy, "--select", "gqa-config-mismatch")
+    per_node = [f for f in report["findings"] if f["layer"] == 0]
+    assert len(per_node) >= 2 and len({f["node"] for f in per_node}) == 1
+    assert len({f["fingerprint"] for f in per_node}) == len(per_node)
+
+
+def test_stale_entries_are_info_findings_at_their_line_and_prune_removes_them(make_model, tmp_path):
+    spec = dict(moe="dense_loop", attention="decomposed", kv_cache=False)
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    three = make_model(layers=3, **spec).rename(tmp_path / "v1" / "model.onnx")
+    two = make_model(layers=2, **spec).rename(tmp_path / "v2" / "model.onnx")
+    baseline = tmp_path / "baseline.json"
+    assert run_cli("lint", three, "--select", "OGF001,OGF002,OGW", "--write-baseline", baseline)[0] == 0
+    code, report = lint_json(two, "--select", "OGF001,OGF002,OGW", "--baseline", baseline)
+    stale = [f for f in report["findings"] if f["rule"] == "baseline-entry-stale"]
+    assert code == 0 and len(stale) == 2  # layer 2's moe-not-fused and gqa-not-fused are gone
+    assert all(f["severity"] == "info" and f["file"] == str(baseline) and f["line"] for f in stale)
+    lines = baseline.read_text().splitlines()
+    assert all('"layer": 2' in "".join(lines[f["line"] - 1:f["line"] + 8]) for f in stale)
+    assert "--prune-baseline" in stale[0]["fix"]
+
+    code, pruned = lint_json(two, "--select", "OGF001,OGF002,OGW", "--baseline", baseline, "--prune-baseline")
+    assert code == 0 and not [f for f in pruned["findings"] if f["rule"] == "baseline-entry-stale"]
+    entries = json.loads(baseline.read_text())["findings"]
+    assert len(entries) == 4 and {e["layer"] for e in entries} == {0, 1}
+
+
+def test_entries_of_rules_that_did_not_run_are_neither_stale_nor_pruned(make_model, tmp_path):
+    model = make_model(layers=2, moe="dense_loop", attention="decomposed", kv_cache=False)
+    baseline = tmp_path / "baseline.json"
+    run_cli("lint", model, "--select", "OGF001,OGF002", "--write-baseline", baseline)
+    code, report = lint_json(model, "--select", "OGF001,OGW", "--baseline", baseline, "--prune-baseline")
+    assert code == 0 and not [f for f in report["findings"] if f["rule"] == "baseline-entry-stale"]
+    assert {e["rule"] for e in json.loads(baseline.read_text())["findings"]} == {"moe-not-fused", "gqa-not-fused"}
+
+
+def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_2(tmp_path):
+    baseline = tmp_path / "baseline.json"
+    shutil.copy(V1_BASELINE, baseline)
+    code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline)
+    assert code == 0 and active(report) == []  # every finding matched by its version-1 identity
+    code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline, "--prune-baseline")
+    assert code == 0 and active(report) == []
+    doc = json.loads(baseline.read_text())
+    assert doc["version"] == 2 and all("fingerprint" in e and "identity" not in e for e in doc["findings"])
+    assert len(doc["findings"]) == len(json.loads(V1_BASELINE.read_text())["findings"])
+
+
+def test_a_version_1_baseline_loses_renamed_nodes_and_says_how_to_migrate(tmp_path):
+    renamed = tmp_path / "model"
+    renamed.mkdir()
+    model = onnx.load(str(UNFUSED / "model.onnx"))
+    for i, node in enumerate(model.graph.node):
+        node.name = f"node_{node.op_type}_{i}"
+    onnx.save(model, str(renamed / "model.onnx"))
+    code, report = lint_json(renamed, "--policy", CPU_POLICY, "--baseline", V1_BASELINE)
+    stale = [f for f in report["findings"] if f["rule"] == "baseline-entry-stale"]
+    assert code == 1 and stale and "version 1" in stale[0]["message"]
+
+
+def test_a_baseline_from_a_newer_ortgate_is_an_input_error(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text('{"format": "ortgate-baseline", "version": 3, "findings": []}')
+    code, out, err = run_cli("lint", UNFUSED, "--baseline", path)
+    assert code == 2 and "newer ortgate" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--prune-baseline"], "give --baseline"),
+    (["--baseline", str(V1_BASELINE), "--prune-baseline", "--write-baseline", "x.json"], "use one"),
+])
+def test_prune_baseline_usage_errors(args, problem):
+    code, out, err = run_cli("lint", UNFUSED, *args)
+    assert code == 2 and out == "" and problem in err
