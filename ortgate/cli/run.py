@@ -124,8 +124,6 @@ def _write_calibration(args: argparse.Namespace, outcome) -> None:
 def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]]) -> list[Output]:
     outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
-    if args.write_baseline:
-        outputs.append(Output(args.write_baseline, "baseline", may_replace=args.baseline))
     if args.write_calibration:
         outputs.append(Output(args.write_calibration, "calibration file"))
     outputs += baseline_outputs(args)
