@@ -153,3 +153,15 @@ def test_moe_input_positions_match_ort_s_schemas():
     assert moe_inputs("MoE").fc3_experts_weights == 6 and moe_inputs("QMoE").fc3_experts_weights == 8
     assert not moe_inputs("MoE").quantized and moe_inputs("QMoE").quantized
     assert moe_inputs("MoE").position("no_such_input") is None and moe_inputs("MoE").position("op_type") is None
+
+
+def test_input_positions_by_name_across_opsets():
+    from ortgate.knowledge import input_position
+
+    assert input_position("com.microsoft", "GroupQueryAttention", "past_key") == 3
+    assert input_position("com.microsoft", "GroupQueryAttention", "past_value") == 4
+    # ONNX Attention: opset 24 appends nonpad_kv_seqlen; the past keeps its position
+    assert input_position("", "Attention", "past_key") == 4 and input_position("", "Attention", "past_value") == 5
+    assert input_position("", "Attention", "nonpad_kv_seqlen") == 6
+    assert input_position("com.microsoft", "GroupQueryAttention", "no_such_input") is None
+    assert input_position("com.microsoft", "NoSuchOp", "x") is None

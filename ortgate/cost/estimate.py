@@ -20,9 +20,10 @@ from ortgate.cost.repairs import Repair, find_repairs, partial
 from ortgate.cost.shapes import StepShape
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.common import cached
+from ortgate.knowledge import cuda_providers
 from ortgate.knowledge.devices import Device
 
-GPU_GRAPH_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
+GPU_GRAPH_PROVIDERS = cuda_providers()  # their graph capture is CUDA graph
 
 
 @dataclass(frozen=True)

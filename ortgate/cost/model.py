@@ -32,6 +32,7 @@ from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, decomposed_rotaries
+from ortgate.knowledge import cuda_graph_capture_facts, input_position
 from ortgate.knowledge.devices import op_costs
 
 COMPONENTS = ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other")
@@ -40,7 +41,7 @@ COMPONENTS = ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other
 _WEIGHT_PASS = frozenset({"Cast", "Transpose", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _LINEAR_ATTENTION_EXTRA = ((MS_DOMAIN, "GatedRMSNorm"), (MS_DOMAIN, "GatedAdd"))
 _FUSED_ATTENTION_NATIVE_KV = frozenset({"GroupQueryAttention", "PagedAttention", "SparseAttention"})
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_CONTROL_FLOW = frozenset(cuda_graph_capture_facts().control_flow_ops)
 _SIMPLE_NORMS = frozenset(op for _, op in FUSED_RMSNORM_OPS) | {"LayerNormalization", "SkipLayerNormalization"}
 
 
@@ -800,10 +801,9 @@ def _attention(graph: Graph, model: StepModel) -> None:
         if node.graph is not None:
             continue
         native = node.op_type in _FUSED_ATTENTION_NATIVE_KV or (node.domain == DEFAULT_DOMAIN and node.op_type == "Attention")
-        if node.op_type == "GroupQueryAttention":
-            past = [node.input(3), node.input(4)]
-        elif node.domain == DEFAULT_DOMAIN and node.op_type == "Attention":
-            past = [node.input(4), node.input(5)]
+        if node.op_type == "GroupQueryAttention" or (node.domain == DEFAULT_DOMAIN and node.op_type == "Attention"):
+            positions = (input_position(node.domain, node.op_type, n) for n in ("past_key", "past_value"))
+            past = [node.input(i) for i in positions if i is not None]
         else:
             past = []
         window = node.int_attr("local_window_size", -1) if node.op_type == "GroupQueryAttention" else -1

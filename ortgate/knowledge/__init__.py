@@ -29,7 +29,7 @@ from ortgate.knowledge.kernels import (
     normalize_dtype,
 )
 from ortgate.knowledge.loader import KnowledgeError
-from ortgate.knowledge.moe import MoeInputs, moe_inputs
+from ortgate.knowledge.moe import MoeInputs, input_position, moe_inputs
 from ortgate.knowledge.providers import (
     ProviderCatalog,
     ProviderOption,
@@ -87,6 +87,7 @@ __all__ = [
     "graph_capture_info",
     "graph_capture_option",
     "graph_optimization_levels",
+    "input_position",
     "is_known_session_config_key",
     "kernel_free_op",
     "kernel_table",

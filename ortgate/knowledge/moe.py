@@ -1,15 +1,17 @@
-"""Where com.microsoft MoE and QMoE take each input, read from the kernel table's formal inputs (kernels.json,
-generated from OperatorKernels.md), checked at import.
+"""Where an op takes each input, read from the kernel table's formal inputs (kernels.json, generated from
+OperatorKernels.md): com.microsoft MoE and QMoE as typed positions, checked at import; any op by input name.
 
     from ortgate.knowledge.moe import moe_inputs
     moe_inputs("MoE").fc3_experts_weights    # 6
     moe_inputs("QMoE").fc3_experts_weights   # 8
     moe_inputs("QMoE").fc1_scales            # 3  (None for MoE: not quantized)
+    input_position("com.microsoft", "GroupQueryAttention", "past_key")   # 3
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ortgate.knowledge.kernels import kernel_table
@@ -69,6 +71,23 @@ def formal_inputs(domain: str, op_type: str) -> tuple[str, ...]:
         found = "; ".join(f"{', '.join(p)}: {list(names)}" for names, p in seen.items()) or "no provider lists it"
         raise KnowledgeError(f"kernels.json: {domain}.{op_type} has no single list of formal inputs ({found})")
     return next(iter(seen))
+
+
+@functools.cache
+def input_position(domain: str, op_type: str, name: str) -> int | None:
+    """Where (domain, op_type) takes its formal input `name`, from every signature the kernel table lists for it (an
+    op whose opsets append inputs, like ONNX Attention, keeps the position); None if no signature has the input."""
+    table = kernel_table()
+    positions = set()
+    for provider in table.providers():
+        entry = table.op(provider, domain, op_type)
+        for signature in entry.signatures if entry is not None else ():
+            names = [f.name for f in signature.inputs]
+            if name in names:
+                positions.add(names.index(name))
+    if len(positions) > 1:
+        raise KnowledgeError(f"kernels.json: {domain}.{op_type} takes {name!r} at positions {sorted(positions)}")
+    return positions.pop() if positions else None
 
 
 def _moe_inputs(op_type: str) -> MoeInputs:
