@@ -291,3 +291,72 @@ def test_a_fused_model_has_nothing_to_fix(tmp_path):
     code, report = fix_json(EXPORTED / "genai-qwen3_5_moe-fp32-cpu", "-o", tmp_path / "out", "--select", "OGF001")
     assert code == 0 and not report["rewrites"] and not report["refusals"] and not report["written"]
     assert not (tmp_path / "out").exists()
+
+
+# ---- graphs too large for a whole-model session of the original ---------------------------------------------------
+
+
+def test_large_graphs_are_verified_block_by_block(tmp_path, monkeypatch):
+    """Above WHOLE_MODEL_MAX_NODES each MoE rewrite runs against its own block, and the onnxscript fusions run
+    whole-model against the MoE-only stage (small once the expert loops are gone)."""
+    import ortgate.fix.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 100)
+    code, report = fix_json(DYNAMO_QWEN3_MOE, "-o", tmp_path / "out")
+    assert code == 0, report.get("failure")
+    v = report["verification"]
+    assert v["passed"] and v["mode"] == "per block" and len(v["notes"]) == 2
+    assert all("own block" in r["verification"] for r in report["rewrites"])
+    assert report["measurement"]["original_p50_ms"] is None and report["measurement"]["note"]
+
+
+def test_block_verification_catches_a_wrong_rewrite(tmp_path, make_model, monkeypatch, capsys):
+    import ortgate.fix.moe as moe
+    import ortgate.fix.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 10)
+    original = moe.view_matrix
+
+    def swapped(source, view):
+        matrix = original(source, view)
+        return matrix[::-1].copy() if view.rows is not None and view.rows[0] == 0 else matrix
+
+    monkeypatch.setattr(moe, "view_matrix", swapped)
+    src = make_model(moe="gather_loop")
+    code = main(["fix", str(src), "-o", str(tmp_path / "out"), "--select", "moe-not-fused"])
+    out = capsys.readouterr().out
+    assert code == 1 and "first rewritten node whose output diverges: /model/layers.0/moe/MoE" in out
+    assert not (tmp_path / "out").exists()
+
+
+# ---- real torch.onnx (dynamo) exports of other MoE families -------------------------------------------------------
+
+REAL_EXPORTS = {
+    "dynamo-mixtral": "dense_loop",  # TopK -> Softmax router
+    "dynamo-qwen2_moe": "dense_loop",  # shared expert + sigmoid gate stay outside the node
+    "dynamo-olmoe": "batched_matmul",  # experts gathered from stacks by the top-k indices, batched MatMuls
+}
+
+
+@pytest.mark.parametrize("folder", sorted(REAL_EXPORTS))
+def test_real_exports_are_rewritten_verified_and_lint_clean(tmp_path, folder):
+    model = EXPORTED / folder / "model.onnx"
+    if not model.exists():
+        pytest.skip(f"{folder} fixture not committed")
+    out = tmp_path / "out"
+    code, report = fix_json(model, "-o", out)
+    assert code == 0, report.get("failure")
+    assert report["verification"]["passed"] and report["verification"]["mode"] == "whole model"
+    assert [r["pattern"] for r in report["rewrites"]] == [REAL_EXPORTS[folder]] * len(report["rewrites"])
+    assert report["rewrites"] and not report["refusals"]
+    assert not rule_findings(out / "model.onnx", "moe-not-fused")
+
+
+def test_real_deepseek_v3_export_is_refused_with_its_reasons(tmp_path):
+    model = EXPORTED / "dynamo-deepseek_v3" / "model.onnx"
+    if not model.exists():
+        pytest.skip("dynamo-deepseek_v3 fixture not committed")
+    code, report = fix_json(model, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and not report["rewrites"]
+    reason = report["refusals"][0]["reason"]
+    assert "sigmoid scoring" in reason and "bias-corrected" in reason and "group-limited" in reason

@@ -28,23 +28,30 @@ DECODE = RunnerSettings(batch_size=1, sequence_length=1, past_sequence_length=16
 
 @dataclass
 class Measurement:
-    original: Stats
+    original: Stats | None  # None: not measured (note says why)
     fixed: Stats
     step: str  # what one run is
+    note: str | None = None
 
     @property
-    def speedup(self) -> float:
-        return self.original.p50_ms / self.fixed.p50_ms if self.fixed.p50_ms > 0 else 0.0
+    def speedup(self) -> float | None:
+        if self.original is None or self.fixed.p50_ms <= 0:
+            return None
+        return self.original.p50_ms / self.fixed.p50_ms
 
 
 def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
-                 settings: RunnerSettings = DECODE) -> Measurement:
+                 settings: RunnerSettings = DECODE, *, skip_original: str | None = None) -> Measurement:
+    """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)
     feeds = synthesize(signature, dims, step, token_inputs(graph, None))
-    stats = []
-    for model, folder in ((original.SerializeToString(), original_dir), (str(fixed_path), fixed_path.parent)):
+    stats: list[Stats | None] = [None] if skip_original else []
+    runs = [(str(fixed_path), fixed_path.parent)]
+    if not skip_original:
+        runs.insert(0, (original.SerializeToString(), original_dir))
+    for model, folder in runs:
         session = _session(model, folder)
         bound = BoundSession(session, plan_binding(CPU, {}), feeds)
         bound.discover_outputs()
@@ -54,7 +61,9 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
     past = f" after {step.past_sequence_length} cached" if any(dim_role(d) == "past" for d in dims) else ""
     what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {settings.iterations} "
             "runs, ORT CPU, ORT_ENABLE_ALL")
-    return Measurement(stats[0], stats[1], what)
+    fixed = stats[1]
+    assert fixed is not None
+    return Measurement(stats[0], fixed, what, skip_original)
 
 
 def _session(model, folder: Path):

@@ -26,7 +26,7 @@ from ortgate.fix.moe import (
     weight_names,
     write_planned,
 )
-from ortgate.fix.verify import Probe, VerifyResult, verify
+from ortgate.fix.verify import WHOLE_MODEL_MAX_NODES, BlockCheck, Probe, VerifyResult, verify, verify_blocks
 from ortgate.fix.weights import INLINE_LIMIT, DataFile, WeightSource, external_info, set_external
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
@@ -77,6 +77,7 @@ class FixResult:
     nodes_after: int = 0
     written: bool = False
     dry_run: bool = False
+    original_too_large: bool = False  # more nodes than ORT builds a whole-model session of in reasonable time
 
     @property
     def changed(self) -> bool:
@@ -177,7 +178,8 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if Path(request.model).is_dir():
         inputs.append(Path(request.model))
     out = check_output_folder(request.output, inputs, force=request.force)
-    result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run)
+    result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run,
+                       original_too_large=len(original.graph.node) > WHOLE_MODEL_MAX_NODES)
     _ort_gate(result, request)
 
     fixed = onnx.ModelProto()
@@ -198,6 +200,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         planned = apply_moe(fixed, graph, rewrites)
     source.check_all(dict.fromkeys(weight_names(result.rewrites)))
     fusion_kinds = tuple(k for k in kinds if k != "moe")
+    moe_only = onnx.ModelProto()
+    if fusion_kinds and result.original_too_large:
+        moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
     if fusion_kinds:
         say("running onnxscript's norm, rotary and attention fusions")
         fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
@@ -217,12 +222,54 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         result.files = sorted(p.name for p in folder.iterdir())
         if request.verify:
             say("verifying on ONNX Runtime CPU")
-            result.verification = verify(original, files.model.parent, fixed, folder, graph,
-                                         _probes(graph, fixed, result), _routers(result.rewrites))
+            result.verification = _verify(original, files.model.parent, fixed, folder, graph, result, moe_only,
+                                          source)
     except BaseException:
         staged.discard()
         raise
     return staged
+
+
+def _verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, folder: Path, graph: Graph,
+            result: FixResult, moe_only: onnx.ModelProto, source: WeightSource) -> VerifyResult:
+    """Whole model against whole model when ORT can build a session of the original in reasonable time; else each
+    MoE rewrite on its own block, and the fusions (if any) against the MoE-only model, which is small."""
+    if not result.original_too_large:
+        return verify(original, original_dir, fixed, folder, graph, _probes(graph, fixed, result),
+                      _routers(result.rewrites))
+    blocks = [BlockCheck(r.node_name, r.anatomy.hidden, r.output, r.anatomy.logits, r.anatomy.k or 1,
+                         r.anatomy.hidden_size or 0)
+              for r in result.rewrites]
+    checked = verify_blocks(original, original_dir, fixed, folder, graph, blocks)
+    checked.notes.append(f"the original graph has {len(original.graph.node):,} nodes, more than ORT builds a session "
+                         f"of in reasonable time (over {WHOLE_MODEL_MAX_NODES:,}): each MoE rewrite was run against "
+                         "its own block")
+    if checked.passed and moe_only.graph.node and result.fusions and any(x.applied for x in result.fusions.layers):
+        _point_at_output(moe_only, fixed, source)
+        inner_graph = build_graph(moe_only, str(folder / "moe-only.onnx"))
+        whole = verify(moe_only, folder, fixed, folder, inner_graph, _probes(inner_graph, fixed, result), [])
+        checked.outputs.extend(whole.outputs)
+        checked.max_rel_diff.update(whole.max_rel_diff)
+        checked.probes.extend(whole.probes)
+        checked.passed = whole.passed
+        checked.first_divergent = checked.first_divergent or whole.first_divergent
+        checked.notes.append("the norm, rotary and attention fusions were run whole-model against the model with "
+                             "only the MoE rewrites")
+    return checked
+
+
+def _point_at_output(model: onnx.ModelProto, written: onnx.ModelProto, source: WeightSource) -> None:
+    """Make `model` (the MoE-only stage) load its tensors from the written output: same names, same bytes."""
+    final = {t.name: t for t in written.graph.initializer}
+    for tensor in model.graph.initializer:
+        twin = final.get(tensor.name)
+        if twin is not None and _same_tensor(tensor, twin):
+            tensor.CopyFrom(twin)
+        elif external_info(tensor) is not None and tensor.name in source.tensors:
+            data = source.read(tensor.name)  # a tensor the fusions replaced: inlined for this check
+            tensor.ClearField("external_data")
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = data.tobytes()
 
 
 def _write(fixed: onnx.ModelProto, planned: list[PlannedTensor], source: WeightSource, staged: StagedFix) -> None:

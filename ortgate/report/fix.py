@@ -21,7 +21,7 @@ def _probe_results(outcome) -> dict[str, dict]:
     for p in v.probes:
         c = p.comparison
         out[p.value] = {"node": p.node, "max_abs_diff": c.max_abs_diff if c else None,
-                        "ok": bool(c and c.ok and c.compared)}
+                        "ok": bool(c and c.ok and c.compared), "note": p.note or (c.note if c else None)}
     return out
 
 
@@ -34,8 +34,14 @@ def rewrite_verdict(outcome, rewrite) -> str:
     probe = _probe_results(outcome).get(rewrite.output)
     if probe is None:
         return "covered by the model outputs"
+    if probe["note"]:
+        return f"not run: {probe['note']}"
+    if probe["ok"] and v.mode == "per block":
+        return f"equal, run on its own block (max diff {probe['max_abs_diff']:.2g} of the block output's scale)"
     if probe["ok"]:
         return f"equal (max abs diff {probe['max_abs_diff']:.2g})"
+    if probe["max_abs_diff"] is None:
+        return f"DIVERGES ({probe['note'] or 'its output shape differs'})"
     return f"DIVERGES (max abs diff {probe['max_abs_diff']:.3g})"
 
 
@@ -78,8 +84,10 @@ def render_fix_text(outcome) -> str:
         lines.append("verification: not run" + (" (--dry-run)" if r.dry_run else " (--no-verify)"))
     else:
         margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
-        lines.append(f"verification on ORT CPU (inputs seed {v.seed}{margin}): {'PASSED' if v.passed else 'FAILED'}; "
-                     f"max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
+                     f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        for note in v.notes:
+            lines.append(f"  note: {note}")
         for c in v.outputs:
             shown = f"{c.max_abs_diff:.3g}" if c.max_abs_diff is not None else "n/a"
             lines.append(f"  {c.output} [{c.dtype}]: max abs {shown}"
@@ -94,8 +102,11 @@ def render_fix_text(outcome) -> str:
     if m is not None:
         predicted = (f"; predicted by the cost model {outcome.predicted_speedup:.2f}x" if outcome.predicted_speedup
                      else "")
-        lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                     f"speedup {m.speedup:.2f}x{predicted}")
+        if m.original is None:
+            lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
+        else:
+            lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
+                         f"speedup {m.speedup:.2f}x{predicted}")
     lines.append("")
     if outcome.failure:
         lines.append(f"FAILED: {outcome.failure}")
@@ -148,6 +159,8 @@ def fix_json(outcome) -> dict:
         },
         "verification": None if v is None else {
             "passed": v.passed,
+            "mode": v.mode,
+            "notes": v.notes,
             "seed": v.seed,
             "routing_margin": v.routing_margin,
             "inputs": v.feeds,
@@ -160,8 +173,9 @@ def fix_json(outcome) -> dict:
         },
         "lint": {"before": [f.code for f in outcome.findings_before], "after": [f.code for f in outcome.findings_after]},
         "measurement": None if m is None else {
-            "step": m.step, "original_p50_ms": m.original.p50_ms, "fixed_p50_ms": m.fixed.p50_ms,
-            "speedup": m.speedup, "predicted_speedup": outcome.predicted_speedup,
+            "step": m.step, "original_p50_ms": m.original.p50_ms if m.original else None,
+            "fixed_p50_ms": m.fixed.p50_ms, "speedup": m.speedup, "predicted_speedup": outcome.predicted_speedup,
+            "note": m.note,
         },
         "failure": outcome.failure,
         "files": r.files,

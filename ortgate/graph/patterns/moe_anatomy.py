@@ -160,9 +160,8 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     topk = block.topk
     assert topk is not None and block.router is not None
     routing_ops = {n.op_type for n in block.routing_nodes}
-    if sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1:
-        raise _Refuse("group-limited top-k (more than one TopK in the router: DeepSeek-V3 style expert groups); "
-                      "com.microsoft.MoE ranks all experts at once")
+    _refuse_unexpressible_scores(graph, block, topk.input(0),
+                                 several_topk=sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1)
     if "CumSum" in routing_ops:
         raise _Refuse("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
                       "expert capacity")
@@ -207,6 +206,47 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     a.__dict__["_weights"] = weights
     a.__dict__["_indices"] = topk.outputs[1] if len(topk.outputs) > 1 else ""
     _check_scaling(graph, weights)
+
+
+def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, several_topk: bool = False) -> None:
+    """Name every feature of the scores TopK ranks that com.microsoft.MoE cannot express (DeepSeek-V3 routers have
+    all three): sigmoid scoring, a correction bias added before ranking, scores reshaped into expert groups."""
+    found: list[str] = []
+    value = ranked
+    for _ in range(10):
+        node = graph.producer(value)
+        if node is None or node is block.router:
+            break
+        if node.op_type == "Sigmoid":
+            found.append("sigmoid scoring (com.microsoft.MoE scores experts with softmax)")
+        elif node.op_type == "Add" and any(graph.is_constant(i) for i in node.inputs):
+            if graph.producer(_through_views(graph, next(i for i in node.inputs if not graph.is_constant(i)))) \
+                    is block.router:
+                pass  # a router bias (GPT-OSS): part of the logits
+            else:
+                found.append("bias-corrected top-k (a bias is added to the expert scores before TopK)")
+        elif node.op_type == "Reshape":
+            before, after = graph.shape(node.inputs[0]), graph.shape(node.outputs[0])
+            if before and after and before[-1] != after[-1]:
+                found.append("group-limited top-k (the scores are reshaped into expert groups before TopK)")
+        elif node.op_type == "Where":
+            found.append("group-limited top-k (scores outside the chosen expert groups are masked before TopK)")
+            value = next((i for i in (node.input(2), node.input(1)) if i and not graph.is_constant(i)), "")
+            if not value:
+                break
+            continue
+        elif node.op_type not in ("Cast", "Identity", "Softmax"):
+            break
+        inputs = [i for i in node.inputs if i and not graph.is_constant(i)]
+        if not inputs:
+            break
+        value = inputs[0]
+    if several_topk and not any(f.startswith("group-limited") for f in found):
+        found.append("group-limited top-k (more than one TopK ranks the experts: expert groups)")
+    if len(found) > 1 or (found and "sigmoid" not in found[0]):
+        raise _Refuse("; ".join(found) + ": DeepSeek-V3-style routing, which com.microsoft.MoE cannot express")
+    if found:
+        raise _Refuse(found[0])
 
 
 def _is_router_output(graph: Graph, value: str, block: MoeBlock) -> bool:
@@ -269,6 +309,9 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     expert_inputs: set[str] = set()
     activations: set[str] = set()
     combine_nodes: set[int] = set()
+    if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
+        _read_batched(graph, a, *contributions[0])
+        return
     for mul, expert_out, weight in contributions:
         index = _expert_index(graph, weight, routing_values)
         if index is None:
@@ -302,6 +345,62 @@ _ROUTE_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "
                         "Split", "OneHot", "Not", "Greater", "Less"})
 
 
+def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weight: str) -> None:
+    """The batched form torch exports (transformers' batched_mm experts): every token's k rows go through MatMuls
+    whose weights are gathered from [E, ., .] stacks by the top-k indices, are scaled by their routing weights,
+    reshaped to [tokens, k, H] and summed over k."""
+    count = a.num_experts or 0
+    experts, inputs, activations = [], set(), set()
+    for e in range(count):
+        expert, x, activation = _expert_mlp(graph, e, expert_out, pick=e)
+        experts.append(expert)
+        inputs.add(x)
+        activations.add(activation)
+    stacks = {v.initializer for ex in experts for v in (ex.gate, ex.up, ex.down) if v is not None}
+    for name in stacks:
+        if graph.initializers[name].dims[0] != count:
+            raise _Refuse(f"stacked expert weight {name} holds {graph.initializers[name].dims[0]} experts for a router "
+                          f"of width {count} (expert count differs from the router's width)")
+    if len(inputs) != 1 or len(activations) != 1:
+        raise _Refuse("the batched experts read different tensors or use different activations")
+    a.experts, a.activation, a.pattern = experts, activations.pop(), "batched_matmul"
+    a.hidden = _unrepeat(graph, inputs.pop())
+    a.output, a.combine = _sum_over_k(graph, mul, a.k or 0)
+    _check_shapes(graph, a)
+
+
+def _unrepeat(graph: Graph, value: str) -> str:
+    """The [tokens, H] hidden state behind its k-fold repetition: [Unsqueeze(-1) of] Reshape(Expand|Tile(
+    Unsqueeze(x, 1)), [-1, H]) is x repeated k times row by row (torch's repeat_interleave)."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "Unsqueeze":
+        value, node = node.inputs[0], graph.producer(node.inputs[0])
+    if node is None or node.op_type != "Reshape":
+        raise _Refuse("the batched experts do not read the hidden state repeated k times")
+    repeat = graph.producer(node.inputs[0])
+    if repeat is None or repeat.op_type not in ("Expand", "Tile"):
+        raise _Refuse("the batched experts do not read the hidden state repeated k times")
+    inner = graph.producer(repeat.inputs[0])
+    if inner is not None and inner.op_type == "Unsqueeze":
+        return inner.inputs[0]
+    return repeat.inputs[0]
+
+
+def _sum_over_k(graph: Graph, mul: Node, k: int) -> tuple[str, Node]:
+    consumers, value = _single_consumer_through_views(graph, mul.outputs[0])
+    if len(consumers) != 1 or consumers[0].op_type != "ReduceSum":
+        raise _Refuse("the batched experts' weighted rows are not summed over the k choices")
+    total = consumers[0]
+    axes = const_ints(graph, total.input(1)) if total.input(1) else None
+    shape = graph.shape(value)
+    if axes is None or len(axes) != 1 or (shape is not None and len(shape) == 3 and shape[axes[0]] not in (k, None)
+                                          and not isinstance(shape[axes[0]], str)):
+        raise _Refuse("the batched experts' weighted rows are not summed over the k choices")
+    if total.attr("keepdims", 1):
+        raise _Refuse("the sum over the k choices keeps its axis")
+    return total.outputs[0], total
+
+
 def _descendants(graph: Graph, start: set[str], limit: int) -> set[str]:
     """Values derived from the routing weights and indices by selection ops only."""
     seen = set(start)
@@ -333,6 +432,10 @@ def _contributions(graph: Graph, a: MoeAnatomy, routing_values: set[str]) -> lis
             continue
         weight, expert_out = (left, right) if left_routed else (right, left)
         if _down_projection(graph, expert_out) is None:
+            biased = graph.producer(_through_views(graph, expert_out))
+            if biased is not None and biased.op_type == "Add" and any(graph.is_constant(i) for i in biased.inputs) \
+                    and any(_down_projection(graph, i) is not None for i in biased.inputs):
+                raise _Refuse("expert projections with a bias (GPT-OSS style) are not rewritten")
             continue
         out.append((node, expert_out, weight))
     out.sort(key=lambda t: t[0].index)
@@ -384,24 +487,25 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
     return None
 
 
-def _expert_mlp(graph: Graph, index: int, expert_out: str) -> tuple[ExpertAnatomy, str, str]:
-    """The expert's weights, the value it reads, and its activation, from its down projection back."""
+def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = None) -> tuple[ExpertAnatomy, str, str]:
+    """The expert's weights, the value it reads, and its activation, from its down projection back. `pick`: the
+    expert to take from weights gathered out of a stack by the routing indices (the batched form)."""
     down = _down_projection(graph, expert_out)
     assert down is not None
-    down_view, h = _linear_view(graph, down)
-    h_node = graph.producer(_through_views(graph, h, {"Cast", "Identity"}))
+    down_view, h = _linear_view(graph, down, pick)
+    h_node = graph.producer(_through_views(graph, h, {"Cast", "Identity", "Unsqueeze", "Squeeze"}))
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
     gated = _gated(graph, h_node)
     if gated is not None:
         gate_value, up_value, activation = gated
-        gate_view, x_gate = _projection_part(graph, gate_value)
-        up_view, x_up = _projection_part(graph, up_value)
+        gate_view, x_gate = _projection_part(graph, gate_value, pick)
+        up_view, x_up = _projection_part(graph, up_value, pick)
         if x_gate != x_up:
             raise _Refuse(f"expert {index}: gate and up projections read different tensors")
         return ExpertAnatomy(index, up_view, down_view, gate_view), x_gate, activation
     activation, pre = _plain_activation(graph, h)
-    fc1_view, x = _projection_part(graph, pre)
+    fc1_view, x = _projection_part(graph, pre, pick)
     return ExpertAnatomy(index, fc1_view, down_view), x, activation
 
 
@@ -444,7 +548,7 @@ def _gelu_input(graph: Graph, value: str) -> str | None:
 
 def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
     """(activation, its input) of a non-gated expert: down(act(fc1 x))."""
-    node = graph.producer(_through_views(graph, value, {"Cast", "Identity"}))
+    node = graph.producer(_through_views(graph, value, {"Cast", "Identity", "Unsqueeze", "Squeeze"}))
     if node is None:
         raise _Refuse("the expert's activation reads a graph input")
     silu = _silu_input(graph, node.outputs[0])
@@ -459,22 +563,22 @@ def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
     raise _Refuse(f"expert activation {node.op_type} has no com.microsoft.MoE activation_type")
 
 
-def _projection_part(graph: Graph, value: str) -> tuple[WeightView, str]:
+def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple[WeightView, str]:
     """The weight view behind `value` (a linear's output, or one part of a merged linear's Split/Slice) and the
     value that linear reads."""
-    value = _through_views(graph, value, {"Cast", "Identity"})
+    value = _through_views(graph, value, {"Cast", "Identity", "Squeeze"})
     node = graph.producer(value)
     if node is None:
         raise _Refuse("an expert projection reads a graph input")
     if node.op_type in ("MatMul", "Gemm"):
-        return _linear_view(graph, node)
+        return _linear_view(graph, node, pick)
     if node.op_type == "Split" and node.domain == DEFAULT_DOMAIN:
-        linear = graph.producer(node.input(0))
+        linear = graph.producer(_through_views(graph, node.input(0), {"Squeeze", "Identity"}))
         if linear is None or linear.op_type not in ("MatMul", "Gemm"):
             raise _Refuse("a split expert projection is not a MatMul/Gemm")
         if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
             raise _Refuse("a merged gate_up projection is split on another axis than its features")
-        view, x = _linear_view(graph, linear)
+        view, x = _linear_view(graph, linear, pick)
         total = _out_features(graph, view)
         sizes = const_ints(graph, node.input(1)) if node.input(1) else None
         if sizes is None:
@@ -486,22 +590,30 @@ def _projection_part(graph: Graph, value: str) -> tuple[WeightView, str]:
         start = sum(sizes[:position])
         return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1)), x
     if node.op_type == "Slice" and node.domain == DEFAULT_DOMAIN:
-        linear = graph.producer(node.input(0))
+        linear = graph.producer(_through_views(graph, node.input(0), {"Squeeze", "Identity"}))
         starts, ends = const_ints(graph, node.input(1)), const_ints(graph, node.input(2))
         axes = const_ints(graph, node.input(3)) if node.input(3) else (-1,)
         steps = const_ints(graph, node.input(4)) if node.input(4) else (1,)
         if linear is None or linear.op_type not in ("MatMul", "Gemm") or not (starts and ends and axes and steps) \
                 or len(starts) != 1 or not _last_axis(graph, node.input(0), axes[0]) or steps[0] <= 0:
             raise _Refuse("an expert projection is sliced in a way the rewrite does not read")
-        view, x = _linear_view(graph, linear)
+        view, x = _linear_view(graph, linear, pick)
         total = _out_features(graph, view) or 0
         stop = min(ends[0], total)
         return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0])), x
     raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
 
 
-def _linear_view(graph: Graph, node: Node) -> tuple[WeightView, str]:
-    """The [out, in] weight view of a MatMul(x, W) / Gemm(x, W, transB) and its input x."""
+def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[WeightView, str]:
+    """The [out, in] weight view of a MatMul(x, W) / Gemm(x, W, transB) and its input x; with `pick`, also of a
+    batched MatMul whose weight (either side) is gathered from an [E, ., .] stack by the routing indices."""
+    if pick is not None and node.op_type == "MatMul":
+        for side in (0, 1):
+            stack = _gathered_stack(graph, node.input(side))
+            if stack is not None:
+                _no_bias_after(graph, node)
+                # W[e] @ x: W[e] is [out, in]; x @ W[e]: W[e] is [in, out]
+                return WeightView(stack, pick, transposed=side == 1), node.input(1 - side)
     if node.op_type == "Gemm":
         if node.attr("transA", 0) or abs(float(node.attr("alpha", 1.0)) - 1.0) > 1e-6 or node.input(2):
             raise _Refuse("an expert Gemm has transA, alpha or a bias (expert biases are not rewritten)")
@@ -538,6 +650,19 @@ def _linear_view(graph: Graph, node: Node) -> tuple[WeightView, str]:
                           "rewritten)")
         value = producer.input(0)
     raise _Refuse("an expert weight is not an initializer")
+
+
+def _gathered_stack(graph: Graph, value: str) -> str | None:
+    """The [E, ., .] initializer `value` gathers rows of (GatherND / Gather on axis 0 by non-constant indices)."""
+    node = graph.producer(value)
+    if node is None or node.domain != DEFAULT_DOMAIN:
+        return None
+    if (node.op_type == "GatherND" and not node.attr("batch_dims", 0)) or (
+            node.op_type == "Gather" and node.attr("axis", 0) == 0 and const_ints(graph, node.input(1)) is None):
+        init = graph.initializers.get(node.input(0))
+        if init is not None and len(init.dims) == 3:
+            return init.name
+    return None
 
 
 def _no_bias_after(graph: Graph, node: Node) -> None:
