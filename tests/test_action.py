@@ -98,7 +98,14 @@ def run_action(inputs: dict[str, str], workspace: Path, tmp: Path) -> ActionRun:
                     ORTGATE_STRICT=os.environ.get("ORTGATE_STRICT", "1"))
     result = ActionRun()
     for i, step in enumerate(action["runs"]["steps"]):
-        assert "if" not in step and "uses" not in step, "this simulation runs plain `run:` steps only"
+        if "uses" in step:  # another action (the pip cache): not run here, but its inputs must resolve
+            action_ref = step["uses"].split("@")
+            assert len(action_ref) == 2 and re.fullmatch(r"v\d+(\.\d+)*|[0-9a-f]{40}", action_ref[1]), step["uses"]
+            with_values = {k: substitute(str(v)) for k, v in (step.get("with") or {}).items()}
+            result.steps.append({"id": step.get("id", f"step{i}"), "returncode": 0, "stdout": "", "stderr": "",
+                                 "uses": step["uses"], "if": step.get("if"), "with": with_values})
+            continue
+        assert "if" not in step, "this simulation runs every `run:` step"
         assert step.get("shell") == "bash"
         output_file = tmp / f"github-output-{i}"
         output_file.touch()
@@ -141,8 +148,8 @@ def test_a_failing_gate_writes_summary_and_outputs_then_fails_the_step(workspace
         "name: strict\nextends: tiny-moe-cpu.yaml\nmodel:\n  required_ops: {com.microsoft.MoE: 2}\n")
     run = run_action({"model": "models/qwen3-moe-tiny-unfused", "policy": "deploy/strict.yaml",
                       "python": sys.executable}, workspace, tmp_path)
-    assert [s["id"] for s in run.steps] == ["install", "lint"]
-    assert run.steps[0]["returncode"] == 0, run.steps[0]["stderr"]
+    assert [s["id"] for s in run.steps] == ["prepare", "cache", "install", "lint"]
+    assert all(s["returncode"] == 0 for s in run.steps[:3]), [s["stderr"] for s in run.steps]
     assert "already importable" in run.log("install")
     assert run.exit_code == 1, run.steps[-1]["stderr"]
 
@@ -172,7 +179,8 @@ def test_a_passing_gate_passes_the_step(workspace, tmp_path):
                       "python": sys.executable, "sarif": "reports/ortgate.sarif",
                       "args": "--select 'moe-not-fused,gqa-not-fused'"}, workspace, tmp_path)
     assert run.exit_code == 0, run.steps[-1]["stderr"]
-    assert run.outputs == {"exit-code": "0", "errors": "0", "warnings": "0", "sarif-file": "reports/ortgate.sarif"}
+    assert run.outputs == {"exit-code": "0", "passed": "true", "errors": "0", "warnings": "0", "infos": "0",
+                           "suppressed": "0", "sarif-file": "reports/ortgate.sarif"}
     sarif = json.loads((workspace / "reports" / "ortgate.sarif").read_text())
     # The two rules and the codes split off them (a reference written before a split keeps covering them).
     assert [r["id"] for r in sarif["runs"][0]["tool"]["driver"]["rules"]] == [
@@ -196,3 +204,34 @@ def test_exit_zero_in_args_keeps_the_step_green_but_reports_the_failure(workspac
                       "python": sys.executable, "args": "--exit-zero", "fail-on": "error"}, workspace, tmp_path)
     assert run.exit_code == 0 and run.outputs["exit-code"] == "0"
     assert int(run.outputs["errors"]) >= 4 and run.summary.startswith("## ❌ ortgate: FAIL")
+
+
+def test_every_output_the_lint_step_writes_is_declared_and_every_declared_one_is_written(workspace, tmp_path):
+    from ortgate.cli.github_action import _outputs
+
+    written = set(_outputs(0, tmp_path / "no-report.json", ""))
+    declared = yaml.safe_load(ACTION.read_text())["outputs"]
+    assert written == set(declared)
+    assert all(spec["value"] == f"${{{{ steps.lint.outputs.{name} }}}}" for name, spec in declared.items())
+
+
+def test_several_models_and_globs_in_one_step_give_one_verdict(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-fused\nmodels/qwen3-moe-tiny-unf*",
+                      "policy": "deploy/tiny-moe-cpu.yaml", "python": sys.executable,
+                      "args": "--select 'moe-not-fused,gqa-not-fused'"}, workspace, tmp_path)
+    assert run.exit_code == 1 and run.outputs["exit-code"] == "1" and run.outputs["passed"] == "false"
+    sarif = json.loads((workspace / "ortgate.sarif").read_text())
+    assert sarif["runs"][0]["properties"]["models"] == ["models/qwen3-moe-tiny-fused/model.onnx",
+                                                        "models/qwen3-moe-tiny-unfused/model.onnx"]
+    assert "| `models/qwen3-moe-tiny-fused/model.onnx` |" in run.summary
+    assert "| `models/qwen3-moe-tiny-unfused/model.onnx` |" in run.summary
+
+
+def test_the_pip_cache_is_keyed_on_the_runner_python_and_pinned_dependencies(workspace, tmp_path):
+    run = run_action({"model": "models/qwen3-moe-tiny-fused", "python": sys.executable}, workspace, tmp_path)
+    prepare = next(s for s in run.steps if s["id"] == "prepare")
+    cache = next(s for s in run.steps if s["id"] == "cache")
+    assert cache["uses"] == "actions/cache@v4" and cache["if"] == "inputs.cache == 'true'"
+    key = cache["with"]["key"]
+    assert re.fullmatch(rf"ortgate-pip-\w+-\w+-py{sys.version_info[0]}\.{sys.version_info[1]}-[0-9a-f]{{16}}", key), key
+    assert cache["with"]["path"] and prepare["returncode"] == 0

@@ -25,7 +25,9 @@ from ortgate.report.github import escape_data
 
 
 def lint_argv(env: Mapping[str, str], markdown: Path, report: Path) -> list[str]:
-    argv = ["lint", env.get("ORTGATE_MODEL", "").strip(), "--format", "github",
+    """`ortgate lint` for the action's inputs. `model` holds one path or several, separated by spaces or new
+    lines (quote a path with spaces), and globs (`models/*/model.onnx`), expanded by ortgate itself."""
+    argv = ["lint", *shlex.split(env.get("ORTGATE_MODEL", "")), "--format", "github",
             "--markdown", str(markdown), "--json", str(report)]
     for option, name in (("--policy", "ORTGATE_POLICY"), ("--optimized", "ORTGATE_OPTIMIZED"),
                          ("--config", "ORTGATE_CONFIG"), ("--fail-on", "ORTGATE_FAIL_ON"),
@@ -58,8 +60,8 @@ def _main(env: Mapping[str, str], work: Path) -> int:
     else:
         try:
             argv = lint_argv(env, markdown, report)
-        except ValueError as exc:  # unbalanced quotes in `args`
-            code, errors = EXIT_INPUT, f"ortgate: error: the action's `args` input: {exc}"
+        except ValueError as exc:  # unbalanced quotes in `model` or `args`
+            code, errors = EXIT_INPUT, f"ortgate: error: the action's `model` or `args` input: {exc}"
         else:
             captured = io.StringIO()
             with contextlib.redirect_stderr(captured):

@@ -17,22 +17,33 @@ from ortgate.cli.output import (
 )
 from ortgate.errors import InputError
 
-LINT_FORMATS = ("text", "json", "sarif", "github", "markdown")
+LINT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
+# --FLAG FILE: a report beside the main one (its format, the argparse dest, what an error calls it).
+SIDE_REPORTS = (("sarif", "sarif", "SARIF report"), ("markdown", "markdown", "markdown report"),
+                ("json", "json_output", "JSON report"), ("junit", "junit", "JUnit XML report"),
+                ("codequality", "codequality", "Code Quality report"))
+_GLOB_CHARS = frozenset("*?[")
 
 
 def add_parser(sub) -> None:
-    lint = sub.add_parser("lint", help="lint a model (and its deployment policy) and apply the gate")
-    lint.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
+    lint = sub.add_parser("lint", help="lint models (and their deployment policy) and apply the gate")
+    lint.add_argument("model", nargs="+",
+                      help="an .onnx file, or a folder holding model.onnx (and genai_config.json); several, or a "
+                           "quoted glob (models/*/model.onnx, models/**/*.onnx), give one report and one exit code")
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     lint.add_argument("--format", choices=LINT_FORMATS, default="text",
                       help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                           "annotations), markdown (job summary)")
+                           "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
+                           "Quality)")
     lint.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
     lint.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
     lint.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
     lint.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
+    lint.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE (one test per rule)")
+    lint.add_argument("--codequality", metavar="FILE",
+                      help="also write a GitLab Code Quality report to FILE (artifacts:reports:codequality)")
     lint.add_argument("--baseline", metavar="FILE",
                       help="an ortgate baseline: findings listed in it are reported as suppressed")
     add_baseline_arguments(lint)
@@ -53,20 +64,29 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
-    reports = [(args.format, args.output)] + [(fmt, path) for fmt, path in (
-        ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
-    outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
+    models = expand_models(args.model)
+    if len(models) > 1 and (args.optimized or args.config):
+        flag = "--optimized" if args.optimized else "--config"
+        raise InputError(f"{flag} belongs to one model; lint the {len(models)} models one at a time to use it")
+    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                              if getattr(args, dest)]
+    names = {fmt: what for fmt, _, what in SIDE_REPORTS}
+    outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
     outputs += baseline_outputs(args)
-    given = [args.model, args.policy, args.optimized, args.config, args.baseline]
+    given = [*models, args.policy, args.optimized, args.config, args.baseline]
     check_outputs(outputs, given)  # before loading: a mistyped command fails at once
     baseline = load_baseline(args.baseline) if args.baseline else None
-    request = LintRequest(args.model, args.policy, args.optimized, args.config)
     # One short-lived pass that allocates a large, acyclic index: the cyclic collector would only rescan it.
     with gc_paused(), progress(progress_wanted()) as note:
-        inputs = load_inputs(request, note)
-        check_outputs(outputs, [*inputs.files_read, args.baseline])  # every file read, now that all are known
-        config = gate_config_from(inputs.policy, cli_select=split_list(args.select),
+        inputs = []
+        for model in models:
+            one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config), note)
+            if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):
+                inputs.append(one)  # a model named twice (its folder and its file, two globs) is linted once
+        # every file read, now that all are known
+        check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline])
+        config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
                                   baseline_path=args.baseline)
         result = lint(inputs, config, note)
@@ -132,4 +152,25 @@ def _check_baseline_target(path: str, baseline_in: str | None) -> None:
         raise InputError("refusing to overwrite: the file exists and is not an ortgate baseline", path)
 
 
-_REPORT_NAMES = {"sarif": "SARIF report", "markdown": "markdown report", "json": "JSON report"}
+def expand_models(given: list[str]) -> list[str]:
+    """The models named: paths as given, globs expanded (sorted; `**` crosses folders) where the shell did not,
+    each model once. A glob that matches nothing is an error, so a typo never passes the gate on nothing."""
+    models: list[str] = []
+    for arg in given:
+        if Path(arg).exists() or not _GLOB_CHARS.intersection(arg):
+            models.append(arg)
+            continue
+        import glob
+
+        matches = sorted(glob.glob(arg, recursive=True))
+        if not matches:
+            raise InputError("no file or folder matches this pattern", arg)
+        models += matches
+    seen: set[Path] = set()
+    unique = []
+    for model in models:
+        key = Path(model).resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(model)
+    return unique

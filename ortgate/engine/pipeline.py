@@ -112,34 +112,65 @@ class LintResult:
     raw: list[Finding] = field(default_factory=list)  # the rules' findings before the gate
 
 
-def lint(inputs: LintInputs, config: GateConfig, progress: Callable[[str], None] | None = None) -> LintResult:
-    """Run the rules `config` selects over `inputs`, then gate and decide."""
+def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
+         progress: Callable[[str], None] | None = None) -> LintResult:
+    """Run the rules `config` selects over `inputs` (one model, or several under one policy), then gate and
+    decide once: one report, one verdict."""
     rules = selected_rules(config)
-    raw = run_rules(inputs, rules, progress)
-    if inputs.estimate is not None and progress is not None:
-        progress("pricing the findings")
-    return judge(price_findings(raw, inputs), inputs, config, rules)
+    many = inputs if isinstance(inputs, list) else [inputs]
+    raw: list[Finding] = []
+    seen: set[str] = set()
+    for one in many:
+        found = run_rules(one, rules, progress)
+        if one.estimate is not None and progress is not None:
+            progress("pricing the findings")
+        for f in price_findings(found, one):
+            # The same fact about a shared file (the policy, a base it extends) is reported once, not per model.
+            key = repr(f)
+            if key not in seen:
+                seen.add(key)
+                raw.append(f)
+    return judge(raw, inputs, config, rules)
 
 
-def judge(raw: list[Finding], inputs: LintInputs, config: GateConfig, rules: list[Rule]) -> LintResult:
-    """Gate the rules' findings (waivers, severities, baseline) and decide the verdict."""
+def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: GateConfig,
+          rules: list[Rule]) -> LintResult:
+    """Gate the rules' findings (waivers, severities, baseline) and decide the verdict. With several models a
+    waiver is unused only when it matched nothing in any of them."""
     findings = apply_gate(raw, config)
     findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
     summary = summarize(inputs)
-    estimate = estimate_summary(inputs, [f for f in findings if f.suppressed is None])
-    if estimate is not None:
-        summary["estimate"] = estimate
+    active = [f for f in findings if f.suppressed is None]
+    many = inputs if isinstance(inputs, list) else [inputs]
+    for one, one_summary in zip(many, summary.get("models") or [summary]):
+        # each model's estimate is for its own graph; config findings (no node) count for every model
+        mine = [f for f in active if f.node is None or f.location.file in linted_files(one)]
+        estimate = estimate_summary(one, mine)
+        if estimate is not None:
+            one_summary["estimate"] = estimate
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 
 
-def linted_files(inputs: LintInputs) -> list[str]:
-    """The files findings can be about: the model, the optimized dump, genai_config.json, the policy chain."""
+def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:
+    """The files findings can be about: the model, the optimized dump, genai_config.json, the policy chain (of
+    every model linted)."""
+    if isinstance(inputs, list):
+        return list(dict.fromkeys(p for one in inputs for p in linted_files(one)))
     return [p for p in (inputs.model.path, inputs.optimized.path if inputs.optimized else None,
                         str(inputs.genai.path) if inputs.genai else None,
                         *(str(p) for p in (inputs.policy.chain if inputs.policy else ()))) if p]
 
 
-def summarize(inputs: LintInputs) -> dict:
+def summarize(inputs: LintInputs | list[LintInputs]) -> dict:
+    """What was linted. Several models: `models` lists each one's summary; the shared policy and provider and
+    the total node count stay at the top, `model` is None."""
+    if isinstance(inputs, list):
+        if len(inputs) == 1:
+            return summarize(inputs[0])
+        each = [summarize(one) for one in inputs]
+        return {"models": each, "model": None, "optimized": None, "genai_config": None, "layers": None,
+                "layer_attribution": None, "policy": each[0]["policy"], "policy_file": each[0]["policy_file"],
+                "provider": each[0]["provider"], "nodes": sum(s["nodes"] for s in each)}
     model = inputs.model
     return {
         "model": model.path,

@@ -13,10 +13,10 @@ Reporter = Callable[[LintResult], str]
 
 
 def reporters() -> dict[str, Reporter]:
-    from ortgate.report import github, json_report, markdown, sarif, text
+    from ortgate.report import codequality, github, json_report, junit, markdown, sarif, text
 
     return {"text": text.render, "json": json_report.render, "sarif": sarif.render, "github": github.render,
-            "markdown": markdown.render}
+            "markdown": markdown.render, "junit": junit.render, "codequality": codequality.render}
 
 
 def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | None = None,

@@ -43,6 +43,27 @@ def render(result: LintResult, *, expand: bool = False) -> str:
 
 
 def _inputs_table(summary: dict) -> list[str]:
+    """One row per model linted (a multi-model report lists each under the shared policy)."""
+    models = summary.get("models") or [summary]
+    rows = [_inputs_row(s) for s in models]
+    width = max(len(header) for header, _ in rows)
+    header = next(h for h, _ in rows if len(h) == width)
+    lines = [_row(header), _row(["---"] * (len(header) - 2) + ["---:", "---:"])]
+    for h, row in rows:
+        if len(h) < width:  # a model without an optimized dump beside one with
+            row.insert(1, "—")
+        lines.append(_row(row))
+    lines.append("")
+    from ortgate.engine.pricing import headline
+
+    for s in models:
+        if s.get("estimate"):
+            which = f"{_code(display_path(s['model']))} on " if len(models) > 1 else ""
+            lines += [f"Estimate for {which}{_cell(headline(s['estimate']))}.", ""]
+    return lines
+
+
+def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
     header = ["Model"]
     row = [_code(display_path(summary["model"]))]
     if summary.get("optimized"):
@@ -53,12 +74,7 @@ def _inputs_table(summary: dict) -> list[str]:
     header += ["Provider", "Nodes", "Layers"]
     row += [summary.get("provider") or "—", str(summary.get("nodes", "—")),
             str(summary["layers"]) if summary.get("layers") is not None else "—"]
-    out = [_row(header), _row(["---"] * (len(header) - 2) + ["---:", "---:"]), _row(row), ""]
-    if summary.get("estimate"):
-        from ortgate.engine.pricing import headline
-
-        out += [f"Estimate for {_cell(headline(summary['estimate']))}.", ""]
-    return out
+    return header, row
 
 
 def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]:

@@ -52,6 +52,8 @@ def sarif_log(result: LintResult) -> dict:
             "verdict": {"passed": v.passed, "failOn": v.fail_on.label, "counts": v.counts,
                         "suppressed": v.suppressed},
             "model": display_path(result.summary["model"]) if result.summary.get("model") else None,
+            **({"models": [display_path(m["model"]) for m in result.summary["models"]]}
+               if result.summary.get("models") else {}),
             "policy": result.summary.get("policy"),
             "provider": result.summary.get("provider"),
         },

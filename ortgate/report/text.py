@@ -164,7 +164,8 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
         by = suppressed_breakdown(v.suppressed_by)
         suppressed = f", {v.suppressed} suppressed" + (f" ({by})" if by else "")
     s = result.summary
-    scope = f"{s['nodes']} nodes"
+    scope = f"{len(s['models'])} models, " if s.get("models") else ""
+    scope += f"{s['nodes']} nodes"
     if s.get("layers"):
         scope += f", {s['layers']} layers"
     if s.get("provider"):
@@ -182,4 +183,4 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
         _print_wrapped(console, Text(f"{len(active)} findings shown as {shown} of identical findings; --expand "
                                      "lists each one", style="dim"), width)
-    _print_wrapped(console, line, width)  # the verdict is the last line
+    console.print(line)  # the verdict: always the last line, and one line, for scripts and CI logs to grep
