@@ -67,7 +67,7 @@ class SessionEvidence:
     provider: ProviderCheck
     options: list[OptionCheck] | None = None  # None: not verifiable (no session, or another provider ran)
     dims: list[DimCheck] = field(default_factory=list)
-    input_shapes: dict[str, list] = field(default_factory=dict)  # after overrides, as the session reports them
+    input_shapes: dict[str, list | None] = field(default_factory=dict)  # after overrides, as the session reports them
     placement: dict[str, dict[str, int]] | None = None  # provider -> op type -> nodes (ORT's assignment info)
     dump: DumpEvidence | None = None
     ort_messages: list[str] = field(default_factory=list)  # ORT's warnings/errors while creating the session

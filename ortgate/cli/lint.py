@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ortgate.cli.output import (
     EXIT_PASS,
@@ -16,6 +17,9 @@ from ortgate.cli.output import (
     write,
 )
 from ortgate.errors import InputError
+
+if TYPE_CHECKING:
+    from ortgate.rules.context import LintInputs
 
 LINT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
 # --FLAG FILE: a report beside the main one (its format, the argparse dest, what an error calls it).
@@ -79,7 +83,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     baseline = load_baseline(args.baseline) if args.baseline else None
     # One short-lived pass that allocates a large, acyclic index: the cyclic collector would only rescan it.
     with gc_paused(), progress(progress_wanted()) as note:
-        inputs = []
+        inputs: list[LintInputs] = []
         for model in models:
             one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config), note)
             if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):

@@ -94,14 +94,15 @@ _GENAI_KEYS = {
 def resolve_expectations(policy: Policy | None, genai: GenaiConfig | None, graph: Graph) -> Expectations:
     exp = Expectations()
     model = (policy.get("model") if policy else None) or {}
-    for key in _SIMPLE_POLICY_KEYS:
-        if key in model:
-            setattr(exp, key, Expected(model[key], POLICY, policy.where("model", key)))
-    if "required_ops" in model:
-        exp.required_ops = {
-            op: Expected(count, POLICY, policy.where("model", "required_ops", op))
-            for op, count in model["required_ops"].items()
-        }
+    if policy is not None:
+        for key in _SIMPLE_POLICY_KEYS:
+            if key in model:
+                setattr(exp, key, Expected(model[key], POLICY, policy.where("model", key)))
+        if "required_ops" in model:
+            exp.required_ops = {
+                op: Expected(count, POLICY, policy.where("model", "required_ops", op))
+                for op, count in model["required_ops"].items()
+            }
     exp.forbidden_ops = list(model.get("forbidden_ops") or [])
 
     if genai is not None:

@@ -7,6 +7,7 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -181,8 +182,12 @@ def _most_useful(errors: list[jsonschema.ValidationError]) -> jsonschema.Validat
     return max(errors, key=lambda e: (len(e.absolute_path), -errors.index(e)))
 
 
+def _schema_of(error: jsonschema.ValidationError) -> Mapping[str, Any]:
+    return error.schema if isinstance(error.schema, Mapping) else {}
+
+
 def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
-    allowed = set(error.schema.get("properties", {}))
+    allowed = set(_schema_of(error).get("properties", {}))
     instance = error.instance if isinstance(error.instance, dict) else {}
     return sorted(k for k in instance if k not in allowed)
 
@@ -191,7 +196,7 @@ def _describe(error: jsonschema.ValidationError, key_path: KeyPath) -> str:
     where = format_key_path(key_path)
     if error.validator == "additionalProperties":
         unknown = _unknown_keys(error)
-        allowed = sorted(error.schema.get("properties", {}))
+        allowed = sorted(_schema_of(error).get("properties", {}))
         if unknown:
             key = unknown[0]
             full = format_key_path(key_path + (key,))
@@ -201,8 +206,8 @@ def _describe(error: jsonschema.ValidationError, key_path: KeyPath) -> str:
     if error.validator == "required":
         return f"{where}: {error.message}"
     if error.validator == "enum":
-        allowed = ", ".join(str(v) for v in error.validator_value)
-        return f"{where}: {error.instance!r} is not one of: {allowed}"
+        choices = ", ".join(str(v) for v in error.validator_value)  # type: ignore[union-attr]  # enum: a list
+        return f"{where}: {error.instance!r} is not one of: {choices}"
     if error.validator == "type":
         expected = error.validator_value
         expected = " or ".join(expected) if isinstance(expected, list) else expected

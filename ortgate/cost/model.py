@@ -32,7 +32,7 @@ from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, decomposed_rotaries
-from ortgate.knowledge import cuda_graph_capture_facts, input_position
+from ortgate.knowledge import cuda_graph_capture_facts, input_position, moe_inputs
 from ortgate.knowledge.devices import op_costs
 
 COMPONENTS = ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other")
@@ -641,12 +641,14 @@ def _fused_expert_macs(graph: Graph, node: Node, quantized: bool) -> float:
     dims (QMoE packs 8 / bits values per byte along the input dim)."""
     bits = node.int_attr("expert_weight_bits", 4) if quantized else None
     pack = (8 // bits) if bits in (1, 2, 4, 8) else 1
-    indices = (2, 5, 8) if quantized else (2, 4, 6)
+    positions = moe_inputs(node.op_type)
     macs = 0.0
-    for i in indices:
+    for i in (positions.fc1_experts_weights, positions.fc2_experts_weights, positions.fc3_experts_weights):
         dims = graph.shape(node.input(i)) if node.input(i) else None
-        if dims and len(dims) == 3 and all(isinstance(d, int) for d in dims):
-            macs += dims[1] * dims[2] * pack
+        if dims and len(dims) == 3:
+            _, rows, cols = dims
+            if isinstance(rows, int) and isinstance(cols, int):
+                macs += rows * cols * pack
     return macs
 
 
@@ -694,7 +696,7 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
         # every expert's MatMuls run, on the tokens routed to it: an expert no token chose reads nothing
         form.experts_read = float(min(tokens * k, experts)) if k else None
         label = f"the per-expert gather loop reads {_experts_text(form.experts_read)} of {experts} experts (no dedup)"
-        if k:
+        if form.experts_read is not None:
             scale = form.experts_read / experts
             for n in linears:
                 c = costs[n.index].cost
@@ -861,9 +863,9 @@ def _query_heads(graph: Graph, core, info: dict) -> int:
                 width = dims[-1] - (2 * kv * hs if qkv.packed else 0)  # a packed projection is [q | k | v]
                 if width > 0:
                     return max(1, width // hs)
-    dims = graph.shape(core.qk.input(0)) if core.qk.inputs else None
-    if dims and len(dims) == 4 and isinstance(dims[1], int):
-        return dims[1]
+    shape = graph.shape(core.qk.input(0)) if core.qk.inputs else None
+    if shape and len(shape) == 4 and isinstance(shape[1], int):
+        return shape[1]
     return info["kv_heads"] or 1
 
 

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
+from typing import Any
 
 from ortgate.config.source import MAX_DOCUMENT_BYTES, format_key_path, load_json
 from ortgate.errors import InputError
@@ -73,7 +74,7 @@ def baselineable(finding: Finding) -> bool:
 
 def entry_for(finding: Finding) -> dict:
     """A baseline entry for `finding`: its fingerprint, and what a reader needs to recognise it."""
-    entry = {"fingerprint": finding.identity(), "code": finding.code, "rule": finding.rule,
+    entry: dict[str, Any] = {"fingerprint": finding.identity(), "code": finding.code, "rule": finding.rule,
              "file": PurePath(finding.location.file).name}
     if finding.layer is not None:
         entry["layer"] = finding.layer
@@ -85,7 +86,7 @@ def entry_for(finding: Finding) -> dict:
 
 
 def _document(entries: Iterable[dict]) -> str:
-    unique: dict[str, dict] = {}
+    unique: dict[Any, dict] = {}
     for entry in entries:
         unique.setdefault(entry.get("fingerprint") or entry.get("identity"), entry)
     doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "findings": [unique[k] for k in sorted(unique)]}

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from ortgate.engine.baseline import Baseline
 from ortgate.engine.gate import GateConfig, gate_config_from
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
 from ortgate.engine.throughput import run_estimate
@@ -38,7 +39,7 @@ class RunGate:
 
     select: list[str] | None = None
     ignore: list[str] | None = None
-    baseline: object | None = None  # a loaded baseline (ortgate.engine.baseline)
+    baseline: Baseline | None = None
     baseline_path: str | None = None
 
 

@@ -87,6 +87,7 @@ def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
                        taken)
         rewrite = MoeRewrite(a, name, fc1, fc2, _attributes(a, facts))
         _price(graph, rewrite)
+        assert a.hidden_size is not None and a.intermediate_size is not None  # set for every anatomy not refused
         if a.hidden_size == a.intermediate_size or a.hidden_size == 2 * a.intermediate_size:
             rewrite.notes.append(facts.square_layout_note(a.hidden_size, a.intermediate_size))
         rewrites.append(rewrite)
@@ -169,10 +170,11 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
         r.added = 2
         inserted[position] = [reshape, moe]
         dtype = _dtype_code(graph, a.experts[0].down.initializer)
+        assert a.hidden_size is not None and a.intermediate_size is not None  # set for every anatomy not refused
         rows = 2 * a.intermediate_size if a.activation == "swiglu" else a.intermediate_size
         planned.append(PlannedTensor(r.fc1, "fc1", r, (len(a.experts), rows, a.hidden_size), dtype))
         planned.append(PlannedTensor(r.fc2, "fc2", r, (len(a.experts), a.hidden_size, a.intermediate_size), dtype))
-    kept = []
+    kept: list[onnx.NodeProto] = []
     for i, node in enumerate(nodes):
         kept.extend(inserted.get(i, ()))
         if i not in removed:

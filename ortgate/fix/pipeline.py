@@ -317,7 +317,8 @@ def _probes(graph: Graph, fixed: onnx.ModelProto, result: FixResult) -> list[Pro
         if (domain, node.op_type) not in fused:
             continue
         for value in node.output:
-            if value and graph.producer(value) is not None and graph.producer(value).op_type != node.op_type:
+            producer = graph.producer(value) if value else None
+            if producer is not None and producer.op_type != node.op_type:
                 probes.append(Probe(node.name or f"<{node.op_type}>", value))
     return probes
 

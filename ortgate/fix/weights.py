@@ -17,7 +17,7 @@ from onnx import TensorProto, numpy_helper
 from ortgate.errors import InputError
 
 # Element bytes are moved, never computed on: bfloat16 and float16 travel as 16-bit integers.
-_ITEMSIZE = {
+_ITEMSIZE: dict[int, int] = {
     TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8,
     TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2, TensorProto.INT32: 4,
     TensorProto.UINT32: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8, TensorProto.BOOL: 1,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ortgate.errors import printable
 
@@ -380,10 +380,11 @@ class Graph:
         # This loop runs once per node of the model: every protobuf field read and allocation counts.
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
         unordered = self.unordered_nodes
-        op_types = {}.setdefault  # one str per op type (a 50k-node graph has a few dozen)
+        # One str per op type (a 50k-node graph has a few dozen).
+        op_types: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
         # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
         # every later lookup by name compares identical objects instead of equal strings.
-        share = {}.setdefault
+        share: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
         stack: list[tuple[str | None, list[set[str]], Iterator[onnx.NodeProto]]] = [(path, [visible], iter(g.node))]
         while stack:
             gpath, scopes, it = stack[-1]
@@ -471,7 +472,7 @@ class Graph:
         info = self._values.get(name)
         if info is not None:
             if info.__class__ is not ValueInfo:  # decoded on first use
-                info = self._values[name] = _value_info(info)
+                info = self._values[name] = _value_info(cast("onnx.ValueInfoProto", info))
             return info
         init = self.initializers.get(name)
         if init is not None:
@@ -516,7 +517,7 @@ class Graph:
         cache = self._dtype_cache
         found = cache.get(name, _UNKNOWN)
         if found is not _UNKNOWN:
-            return found
+            return cast("str | None", found)
         if not self._dtypes_filled:
             # One value's dtype can hang on the whole graph above it (an activation's comes from the embedding
             # table), and rules ask for most values: settle every node output at once.
@@ -524,7 +525,7 @@ class Graph:
             self._fill_dtypes()
             found = cache.get(name, _UNKNOWN)
             if found is not _UNKNOWN:
-                return found
+                return cast("str | None", found)
         return self._walk_dtype(name)
 
     def _fill_dtypes(self) -> None:
@@ -562,8 +563,8 @@ class Graph:
                 stack.pop()
                 continue
             node = self._producer.get(current)
-            if current in open_values:  # second visit: its inputs are done
-                cache[current] = self._infer_output_dtype(node, current)
+            if current in open_values:  # second visit: its inputs are done (only produced values are opened)
+                cache[current] = self._infer_output_dtype(cast(Node, node), current)
                 open_values.discard(current)
                 stack.pop()
                 continue
@@ -589,7 +590,7 @@ class Graph:
         info = self._values.get(name)
         if info is not None:
             if info.__class__ is not ValueInfo:
-                info = self._values[name] = _value_info(info)
+                info = self._values[name] = _value_info(cast("onnx.ValueInfoProto", info))
             return info.dtype
         init = self.initializers.get(name)
         return init.dtype if init is not None else None

@@ -128,9 +128,9 @@ def _propagate(graph: Graph, fixed: set[int]) -> None:
                 node.layer = max(layers)
     for node in reversed(graph.nodes):  # backward: constants and shape helpers take their consumers' layer
         if node.layer is None and node.index not in fixed:
-            layers = {c.layer for o in node.outputs if o for c in graph.consumers(o)}
-            if len(layers) == 1 and None not in layers:
-                node.layer = layers.pop()
+            consumer_layers = {c.layer for o in node.outputs if o for c in graph.consumers(o)}
+            if len(consumer_layers) == 1 and None not in consumer_layers:
+                node.layer = consumer_layers.pop()
 
 
 # ---- the residual stream ------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ class Device:
         low = reported.strip().lower()
         return any(fnmatch.fnmatchcase(low, glob.lower()) for glob in self.match)
 
-    def with_figures(self, **figures: Figure) -> Device:
+    def with_figures(self, **figures: Any) -> Device:
         """A copy with some figures replaced (a probe's or a calibration's)."""
         kind_eff = figures.pop("kind_efficiency", None)
         tflops = figures.pop("tflops", None)

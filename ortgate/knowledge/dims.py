@@ -182,7 +182,7 @@ def dim_kind(name: str) -> Kind:
         kinds = {dim_kind(term) for term in dim_terms(name)}
         for kind in ("kv", "query"):
             if kind in kinds:
-                return kind  # type: ignore[return-value]
+                return kind
         return "batch" if kinds == {"batch"} else "other"
     if role in KV_ROLES:
         return "kv"

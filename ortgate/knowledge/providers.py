@@ -318,6 +318,15 @@ def provider_catalog(name: str) -> ProviderCatalog | None:
     return _CATALOGS.get(ep) if ep else None
 
 
+def catalog_option(provider: str, key: str) -> ProviderOption:
+    """An option a rule knows the provider's catalog lists (KeyError when it does not: a bug in the rule)."""
+    catalog = provider_catalog(provider)
+    option = catalog.option(key) if catalog else None
+    if option is None:
+        raise KeyError(f"{provider} option {key!r} is not in provider_options.json")
+    return option
+
+
 def catalog_providers() -> list[str]:
     return list(_CATALOGS)
 

@@ -15,7 +15,7 @@ def _mb(n: int) -> str:
 
 def _probe_results(outcome) -> dict[str, dict]:
     v = outcome.result.verification
-    out = {}
+    out: dict[str, dict] = {}
     if v is None:
         return out
     for p in v.probes:

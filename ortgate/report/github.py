@@ -71,7 +71,7 @@ def rule_annotation(findings: list[Finding]) -> str:
 
 def render(result: LintResult) -> str:
     active = [f for f in result.findings if f.suppressed is None]
-    by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
+    by_rule: dict[tuple[str, str | None, str], list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[(f.location.file, f.location.label, f.code)].append(f)
     annotations = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), fs[0].code))

@@ -135,7 +135,8 @@ def _by_layer(active: list[Finding]) -> list[str]:
            _row(["Layer", "Errors", "Warnings", "Infos", "Rules"]),
            _row(["---", "---:", "---:", "---:", "---"])]
     for layers, cells in rows:
-        label = layer_label(layers[0]) if len(layers) == 1 else f"layers {ranges(layers, '–')} ({len(layers)})"
+        numbered = [n for n in layers if n is not None]  # only numbered layers merge into a range
+        label = layer_label(layers[0]) if len(layers) == 1 else f"layers {ranges(numbered, '–')} ({len(layers)})"
         note = " each" if len(layers) > 1 else ""
         out.append(_row([label, *(c + note if c != "0" else c for c in cells[:3]), cells[3]]))
     out.append("")

@@ -22,8 +22,11 @@ CATALOG_PATH = Path(__file__).with_name("catalog.json")
 
 
 class Named(Protocol):
-    code: str
-    name: str
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 N = TypeVar("N", bound=Named)

@@ -112,13 +112,13 @@ def config_drift(ctx: RuleContext):
                          said, f"has {want!r}", genai, path="model.decoder.session_options.graph_optimization_level",
                          fix=f"Set \"graph_optimization_level\": \"{want}\" in genai_config.json's session_options.")
     for key, wanted in sorted(policy.config_entries.items()):
-        have = genai.config_entries.get(key)
+        found = genai.config_entries.get(key)
         if not is_known_session_config_key(key):
             continue  # unknown-session-config-key's: never advise copying a key ORT does not read
         want_value, want_said = _config_value(key, wanted)
-        have_value, have_said = _config_value(key, have)
+        have_value, have_said = _config_value(key, found)
         if want_value != have_value:
-            yield _drift(ctx, f"session config entry {key}", have, wanted, have_said, want_said, genai,
+            yield _drift(ctx, f"session config entry {key}", found, wanted, have_said, want_said, genai,
                          path=f"model.decoder.session_options.{key}",
                          fix=f"Add \"{key}\": \"{want_value}\" to genai_config.json's session_options.")
 

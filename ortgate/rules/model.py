@@ -152,9 +152,11 @@ def moe_routing_mismatch(ctx: RuleContext):
                          f"{fam_label} clamps at {family.swiglu_limit}" if family.swiglu_limit is not None
                          else f"{fam_label} does not clamp")
     for block in blocks:
-        k = graph.scalar(block.topk.input(1)) if block.topk is not None else None
-        if top_k is not None and isinstance(k, int) and k != int(top_k.value):
-            mismatch("TopK k", block.topk, k, int(top_k.value), top_k.describe() + " (model.top_k)")
+        if block.topk is None:
+            continue
+        topk_k = graph.scalar(block.topk.input(1))
+        if top_k is not None and isinstance(topk_k, int) and topk_k != int(top_k.value):
+            mismatch("TopK k", block.topk, topk_k, int(top_k.value), top_k.describe() + " (model.top_k)")
     for (attr, have), entry in checks.items():
         found = entry["nodes"]
         op = found[0].key if attr != "TopK k" else "TopK"
@@ -170,7 +172,7 @@ def moe_routing_mismatch(ctx: RuleContext):
 def _o_proj_width(graph: Graph, node: Node) -> int | None:
     frontier = list(node.outputs[:1])
     for _ in range(4):
-        nxt = []
+        nxt: list[str] = []
         for value in frontier:
             for c in graph.consumers(value):
                 dims = matmul_weight(graph, c)
@@ -246,7 +248,9 @@ def gqa_config_mismatch(ctx: RuleContext):
             if want is not None and have is not None and have != int(want.value):
                 mismatches.setdefault((attr, have), []).append(node)
     head_size = ctx.expect.declared("head_size")
-    for node in nodes if head_size is not None else ():
+    for node in nodes:
+        if head_size is None:
+            break
         size, source = gqa_head_size(graph, node)
         if size is None:
             yield ctx.undecided(
@@ -257,6 +261,7 @@ def gqa_config_mismatch(ctx: RuleContext):
             how.setdefault(("head_size", size), source)
     for (attr, have), found in mismatches.items():
         want = ctx.expect.declared(attr)
+        assert want is not None  # a mismatch is recorded only against a declared value
         shown = f"head size {have} ({how[(attr, have)]})" if attr == "head_size" else f"{attr}={have}"
         yield ctx.finding(
             f"GroupQueryAttention {shown}{_layers(found)} ({_nodes(found)}), but {want.describe()} "
@@ -486,7 +491,7 @@ def _tp_sharded_sizes(ctx: RuleContext) -> list[tuple[str, int, str]]:
     else:
         sizes.append(("moe_intermediate_size", _moe_intermediate(ctx.model), "the MoE weights"))
     sizes += [("intermediate size", w, "a gated MLP's gate projection in the graph") for w in _mlp_widths(ctx.model)]
-    return [(what, v, origin) for what, v, origin in sizes if _int(v) is not None and v > 0]
+    return [(what, size, origin) for what, v, origin in sizes if (size := _int(v)) is not None and size > 0]
 
 
 @rule("OGM007", "tp-kv-heads-replicated", Severity.INFO)
@@ -520,7 +525,7 @@ def tp_kv_heads_replicated(ctx: RuleContext):
     tp = _tensor_parallel(ctx)
     kv = ctx.expect.kv_num_heads
     heads = _int(kv.value) if kv is not None else None
-    if tp is None or heads is None or heads <= 0:
+    if tp is None or kv is None or heads is None or heads <= 0:
         return
     n, where = tp
     if n > heads and n % heads == 0:

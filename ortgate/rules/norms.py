@@ -302,7 +302,7 @@ def norm_epsilon_default(ctx: RuleContext):
         )
     decomposed = [m for m in decomposed_rmsnorms(graph) if expected is not None and m.epsilon is not None
                   and not close(m.epsilon, expected)]
-    for eps in sorted({m.epsilon for m in decomposed}):
+    for eps in sorted({m.epsilon for m in decomposed if m.epsilon is not None}):
         group = [m for m in decomposed if m.epsilon == eps]
         yield ctx.finding(
             f"{len(group)} decomposed RMSNorm{'s add' if len(group) > 1 else ' adds'} epsilon={eps:g}, but {source}",

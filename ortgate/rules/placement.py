@@ -206,9 +206,9 @@ def op_not_on_ep(ctx: RuleContext):
                                 graph=graph, node=nodes[0],
                                 properties={"provider": provider, "op": key, "nodes": len(nodes),
                                             "status": group[0].result.status.value, "kernel_table": table.ort_version})
-    for group in cpu_groups(ctx, graph):
-        if group.computes:
-            yield _cpu_group_finding(ctx, graph, group)
+    for cpu_group in cpu_groups(ctx, graph):
+        if cpu_group.computes:
+            yield _cpu_group_finding(ctx, graph, cpu_group)
 
 
 @rule("OGK004", "index-op-not-on-ep", Severity.WARNING)
@@ -305,7 +305,7 @@ def _capture_providers(ctx: RuleContext) -> dict[str, list]:
     """Providers that capture a CUDA graph in this deployment -> the setups that turn it on."""
     out: dict[str, list] = defaultdict(list)
     for setup in ctx.deployment.setups:
-        if cuda_graph_enabled(setup):
+        if cuda_graph_enabled(setup) and setup.provider_name is not None:
             out[setup.provider_name].append(setup)
     return dict(out)
 

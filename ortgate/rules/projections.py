@@ -56,7 +56,9 @@ def _ort_packs(graph: Graph, found: QkvProjections, tgt: Target) -> bool:
             return False
     if pre_v is not found.v:
         return False
-    projections = [found.q, found.k, found.v]
+    projections = [p for p in (found.q, found.k, found.v) if p is not None]
+    if len(projections) != 3:
+        return False
     if all(p.op_type == "MatMulNBits" and int(p.attr("bits", 4)) == 4 for p in projections):
         return all(_weight_dtype(graph, p) == "float16" for p in projections)
     if all(p.op_type == "MatMul" for p in projections):
@@ -194,7 +196,7 @@ def _routed(graph: Graph, mlp: GatedMlp, routing: set[int]) -> bool:
             continue
         frontier = list(down.outputs[:1])
         for _ in range(3):
-            nxt = []
+            nxt: list[str] = []
             for value in frontier:
                 for c in graph.consumers(value):
                     if is_op(c, "Mul"):
@@ -288,12 +290,14 @@ def gate_up_not_merged(ctx: RuleContext):
         separate = [m for m in routed if m.separate]
         if not separate:
             continue
+        example = separate[0]
+        assert example.gate is not None and example.up is not None  # what GatedMlp.separate means
         yield ctx.finding(
             f"{len(separate)} of {len(routed)} routed experts {layer_text(block.layer)} compute gate and up with two "
-            f"projections each (e.g. {separate[0].gate.display_name} and {separate[0].up.display_name}) instead of "
+            f"projections each (e.g. {example.gate.display_name} and {example.up.display_name}) instead of "
             "one merged gate_up GEMM",
             node=block.router, graph=graph, layer=block.layer,
-            related=[n for m in separate for n in (m.gate, m.up)], fix=GATE_UP_FIX,
+            related=[n for m in separate for n in (m.gate, m.up) if n is not None], fix=GATE_UP_FIX,
             properties={"experts_separate": len(separate), "experts": len(routed)},
         )
 

@@ -9,7 +9,14 @@ from typing import Any
 from ortgate.config.deployment import SessionSetup
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph
-from ortgate.knowledge import cuda_providers, graph_capture_option, normalize_option_value, provider_catalog, tf32_ops
+from ortgate.knowledge import (
+    catalog_option,
+    cuda_providers,
+    graph_capture_option,
+    normalize_option_value,
+    provider_catalog,
+    tf32_ops,
+)
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, judged_setups
 
@@ -368,7 +375,7 @@ def tf32_disabled(ctx: RuleContext):
         if setup.provider_name != "CUDAExecutionProvider":
             continue
         setting = setup.provider_options.get("use_tf32")
-        option = provider_catalog("CUDAExecutionProvider").option("use_tf32")
+        option = catalog_option("CUDAExecutionProvider", "use_tf32")
         if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
             continue
         if gemms is None:
@@ -530,7 +537,7 @@ def cann_graph_disabled(ctx: RuleContext):
         if setup.provider_name != "CANNExecutionProvider":
             continue
         setting = setup.provider_options.get("enable_cann_graph")
-        option = provider_catalog("CANNExecutionProvider").option("enable_cann_graph")
+        option = catalog_option("CANNExecutionProvider", "enable_cann_graph")
         if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
             continue
         yield ctx.finding(

@@ -93,7 +93,7 @@ def unpinned_step_dims(ctx: RuleContext) -> list[tuple[str, str, list[str]]]:
     setup = ctx.deployment.policy_setup
     if setup is None:
         return []
-    out = []
+    out: list[tuple[str, str, list[str]]] = []
     for name, uses in sorted(symbolic_input_dims(ctx.model).items()):
         kind = dim_kind(name)
         if name not in setup.free_dimension_overrides and kind in ("batch", "query"):
@@ -104,6 +104,7 @@ def unpinned_step_dims(ctx: RuleContext) -> list[tuple[str, str, list[str]]]:
 def _step_dim_finding(ctx: RuleContext, name: str, kind: str, uses: list[str], consequence: str):
     """The one message of free-dim-override-missing and capture-dim-not-pinned."""
     setup = ctx.deployment.policy_setup
+    assert setup is not None  # step dims are unpinned only in a policy's session (unpinned_step_dims)
     what = "batch" if kind == "batch" else "query-length"
     return ctx.finding(
         f"{what} dim {name!r} ({', '.join(uses[:3])}{', ...' if len(uses) > 3 else ''}) has no free-dimension "
@@ -337,8 +338,8 @@ def _pins(ctx: RuleContext) -> list[tuple[str, str, int, Setting]]:
     if setup is None:
         return []
     kinds = _input_dim_kinds(ctx.model)
-    return [(name, kinds[name], _pinned(setting), setting) for name, setting in sorted(setup.free_dimension_overrides.items())
-            if name in kinds and _pinned(setting) is not None]
+    return [(name, kinds[name], value, setting) for name, setting in sorted(setup.free_dimension_overrides.items())
+            if name in kinds and (value := _pinned(setting)) is not None]
 
 
 def pin_conflicts(ctx: RuleContext) -> list[PinConflict]:

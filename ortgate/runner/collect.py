@@ -208,6 +208,7 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
     from ortgate.runner import inputs as ri
 
     policy = inputs.policy
+    assert policy is not None  # `ortgate run` requires a policy (engine.run checks it first)
     signature = ri.graph_signature(inputs.model)
     overrides = {name: (int(s.value), s.location) for name, s in setup.free_dimension_overrides.items()}
     dims, step = ri.resolve_dims(signature, settings, overrides,

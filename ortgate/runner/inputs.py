@@ -219,15 +219,15 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
         if dim in expressions:
             continue
         pinned = _explicit_value(dim, settings, overrides)
-        value = pinned[0] if pinned is not None else role_value(dim)
-        if value is None:
+        found = pinned[0] if pinned is not None else role_value(dim)
+        if found is None:
             role = dim_role(dim)
             hint = {"sliding_past": " (no GroupQueryAttention local_window_size in the graph)",
                     "head": " (no head_size in genai_config.json or the policy's model block)",
                     "max": " (set runner.max_sequence_length)"}.get(role or "", "")
             raise InputError(f"input {first_input!r}: cannot choose a value for dim {dim!r}{hint}; "
                              f"set runner.dims.{dim} in the policy", policy_file)
-        dims[dim] = int(value)
+        dims[dim] = int(found)
 
     # A dim named by an expression ("past_sequence_length + sequence_length") is its terms' arithmetic.
     def term_value(term: str) -> int | None:

@@ -68,11 +68,11 @@ def summarize_profile(events: list[dict[str, Any]], *, file: str | None = None, 
             except (TypeError, ValueError):
                 pass
     per_run = max(runs, 1)
-    op_rows = [{"op_type": op, "provider": provider, "calls": int(calls), "total_us": round(us, 1),
+    op_rows: list[dict[str, Any]] = [{"op_type": op, "provider": provider, "calls": int(calls), "total_us": round(us, 1),
                 "avg_us_per_run": round(us / per_run, 1), "share": round(us / total, 4) if total else 0.0}
                for (op, provider), (calls, us) in by_op.items()]
     op_rows.sort(key=lambda r: (-r["total_us"], r["op_type"]))
-    provider_rows = [{"provider": p, "nodes": len(nodes_by_provider[p]), "calls": int(calls),
+    provider_rows: list[dict[str, Any]] = [{"provider": p, "nodes": len(nodes_by_provider[p]), "calls": int(calls),
                       "total_us": round(us, 1), "share": round(us / total, 4) if total else 0.0}
                      for p, (calls, us) in by_provider.items()]
     provider_rows.sort(key=lambda r: (-r["total_us"], r["provider"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 REFRESH_S = 0.1  # the timed loop calls tick every run; the display is updated at most this often
 
@@ -12,8 +13,8 @@ REFRESH_S = 0.1  # the timed loop calls tick every run; the display is updated a
 class RunProgress:
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self._progress = None
-        self._status_task = None
+        self._progress: Any = None  # rich.progress.Progress, imported only when shown
+        self._status_task: Any = None
 
     def __enter__(self) -> RunProgress:
         if self.enabled:

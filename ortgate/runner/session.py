@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ortgate.config.deployment import SessionSetup
 from ortgate.errors import InputError
@@ -334,7 +334,7 @@ def create_session(model_path: str, setup: SessionSetup | None, *, kind: str = "
         # The provider compiled nodes into engines; the dump cannot be written. Build the session without it.
         retry = create_session(model_path, setup, kind=kind, provider=provider, dump_path=None,
                                profile_prefix=profile_prefix, libraries=libraries, record_placement=record_placement)
-        reason = next((m for m in messages if _COMPILED_NODES.search(m)), None) or _first_line(error)
+        reason = next((m for m in messages if _COMPILED_NODES.search(m)), None) or _first_line(cast(Exception, error))
         retry.dump = DumpEvidence(None, False, f"ORT cannot save the optimized model: {reason}")
         return retry
     if error is not None:

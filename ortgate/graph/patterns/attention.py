@@ -123,7 +123,7 @@ def _deepest(graph: Graph, values: list[str]) -> str:
 def _matmul_below(graph: Graph, softmax: Node) -> Node | None:
     frontier = [softmax.outputs[0]] if softmax.outputs else []
     for _ in range(4):
-        next_frontier = []
+        next_frontier: list[str] = []
         for value in frontier:
             for c in graph.consumers(value):
                 if _is_matmul(c) and c.input(0) == value:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 
@@ -21,7 +21,7 @@ def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:
     return cache[key]
 
 
-def is_op(node: Node | None, *op_types: str, domain: str = DEFAULT_DOMAIN) -> bool:
+def is_op(node: Node | None, *op_types: str, domain: str = DEFAULT_DOMAIN) -> TypeGuard[Node]:
     return node is not None and node.domain == domain and node.op_type in op_types
 
 

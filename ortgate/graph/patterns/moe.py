@@ -25,6 +25,7 @@ routing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
@@ -527,14 +528,19 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
                                                                           "sigmoid_topk") else None
 
 
+def _produced_by(graph: Graph, value: str, op_types: Iterable[str]) -> bool:
+    producer = graph.producer(value)
+    return producer is not None and producer.op_type in op_types
+
+
 def _sum_like(graph: Graph, node: Node, nodes: dict[int, Node]) -> bool:
     for _ in range(4):
         if node.op_type == "ReduceSum":
             return True
         if node.op_type not in ("Add", "Cast", "Reshape", "Unsqueeze", "Expand") or not node.inputs:
             return False
-        nxt = next((graph.producer(i) for i in node.inputs if i and graph.producer(i) is not None
-                    and graph.producer(i).index in nodes), None)
+        nxt = next((p for p in (graph.producer(i) for i in node.inputs if i) if p is not None and p.index in nodes),
+                   None)
         if nxt is None:
             return False
         node = nxt
@@ -591,8 +597,8 @@ def _weighted(graph: Graph, value: str, region: _Region) -> bool:
     if node.op_type in ("Mul", "Div") and any(i in region.values for i in node.inputs):
         return True
     if node.op_type in ("Expand", "ConstantOfShape") or graph.is_constant(value):
-        return all(graph.is_constant(i) or (graph.producer(i) is not None and graph.producer(i).op_type in _SHAPE_SOURCES)
-                   or (graph.producer(i) is not None and graph.producer(i).op_type in ("Concat", "Reshape", "Unsqueeze"))
+        return all(graph.is_constant(i) or _produced_by(graph, i, _SHAPE_SOURCES)
+                   or _produced_by(graph, i, ("Concat", "Reshape", "Unsqueeze"))
                    for i in node.inputs if i)
     return False
 

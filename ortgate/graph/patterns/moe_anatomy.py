@@ -479,10 +479,10 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
                     index = const_ints(graph, node.input(i))
                     if index and len(index) == 1 and node.input(other) in routing_values:
                         return index[0]
-            for i in node.inputs:
-                if i and i not in seen and (i in routing_values):
-                    seen.add(i)
-                    next_frontier.append(i)
+            for value in node.inputs:
+                if value and value not in seen and (value in routing_values):
+                    seen.add(value)
+                    next_frontier.append(value)
         frontier = next_frontier
     return None
 

@@ -200,7 +200,7 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
         output = nxt[0].outputs[0]
     producer = graph.producer(x)
     leading_cast = is_op(producer, "Cast")
-    source = producer.inputs[0] if leading_cast and producer.inputs else x
+    source = producer.inputs[0] if is_op(producer, "Cast") and producer.inputs else x
     if square_kind == "mul":
         form = "square_mul"
     elif kind == "rsqrt_pow":

@@ -83,10 +83,10 @@ def trace_to_projections(graph: Graph, value: str, budget: int = _UPSTREAM_BUDGE
                 continue
             key = (node.domain, node.op_type)
             if key in FUSED_ROTARY_OPS or (node.domain == DEFAULT_DOMAIN and node.op_type in _NORM_OPS):
-                nxt = node.inputs[:1]
+                nxt = list(node.inputs[:1])
             elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_FIRST:
                 split = split or node.op_type in ("Split", "Slice", "Gather")
-                nxt = node.inputs[:1]
+                nxt = list(node.inputs[:1])
             elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_ALL:
                 nxt = [i for i in node.inputs if i and not graph.is_constant(i) and i not in inputs]
                 if node.op_type == "Where":

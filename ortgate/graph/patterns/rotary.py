@@ -217,7 +217,7 @@ def _trig_above(graph: Graph, value: str) -> list[Node]:
     """Sin/Cos nodes a cos/sin operand is computed from (a few hops up), or [] for cached tables."""
     frontier = [value]
     for _ in range(6):
-        nxt = []
+        nxt: list[str] = []
         for v in frontier:
             node = graph.producer(v)
             if node is None:
