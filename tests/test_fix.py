@@ -360,3 +360,12 @@ def test_real_deepseek_v3_export_is_refused_with_its_reasons(tmp_path):
     assert code == 0 and not report["rewrites"]
     reason = report["refusals"][0]["reason"]
     assert "sigmoid scoring" in reason and "bias-corrected" in reason and "group-limited" in reason
+
+
+def test_hidden_equal_to_intermediate_is_written_in_the_layout_ort_reads(tmp_path, make_model):
+    """hidden == intermediate makes fc2 square, which ORT's legacy-layout heuristic could misread: the rewrite says
+    which layout it wrote, and the verification on the installed ORT proves it is read so."""
+    src = make_model(moe="dense_loop", hidden=32, moe_intermediate=32, experts=4, top_k=2)
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and report["verification"]["passed"]
+    assert any("fc2 [E, H, I] is square" in note for note in report["rewrites"][0]["notes"])

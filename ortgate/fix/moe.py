@@ -21,6 +21,7 @@ from ortgate.errors import printable
 from ortgate.fix.weights import DataFile, WeightSource, itemsize
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, view_shape
+from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.moe_op import moe_op_facts
 
 PLACEHOLDER_LOCATION = "model.onnx.data"
@@ -161,8 +162,8 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
         new_initializers.append(onnx.numpy_helper.from_array(np.array([-1, len(a.experts)], dtype=np.int64),
                                                              shape_name))
         reshape = helper.make_node("Reshape", [a.logits, shape_name], [logits_2d], name=f"{r.node_name}/Reshape")
-        moe = helper.make_node("MoE", [a.hidden, logits_2d, r.fc1, "", r.fc2], [a.output], name=r.node_name,
-                               domain="com.microsoft", **r.attributes)
+        moe = helper.make_node("MoE", _moe_node_inputs(a.hidden, logits_2d, r.fc1, r.fc2), [a.output],
+                               name=r.node_name, domain="com.microsoft", **r.attributes)
         uses.update([a.logits, a.hidden])
         before = len(removed)
         _remove(position, nodes, producer, uses, removed, protect={a.output})
@@ -201,6 +202,16 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return planned
+
+
+def _moe_node_inputs(hidden: str, logits: str, fc1: str, fc2: str) -> list[str]:
+    """The node's inputs by the kernel table's positions; optional slots before the last one given stay "" (ORT >=
+    1.25 wants at least the empty fc1 bias slot: knowledge/ort_moe.json)."""
+    positions = moe_inputs("MoE")
+    given = {positions.input: hidden, positions.router_probs: logits, positions.fc1_experts_weights: fc1,
+             positions.fc2_experts_weights: fc2}
+    count = max(max(given) + 1, moe_op_facts().min_inputs)
+    return [given.get(i, "") for i in range(count)]
 
 
 def _remove(position: int, nodes, producer: dict[str, int], uses: Counter, removed: set[int], protect: set[str]) -> None:
