@@ -401,7 +401,7 @@ MISSING = "no-such-file.onnx"
     (["lint", str(CORPUS / "models")], "folder holds no model.onnx"),
     (["lint", str(BASE), "--policy", str(CORPUS / "policies")], "is a directory, expected a file"),
     (["lint", str(BASE), "--select", "no-such-rule"], "--select: unknown rule 'no-such-rule'"),
-    (["lint", str(BASE), "--ignore", "OGX"], "--ignore: unknown rule 'OGX'"),
+    (["lint", str(BASE), "--ignore", "OGZ"], "--ignore: unknown rule 'OGZ'"),
     (["lint", str(BASE), "--output", str(BASE)], "refusing to write the report over an input file"),
     (["lint", str(BASE), "--output", str(CORPUS)], "is a directory"),
     (["lint", str(BASE), "--output", "no-such-folder/report.txt"], "its folder does not exist"),

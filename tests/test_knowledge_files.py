@@ -12,6 +12,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 import ortgate.knowledge as knowledge
 from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
+from ortgate.knowledge.contracts import OpContracts
 from ortgate.knowledge.devices import _DevicesFile, _OpCostsFile
 from ortgate.knowledge.dims import _DimNamesFile
 from ortgate.knowledge.facts import OrtFacts
@@ -37,7 +38,7 @@ SCHEMAS = {
     "op_costs.json": _OpCostsFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
-GENERATED = {"kernels.json": KernelTable.from_json}
+GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}
 
 
 def test_every_knowledge_file_has_a_typed_loader():

@@ -17,6 +17,7 @@ from ortgate.rules.redirects import RENAMED, SPLIT_FROM
 def _register() -> None:
     # Families, in code order. Importing registers.
     from ortgate.rules import (  # noqa: F401
+        contracts,
         drift,
         fusion,
         inventory,
