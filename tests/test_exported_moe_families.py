@@ -17,8 +17,8 @@ from tests.conftest import EXPORTED
 from tests.helpers import lint_findings
 
 GRAPH_RULES = [
-    "moe-not-fused", "gqa-not-fused", "rmsnorm-not-fused", "skip-rmsnorm-not-fused", "rotary-not-fused",
-    "qkv-not-packed", "gate-up-not-merged", "swiglu-not-fused", "moe-routing-mismatch", "gqa-config-mismatch",
+    "moe-not-fused", "gqa-not-fused", "rmsnorm-not-fused", "rmsnorm-fused-by-ort", "skip-rmsnorm-not-fused",
+    "rotary-not-fused", "qkv-not-packed", "gate-up-not-merged", "swiglu-not-fused", "moe-routing-mismatch", "gqa-config-mismatch",
     "norm-epsilon-default",
 ]
 OUT = None  # findings outside the decoder layers (the final norm)
@@ -45,6 +45,17 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
     },
+    # optimum's legacy TorchScript export with KV cache: RMSNorm as Mul(x, Div(1, Sqrt)) between no-op Casts, which
+    # ORT fuses (info); the residual Add is never fused into SkipSimplifiedLayerNormalization (warning)
+    "optimum-qwen3_moe-past": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-fused-by-ort": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+        "gate-up-not-merged": [0, 1],
+    },
+    "optimum-llama-past": {  # the dense control: no MoE finding
+        "gqa-not-fused": [0, 1], "rmsnorm-fused-by-ort": [0, 1, OUT], "skip-rmsnorm-not-fused": [0, 1, OUT],
+        "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
@@ -61,6 +72,8 @@ MOE_SHAPE = {
     "dynamo-gpt_oss": (4, 2, "topk_softmax", "dense", 4, 8, 0, 0, 0),
     "dynamo-deepseek_v3": (4, 2, "sigmoid_group_topk", "dense", 4, 8, 1, 3, 0),  # ungated shared expert
     "dynamo-qwen3_moe": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),
+    # the legacy exporter's eager loop: tokens dispatched per expert (OneHot / NonZero / Gather), gate, up and down apart
+    "optimum-qwen3_moe-past": (4, 2, "softmax_topk", "gather", 4, 12, 0, 0, 0),
 }
 
 
@@ -114,7 +127,13 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
     assert info["cpu_run"]["output0_finite"] is True
     sess = ort.InferenceSession(str(EXPORTED / fixture / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 5, 9, 17]], dtype=np.int64)
-    (logits,) = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for i in sess.get_inputs():  # optimum's KV-cache exports: an empty past, positions 0..3
+        if i.name.startswith("past_key_values"):
+            feed[i.name] = np.zeros([1, i.shape[1], 0, i.shape[3]], np.float32)
+        elif i.name == "position_ids":
+            feed[i.name] = np.arange(4, dtype=np.int64)[None]
+    logits = sess.run(None, feed)[0]
     assert logits.shape == (1, 4, info["hf_config"]["vocab_size"]) and np.isfinite(logits).all()
 
 

@@ -127,6 +127,15 @@ def _gamma_width(graph: Graph, value: str) -> int | None:
     return None
 
 
+def _changes_type(graph: Graph, cast: Node) -> bool:
+    """Whether a Cast changes its input's element type (unknown types count as a change)."""
+    from ortgate.graph.index import dtype_name
+
+    source = graph.dtype(cast.input(0))
+    target = dtype_name(cast.attr("to"))
+    return source is None or target is None or source != target
+
+
 def _find_decomposed(graph: Graph) -> list[DecomposedRmsNorm]:
     found: list[DecomposedRmsNorm] = []
     hidden = hidden_size(graph)
@@ -191,7 +200,9 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
         after = graph.consumers(cast.outputs[0])
         if len(after) == 1 and is_op(after[0], "Mul") and _is_gamma(graph, _other_input(after[0], cast.outputs[0])):
             nodes.append(cast)
-            output, trailing_cast = cast.outputs[0], True
+            # a Cast to the type it already has (float32 -> float32, legacy exports) is removed by ORT's
+            # CastElimination before any fusion: it does not change the form
+            output, trailing_cast = cast.outputs[0], _changes_type(graph, cast)
     gamma = None
     nxt = graph.consumers(output)
     if len(nxt) == 1 and is_op(nxt[0], "Mul") and _is_gamma(graph, _other_input(nxt[0], output)):
@@ -199,7 +210,7 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
         nodes.append(nxt[0])
         output = nxt[0].outputs[0]
     producer = graph.producer(x)
-    leading_cast = is_op(producer, "Cast")
+    leading_cast = is_op(producer, "Cast") and _changes_type(graph, producer)
     source = producer.inputs[0] if is_op(producer, "Cast") and producer.inputs else x
     if square_kind == "mul":
         form = "square_mul"
