@@ -369,3 +369,19 @@ def test_hidden_equal_to_intermediate_is_written_in_the_layout_ort_reads(tmp_pat
     code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
     assert code == 0 and report["verification"]["passed"]
     assert any("fc2 [E, H, I] is square" in note for note in report["rewrites"][0]["notes"])
+
+
+def test_gpt_oss_clamped_swiglu_with_biases_keeps_its_constants(tmp_path):
+    """GPT-OSS: gate/up interleaved in one biased projection, clamp(7), sigmoid(1.702 g), (up + 1): the node carries
+    alpha, beta and limit from the graph, and fc1/fc2 biases in their slots."""
+    model = EXPORTED / "dynamo-gpt_oss" / "model.onnx"
+    if not model.exists():
+        pytest.skip("dynamo-gpt_oss fixture not committed")
+    out = tmp_path / "out"
+    code, report = fix_json(model, "-o", out, "--select", "moe-not-fused")
+    assert code == 0 and report["verification"]["passed"] and len(report["rewrites"]) == 2
+    attrs = report["rewrites"][0]["attributes"]
+    assert attrs["activation_alpha"] == pytest.approx(1.702) and attrs["activation_beta"] == 1.0
+    assert attrs["swiglu_limit"] == 7.0
+    node = moe_nodes(out / "model.onnx")[0]
+    assert node.input[3] and node.input[5]  # fc1 and fc2 biases

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ortgate.errors import printable
-from ortgate.fix.weights import DataFile, WeightSource, itemsize
+from ortgate.fix.weights import DataFile, MemorySink, WeightSource, itemsize
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, view_shape
 from ortgate.knowledge.moe import moe_inputs
@@ -36,6 +36,8 @@ class MoeRewrite:
     fc1: str
     fc2: str
     attributes: dict
+    fc1_bias: str = ""  # "" when the experts have no biases
+    fc2_bias: str = ""
     removed: int = 0
     added: int = 0
     bytes_before: int = 0  # expert weight bytes read per decode token (one token), derived from the weight shapes
@@ -87,6 +89,10 @@ def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
         name = _unique(f"/model/layers.{a.layer}/moe/MoE" if a.layer is not None else f"/moe.{a.anchor.index}/MoE",
                        taken)
         rewrite = MoeRewrite(a, name, fc1, fc2, _attributes(a, facts))
+        if any(v is not None and v.bias is not None for e in a.experts for v in (e.gate, e.up, e.down)):
+            rewrite.fc1_bias = _unique(f"{prefix}.experts.gate_up_proj.bias" if a.activation == "swiglu"
+                                       else f"{prefix}.experts.fc1.bias", taken)
+            rewrite.fc2_bias = _unique(f"{prefix}.experts.down_proj.bias", taken)
         _price(graph, rewrite)
         assert a.hidden_size is not None and a.intermediate_size is not None  # set for every anatomy not refused
         if a.hidden_size == a.intermediate_size or a.hidden_size == 2 * a.intermediate_size:
@@ -108,7 +114,10 @@ def _attributes(a: MoeAnatomy, facts) -> dict:
     attrs: dict = {"k": a.k, "activation_type": a.activation, "normalize_routing_weights": int(a.normalize),
                    "use_sparse_mixer": 0}
     if a.activation == "swiglu":
-        attrs.update(swiglu_fusion=facts.cpu_swiglu_fusion, activation_alpha=1.0, activation_beta=0.0)
+        alpha, beta, limit = a.swiglu
+        attrs.update(swiglu_fusion=facts.cpu_swiglu_fusion, activation_alpha=float(alpha), activation_beta=float(beta))
+        if limit is not None:
+            attrs["swiglu_limit"] = float(limit)
     return attrs
 
 
@@ -162,8 +171,8 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
         new_initializers.append(onnx.numpy_helper.from_array(np.array([-1, len(a.experts)], dtype=np.int64),
                                                              shape_name))
         reshape = helper.make_node("Reshape", [a.logits, shape_name], [logits_2d], name=f"{r.node_name}/Reshape")
-        moe = helper.make_node("MoE", _moe_node_inputs(a.hidden, logits_2d, r.fc1, r.fc2), [a.output],
-                               name=r.node_name, domain="com.microsoft", **r.attributes)
+        moe = helper.make_node("MoE", _moe_node_inputs(a.hidden, logits_2d, r.fc1, r.fc2, r.fc1_bias, r.fc2_bias),
+                               [a.output], name=r.node_name, domain="com.microsoft", **r.attributes)
         uses.update([a.logits, a.hidden])
         before = len(removed)
         _remove(position, nodes, producer, uses, removed, protect={a.output})
@@ -175,6 +184,9 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
         rows = 2 * a.intermediate_size if a.activation == "swiglu" else a.intermediate_size
         planned.append(PlannedTensor(r.fc1, "fc1", r, (len(a.experts), rows, a.hidden_size), dtype))
         planned.append(PlannedTensor(r.fc2, "fc2", r, (len(a.experts), a.hidden_size, a.intermediate_size), dtype))
+        if r.fc1_bias:
+            planned.append(PlannedTensor(r.fc1_bias, "fc1_bias", r, (len(a.experts), rows), dtype))
+            planned.append(PlannedTensor(r.fc2_bias, "fc2_bias", r, (len(a.experts), a.hidden_size), dtype))
     kept: list[onnx.NodeProto] = []
     for i, node in enumerate(nodes):
         kept.extend(inserted.get(i, ()))
@@ -204,12 +216,15 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
     return planned
 
 
-def _moe_node_inputs(hidden: str, logits: str, fc1: str, fc2: str) -> list[str]:
+def _moe_node_inputs(hidden: str, logits: str, fc1: str, fc2: str, fc1_bias: str = "", fc2_bias: str = ""
+                     ) -> list[str]:
     """The node's inputs by the kernel table's positions; optional slots before the last one given stay "" (ORT >=
     1.25 wants at least the empty fc1 bias slot: knowledge/ort_moe.json)."""
     positions = moe_inputs("MoE")
     given = {positions.input: hidden, positions.router_probs: logits, positions.fc1_experts_weights: fc1,
              positions.fc2_experts_weights: fc2}
+    if fc1_bias:
+        given.update({positions.fc1_experts_bias: fc1_bias, positions.fc2_experts_bias: fc2_bias})
     count = max(max(given) + 1, moe_op_facts().min_inputs)
     return [given.get(i, "") for i in range(count)]
 
@@ -260,11 +275,16 @@ def view_matrix(source: WeightSource, view: WeightView) -> np.ndarray:
     return np.ascontiguousarray(matrix)
 
 
-def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile) -> tuple[int, int]:
+def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile | MemorySink) -> tuple[int, int]:
     """Write one fused tensor expert by expert; (offset, length) in the data file."""
     offset = out.begin()
     length = 0
     for expert in tensor.rewrite.anatomy.experts:
+        if tensor.kind.endswith("_bias"):
+            data = _bias_block(source, tensor, expert).tobytes()
+            out.append(data)
+            length += len(data)
+            continue
         if tensor.kind == "fc2":
             block = view_matrix(source, expert.down)
         elif expert.gate is not None:
@@ -282,12 +302,41 @@ def write_planned(tensor: PlannedTensor, source: WeightSource, out: DataFile) ->
     return offset, length
 
 
+def _bias_vector(source: WeightSource, view: WeightView | None, rows: int, dtype) -> np.ndarray:
+    """One expert's bias for `view` (zeros when it has none), rows applied as for its weight."""
+    if view is None or view.bias is None:
+        return np.zeros(rows, dtype=dtype)
+    name, index = view.bias
+    vector = source.read(name, index=index).reshape(-1)
+    if view.rows is not None:
+        start, stop, step = view.rows
+        vector = vector[start:stop:step]
+    return np.ascontiguousarray(vector)
+
+
+def _bias_block(source: WeightSource, tensor: PlannedTensor, expert) -> np.ndarray:
+    raw = np.uint16 if itemsize(tensor.data_type) == 2 else np.uint32 if itemsize(tensor.data_type) == 4 else np.uint64
+    if tensor.kind == "fc2_bias":
+        return _bias_vector(source, expert.down, tensor.dims[1], raw)
+    if expert.gate is None:
+        return _bias_vector(source, expert.up, tensor.dims[1], raw)
+    half = tensor.dims[1] // 2
+    block = np.empty(tensor.dims[1], dtype=raw)
+    block[0::2] = _bias_vector(source, expert.gate, half, raw)  # interleaved as fc1's rows
+    block[1::2] = _bias_vector(source, expert.up, half, raw)
+    return block
+
+
 def weight_names(rewrites: list[MoeRewrite]) -> list[str]:
     """Every initializer the fused tensors are read from."""
     names: list[str] = []
     for r in rewrites:
         for e in r.anatomy.experts:
-            names.extend(v.initializer for v in (e.gate, e.up, e.down) if v is not None)
+            for v in (e.gate, e.up, e.down):
+                if v is not None:
+                    names.append(v.initializer)
+                    if v.bias is not None:
+                        names.append(v.bias[0])
     return list(dict.fromkeys(names))
 
 

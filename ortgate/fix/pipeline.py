@@ -27,7 +27,15 @@ from ortgate.fix.moe import (
     write_planned,
 )
 from ortgate.fix.verify import WHOLE_MODEL_MAX_NODES, BlockCheck, Probe, VerifyResult, verify, verify_blocks
-from ortgate.fix.weights import INLINE_LIMIT, DataFile, WeightSource, external_info, set_external
+from ortgate.fix.weights import (
+    INLINE_LIMIT,
+    DataFile,
+    MemorySink,
+    WeightSource,
+    external_info,
+    itemsize,
+    set_external,
+)
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
 from ortgate.graph.load import load_model
@@ -199,6 +207,7 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         result.rewrites, result.refusals = rewrites, refusals
         planned = apply_moe(fixed, graph, rewrites)
     source.check_all(dict.fromkeys(weight_names(result.rewrites)))
+    _inline_small(fixed, planned, source)
     fusion_kinds = tuple(k for k in kinds if k != "moe")
     moe_only = onnx.ModelProto()
     if fusion_kinds and result.original_too_large:
@@ -270,6 +279,28 @@ def _point_at_output(model: onnx.ModelProto, written: onnx.ModelProto, source: W
             tensor.ClearField("external_data")
             tensor.data_location = onnx.TensorProto.DEFAULT
             tensor.raw_data = data.tobytes()
+
+
+SMALL_PLANNED_BYTES = 64 * 1024
+
+
+def _inline_small(model: onnx.ModelProto, planned: list[PlannedTensor], source: WeightSource) -> None:
+    """Give the small new tensors (biases, tiny models' experts) their bytes now: onnxscript's optimizer reads small
+    initializers. The large ones stay placeholders until they are streamed to the data file."""
+    by_name = {t.name: t for t in planned}
+    for tensor in model.graph.initializer:
+        plan = by_name.get(tensor.name)
+        if plan is None:
+            continue
+        size = itemsize(plan.data_type) or 4
+        for d in plan.dims:
+            size *= d
+        if size <= SMALL_PLANNED_BYTES:
+            sink = MemorySink()
+            write_planned(plan, source, sink)
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = sink.value()
 
 
 def _write(fixed: onnx.ModelProto, planned: list[PlannedTensor], source: WeightSource, staged: StagedFix) -> None:

@@ -192,6 +192,23 @@ class DataFile:
             self._f.close()
 
 
+class MemorySink:
+    """DataFile's interface, into memory: a small fused tensor's bytes, kept inline while onnxscript runs (its
+    optimizer compares small initializers by value)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def begin(self) -> int:
+        return 0
+
+    def append(self, data: bytes | memoryview) -> None:
+        self.chunks.append(bytes(data))
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
 def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Point `tensor` at a range of the output's data file (its inline bytes, if any, are dropped)."""
     for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):

@@ -32,6 +32,7 @@ class WeightView:
     index: int | None
     transposed: bool
     rows: tuple[int, int, int] | None = None
+    bias: tuple[str, int | None] | None = None  # (initializer, index in its [E, N] stack): added to the output
 
     def describe(self) -> str:
         at = f"[{self.index}]" if self.index is not None else ""
@@ -62,6 +63,7 @@ class MoeAnatomy:
     output: str = ""  # the routed sum (same shape as `hidden`)
     combine: Node | None = None  # the node producing `output`
     activation: str = ""  # swiglu (gated SiLU) | silu | gelu | relu | identity
+    swiglu: tuple[float, float, float | None] = (1.0, 0.0, None)  # alpha, beta, limit (GPT-OSS: 1.702, 1, 7)
     experts: list[ExpertAnatomy] = field(default_factory=list)
     num_experts: int | None = None
     hidden_size: int | None = None
@@ -307,7 +309,7 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
         raise _Refuse("no expert output weighted by the routing weights was found")
     experts: dict[int, ExpertAnatomy] = {}
     expert_inputs: set[str] = set()
-    activations: set[str] = set()
+    activations: set[tuple[str, tuple]] = set()
     combine_nodes: set[int] = set()
     if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
         _read_batched(graph, a, *contributions[0])
@@ -328,8 +330,8 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
         raise _Refuse(f"{len(experts)} expert outputs for a router of width {count} (expert count differs from the "
                       "router's width)")
     if len(activations) != 1:
-        raise _Refuse(f"experts use different activations ({', '.join(sorted(activations))})")
-    a.activation = activations.pop()
+        raise _Refuse(f"experts use different activations ({', '.join(sorted(str(x) for x in activations))})")
+    a.activation, a.swiglu = activations.pop()
     a.experts = [experts[i] for i in range(count)]
     hidden = _common_hidden(graph, expert_inputs)
     if hidden is None:
@@ -350,7 +352,9 @@ def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weigh
     whose weights are gathered from [E, ., .] stacks by the top-k indices, are scaled by their routing weights,
     reshaped to [tokens, k, H] and summed over k."""
     count = a.num_experts or 0
-    experts, inputs, activations = [], set(), set()
+    experts: list[ExpertAnatomy] = []
+    inputs: set[str] = set()
+    activations: set[tuple[str, tuple]] = set()
     for e in range(count):
         expert, x, activation = _expert_mlp(graph, e, expert_out, pick=e)
         experts.append(expert)
@@ -363,7 +367,8 @@ def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weigh
                           f"of width {count} (expert count differs from the router's width)")
     if len(inputs) != 1 or len(activations) != 1:
         raise _Refuse("the batched experts read different tensors or use different activations")
-    a.experts, a.activation, a.pattern = experts, activations.pop(), "batched_matmul"
+    a.experts, a.pattern = experts, "batched_matmul"
+    a.activation, a.swiglu = activations.pop()
     a.hidden = _unrepeat(graph, inputs.pop())
     a.output, a.combine = _sum_over_k(graph, mul, a.k or 0)
     _check_shapes(graph, a)
@@ -432,10 +437,6 @@ def _contributions(graph: Graph, a: MoeAnatomy, routing_values: set[str]) -> lis
             continue
         weight, expert_out = (left, right) if left_routed else (right, left)
         if _down_projection(graph, expert_out) is None:
-            biased = graph.producer(_through_views(graph, expert_out))
-            if biased is not None and biased.op_type == "Add" and any(graph.is_constant(i) for i in biased.inputs) \
-                    and any(_down_projection(graph, i) is not None for i in biased.inputs):
-                raise _Refuse("expert projections with a bias (GPT-OSS style) are not rewritten")
             continue
         out.append((node, expert_out, weight))
     out.sort(key=lambda t: t[0].index)
@@ -447,9 +448,31 @@ def _routed(graph: Graph, value: str, routing_values: set[str]) -> bool:
 
 
 def _down_projection(graph: Graph, value: str) -> Node | None:
+    return _linear_and_bias(graph, value)[0]
+
+
+def _linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
+    """The MatMul/Gemm producing `value` (through pass-through ops), and the constant bias added after it, if any."""
     node = graph.producer(_through_views(graph, value))
+    bias = None
+    if node is not None and node.op_type == "Add" and node.domain == DEFAULT_DOMAIN and len(node.inputs) == 2:
+        consts = [i for i in node.inputs if graph.is_constant(i) or _stack_row(graph, i)]
+        others = [i for i in node.inputs if i not in consts]
+        if len(consts) == 1 and len(others) == 1:
+            bias = consts[0]
+            node = graph.producer(_through_views(graph, others[0]))
     if node is not None and node.domain == DEFAULT_DOMAIN and node.op_type in ("MatMul", "Gemm"):
-        return node
+        return node, bias
+    return None, None
+
+
+def _stack_row(graph: Graph, value: str) -> bool:
+    """A row gathered from an [E, N] initializer (an expert's bias picked from its stack)."""
+    node = graph.producer(value)
+    if node is None or node.op_type not in ("Gather", "GatherND"):
+        return False
+    init = graph.initializers.get(node.input(0))
+    return init is not None and len(init.dims) == 2
     return None
 
 
@@ -487,38 +510,84 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
     return None
 
 
-def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = None) -> tuple[ExpertAnatomy, str, str]:
+def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = None
+                ) -> tuple[ExpertAnatomy, str, tuple[str, tuple]]:
     """The expert's weights, the value it reads, and its activation, from its down projection back. `pick`: the
     expert to take from weights gathered out of a stack by the routing indices (the batched form)."""
-    down = _down_projection(graph, expert_out)
+    down, down_bias = _linear_and_bias(graph, expert_out)
     assert down is not None
     down_view, h = _linear_view(graph, down, pick)
+    down_view = _with_bias(graph, down_view, down_bias, pick)
     h_node = graph.producer(_through_views(graph, h, {"Cast", "Identity", "Unsqueeze", "Squeeze"}))
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
     gated = _gated(graph, h_node)
     if gated is not None:
-        gate_value, up_value, activation = gated
+        gate_value, up_value, name = gated[:3]
+        activation = (name, gated[3] if len(gated) > 3 else (1.0, 0.0, None))
         gate_view, x_gate = _projection_part(graph, gate_value, pick)
         up_view, x_up = _projection_part(graph, up_value, pick)
         if x_gate != x_up:
             raise _Refuse(f"expert {index}: gate and up projections read different tensors")
         return ExpertAnatomy(index, up_view, down_view, gate_view), x_gate, activation
-    activation, pre = _plain_activation(graph, h)
+    name, pre = _plain_activation(graph, h)
     fc1_view, x = _projection_part(graph, pre, pick)
-    return ExpertAnatomy(index, fc1_view, down_view), x, activation
+    return ExpertAnatomy(index, fc1_view, down_view), x, (name, (1.0, 0.0, None))
 
 
-def _gated(graph: Graph, node: Node) -> tuple[str, str, str] | None:
-    """(gate value, up value, activation) of act(gate) * up."""
+def _gated(graph: Graph, node: Node) -> tuple | None:
+    """(gate value, up value, activation[, (alpha, beta, limit)]) of act(gate) * up, or of GPT-OSS's clamped form
+    (up.clamp(-L, L) + beta) * g * sigmoid(alpha * g) with g = gate.clamp(max=L)."""
     if node.op_type != "Mul" or len(node.inputs) != 2:
         return None
+    clamped = _clamped_swiglu(graph, node)
+    if clamped is not None:
+        return clamped
     for act_side, up_side in ((0, 1), (1, 0)):
         gate = _silu_input(graph, node.input(act_side))
         if gate is not None:
             return gate, node.input(up_side), "swiglu"
         if _gelu_input(graph, node.input(act_side)) is not None:
             raise _Refuse("GELU-gated experts (GeGLU): com.microsoft.MoE gates with SiLU only")
+    return None
+
+
+def _clip_bounds(graph: Graph, value: str) -> tuple[str, float | None, float | None] | None:
+    """(input, min, max) of a Clip with constant bounds."""
+    node = graph.producer(value)
+    if node is None or node.op_type != "Clip":
+        return None
+    low = const_floats(graph, node.input(1)) if node.input(1) else None
+    high = const_floats(graph, node.input(2)) if node.input(2) else None
+    return node.input(0), (low[0] if low else None), (high[0] if high else None)
+
+
+def _clamped_swiglu(graph: Graph, node: Node) -> tuple | None:
+    for lin_side, glu_side in ((0, 1), (1, 0)):
+        shifted = graph.producer(node.input(lin_side))
+        glu = graph.producer(node.input(glu_side))
+        if shifted is None or glu is None or shifted.op_type != "Add" or glu.op_type != "Mul":
+            continue
+        beta_value = next((const_floats(graph, i) for i in shifted.inputs if graph.is_constant(i)), None)
+        up_value = next((i for i in shifted.inputs if not graph.is_constant(i)), None)
+        up_clip = _clip_bounds(graph, up_value) if up_value else None
+        if not beta_value or up_clip is None:
+            continue
+        for g_side, s_side in ((0, 1), (1, 0)):
+            sig = graph.producer(glu.input(s_side))
+            if sig is None or sig.op_type != "Sigmoid":
+                continue
+            scaled = graph.producer(sig.input(0))
+            if scaled is None or scaled.op_type != "Mul" or glu.input(g_side) not in scaled.inputs:
+                continue
+            alpha = next((const_floats(graph, i) for i in scaled.inputs if graph.is_constant(i)), None)
+            gate_clip = _clip_bounds(graph, glu.input(g_side))
+            if not alpha or gate_clip is None:
+                continue
+            limit = gate_clip[2]
+            if limit is None or gate_clip[1] is not None or up_clip[1] != -limit or up_clip[2] != limit:
+                raise _Refuse("a clamped SwiGLU whose bounds are not (gate <= L, -L <= up <= L)")
+            return gate_clip[0], up_clip[0], "swiglu", (alpha[0], beta_value[0], limit)
     return None
 
 
@@ -570,15 +639,20 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
     node = graph.producer(value)
     if node is None:
         raise _Refuse("an expert projection reads a graph input")
-    if node.op_type in ("MatMul", "Gemm"):
-        return _linear_view(graph, node, pick)
+    if node.op_type in ("MatMul", "Gemm", "Add"):
+        linear, bias = _linear_and_bias(graph, value)
+        if linear is None:
+            raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
+        view, x = _linear_view(graph, linear, pick)
+        return _with_bias(graph, view, bias, pick), x
     if node.op_type == "Split" and node.domain == DEFAULT_DOMAIN:
-        linear = graph.producer(_through_views(graph, node.input(0), {"Squeeze", "Identity"}))
+        linear, bias = _linear_and_bias(graph, node.input(0))
         if linear is None or linear.op_type not in ("MatMul", "Gemm"):
             raise _Refuse("a split expert projection is not a MatMul/Gemm")
         if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
             raise _Refuse("a merged gate_up projection is split on another axis than its features")
         view, x = _linear_view(graph, linear, pick)
+        view = _with_bias(graph, view, bias, pick)
         total = _out_features(graph, view)
         sizes = const_ints(graph, node.input(1)) if node.input(1) else None
         if sizes is None:
@@ -588,9 +662,10 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
             sizes = (total // parts,) * parts
         position = node.outputs.index(value)
         start = sum(sizes[:position])
-        return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1)), x
+        return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1),
+                          view.bias), x
     if node.op_type == "Slice" and node.domain == DEFAULT_DOMAIN:
-        linear = graph.producer(_through_views(graph, node.input(0), {"Squeeze", "Identity"}))
+        linear, bias = _linear_and_bias(graph, node.input(0))
         starts, ends = const_ints(graph, node.input(1)), const_ints(graph, node.input(2))
         axes = const_ints(graph, node.input(3)) if node.input(3) else (-1,)
         steps = const_ints(graph, node.input(4)) if node.input(4) else (1,)
@@ -598,9 +673,10 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
                 or len(starts) != 1 or not _last_axis(graph, node.input(0), axes[0]) or steps[0] <= 0:
             raise _Refuse("an expert projection is sliced in a way the rewrite does not read")
         view, x = _linear_view(graph, linear, pick)
+        view = _with_bias(graph, view, bias, pick)
         total = _out_features(graph, view) or 0
         stop = min(ends[0], total)
-        return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0])), x
+        return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0]), view.bias), x
     raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
 
 
@@ -611,16 +687,15 @@ def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[Wei
         for side in (0, 1):
             stack = _gathered_stack(graph, node.input(side))
             if stack is not None:
-                _no_bias_after(graph, node)
                 # W[e] @ x: W[e] is [out, in]; x @ W[e]: W[e] is [in, out]
                 return WeightView(stack, pick, transposed=side == 1), node.input(1 - side)
     if node.op_type == "Gemm":
-        if node.attr("transA", 0) or abs(float(node.attr("alpha", 1.0)) - 1.0) > 1e-6 or node.input(2):
-            raise _Refuse("an expert Gemm has transA, alpha or a bias (expert biases are not rewritten)")
+        if node.attr("transA", 0) or abs(float(node.attr("alpha", 1.0)) - 1.0) > 1e-6 or (
+                node.input(2) and abs(float(node.attr("beta", 1.0)) - 1.0) > 1e-6):
+            raise _Refuse("an expert Gemm has transA, or alpha / beta other than 1")
         transposed = not node.attr("transB", 0)
     else:
         transposed = True  # MatMul(x, W): W is [in, out]
-    _no_bias_after(graph, node)
     value = node.input(1)
     index = None
     for _ in range(6):
@@ -629,7 +704,10 @@ def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[Wei
             rank = len(init.dims)
             if (index is None and rank != 2) or (index is not None and rank != 3):
                 raise _Refuse(f"expert weight {value} has rank {rank}")
-            return WeightView(value, index, transposed), node.input(0)
+            view = WeightView(value, index, transposed)
+            if node.op_type == "Gemm" and node.input(2):
+                view = _with_bias(graph, view, node.input(2), None)
+            return view, node.input(0)
         producer = graph.producer(value)
         if producer is None:
             break
@@ -665,10 +743,20 @@ def _gathered_stack(graph: Graph, value: str) -> str | None:
     return None
 
 
-def _no_bias_after(graph: Graph, node: Node) -> None:
-    for c in graph.consumers(node.outputs[0]):
-        if c.op_type == "Add" and any(graph.is_constant(i) for i in c.inputs):
-            raise _Refuse("expert projections with a bias are not rewritten")
+def _with_bias(graph: Graph, view: WeightView, bias: str | None, pick: int | None) -> WeightView:
+    """`view` with the bias added after its projection: a 1-D initializer, or row e of an [E, N] stack."""
+    if bias is None:
+        return view
+    if bias in graph.initializers and len(graph.initializers[bias].dims) == 1:
+        return WeightView(view.initializer, view.index, view.transposed, view.rows, (bias, None))
+    node = graph.producer(bias)
+    if node is not None and node.op_type in ("Gather", "GatherND") and node.input(0) in graph.initializers:
+        stack = graph.initializers[node.input(0)]
+        picked = const_ints(graph, node.input(1)) if node.op_type == "Gather" else None
+        index = picked[0] if picked and len(picked) == 1 else pick
+        if len(stack.dims) == 2 and index is not None:
+            return WeightView(view.initializer, view.index, view.transposed, view.rows, (stack.name, index))
+    raise _Refuse("an expert bias is not an initializer (or a row of a stacked one)")
 
 
 def _out_features(graph: Graph, view: WeightView) -> int | None:
