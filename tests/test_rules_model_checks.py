@@ -1,4 +1,4 @@
-"""moe-routing-mismatch, gqa-config-mismatch, gqa-heads-invalid, gqa-window-mismatch, tensor-parallel-split: this
+"""moe-routing-mismatch, gqa-config-mismatch, gqa-heads-not-grouped, gqa-window-mismatch, tensor-parallel-split: this
 graph, this policy, these findings."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.helpers import by_rule, lint_findings
 
 ROUTING = "moe-routing-mismatch"
 GQA = "gqa-config-mismatch"
-GQA_HEADS = "gqa-heads-invalid"
+GQA_HEADS = "gqa-heads-not-grouped"
 GQA_WINDOW = "gqa-window-mismatch"
 TP = "tensor-parallel-split"
 
@@ -109,7 +109,7 @@ def test_matching_policy_passes(make_model, write_policy):
     assert findings(make_model(), ROUTING, policy) == []
 
 
-# gqa-config-mismatch, gqa-heads-invalid, gqa-window-mismatch ------------------------------------------
+# gqa-config-mismatch, gqa-heads-not-grouped, gqa-window-mismatch ------------------------------------------
 
 
 def test_heads_not_a_multiple_of_kv_heads(make_model):

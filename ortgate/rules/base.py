@@ -8,6 +8,22 @@ A rule's docstring starts with a one-line summary, followed by these sections (M
     ## Bad
     ## Good
     ## Fix
+
+Bad and Good are examples that tests/test_rule_docs.py executes: Bad must fire the rule, Good must not. Each is
+one or more fenced blocks whose info string says what the block is:
+
+    ```onnx               the model, in ONNX textual syntax (onnx.parser.parse_model). A name declared with a
+                          type in the graph's <...> list that no node computes is a weight (the test gives it
+                          zeros: ortgate never reads weight values).
+    ```onnx optimized     ORT's optimized dump of the model (alone: the model and its dump are the same graph)
+    ```yaml               the policy (`name:` may be left out)
+    ```json               genai_config.json
+    ```yaml evidence      what `ortgate run` saw: ortgate.evidence.RunEvidence as YAML
+    ```json baseline      the findings baseline (`--baseline FILE`)
+    ```text               prose, not executed (beside an executed block)
+
+A section without a model lints examples/qwen3-moe-tiny-fused/model.onnx (float16, two decoder layers with
+GroupQueryAttention and MoE, inputs [batch_size, sequence_length] and a KV cache of past_sequence_length).
 """
 
 from __future__ import annotations
@@ -44,6 +60,26 @@ class Rule:
 
     def section(self, title: str) -> str:
         return doc_sections(self.doc).get(title, "")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One fenced block of a Bad or Good section."""
+
+    kind: str  # one of EXAMPLE_KINDS
+    text: str
+
+
+# Info string of a fenced block -> what the block is.
+EXAMPLE_KINDS = {"onnx": "model", "onnx optimized": "optimized", "yaml": "policy", "json": "genai_config",
+                 "yaml evidence": "evidence", "json baseline": "baseline", "text": "text"}
+_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
+
+
+def doc_examples(section: str) -> list[Example]:
+    """The fenced blocks of a Bad or Good section; an info string outside EXAMPLE_KINDS is kind "unknown"."""
+    return [Example(EXAMPLE_KINDS.get(" ".join(info.split()), "unknown"), body)
+            for info, body in _FENCE.findall(section)]
 
 
 def doc_sections(doc: str) -> dict[str, str]:

@@ -50,13 +50,25 @@ def op_input_missing(ctx: RuleContext):
     ORT refuses such a node when the session is created: nothing runs at all.
 
     ## Bad
-    ```
-    com.microsoft.GroupQueryAttention(query, key, value, past_key, past_value, "", total_sequence_length)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, , total_len)                     # no seqlens_k
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.GroupQueryAttention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -90,14 +102,23 @@ def op_input_rank(ctx: RuleContext):
     refuses at its first request.
 
     ## Bad
-    ```
-    position_ids: [3, batch, seq]              # multimodal (MRoPE) positions
-    com.microsoft.RotaryEmbedding(q, position_ids, cos_cache, sin_cache)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    rotary (float[1, T, 64] q, int64[3, 1, T] position_ids) => (float[1, T, 64] q_rot)   # multimodal (MRoPE) positions
+    <float[256, 8] cos_cache, float[256, 8] sin_cache>
+    {
+      q_rot = com.microsoft.RotaryEmbedding<num_heads = 4>(q, position_ids, cos_cache, sin_cache)
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.MRotaryEmbedding(q, position_ids, cos_cache, sin_cache, mrope_section=[...])
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    rotary (float[1, T, 64] q, int64[1, T] position_ids) => (float[1, T, 64] q_rot)
+    <float[256, 8] cos_cache, float[256, 8] sin_cache>
+    {
+      q_rot = com.microsoft.RotaryEmbedding<num_heads = 4>(q, position_ids, cos_cache, sin_cache)
+    }
     ```
 
     ## Fix
@@ -133,14 +154,24 @@ def op_input_type(ctx: RuleContext):
     ORT finds no kernel signature for the node and refuses the session.
 
     ## Bad
-    ```
-    position_ids: int32
-    com.microsoft.RotaryEmbedding(q, position_ids, cos_cache, sin_cache)     # M: tensor(int64)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    rotary (float[1, T, 64] q, int32[1, T] position_ids) => (float[1, T, 64] q_rot)      # M: tensor(int64)
+    <float[256, 8] cos_cache, float[256, 8] sin_cache>
+    {
+      q_rot = com.microsoft.RotaryEmbedding<num_heads = 4>(q, position_ids, cos_cache, sin_cache)
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.RotaryEmbedding(q, Cast(position_ids, to=INT64), cos_cache, sin_cache)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    rotary (float[1, T, 64] q, int32[1, T] position_ids) => (float[1, T, 64] q_rot)
+    <float[256, 8] cos_cache, float[256, 8] sin_cache>
+    {
+      positions = Cast<to = 7>(position_ids)
+      q_rot = com.microsoft.RotaryEmbedding<num_heads = 4>(q, positions, cos_cache, sin_cache)
+    }
     ```
 
     ## Fix
@@ -184,13 +215,25 @@ def op_attribute_missing(ctx: RuleContext):
     ORT refuses the node when the session is created.
 
     ## Bad
-    ```
-    com.microsoft.GroupQueryAttention(..., num_heads=16)            # no kv_num_heads
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, num_kv_heads = 2>(   # not its name
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.GroupQueryAttention(..., num_heads=16, kv_num_heads=2)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -219,13 +262,25 @@ def op_attribute_type(ctx: RuleContext):
     ORT's schema check refuses the node when the session is created.
 
     ## Bad
-    ```
-    com.microsoft.GroupQueryAttention(..., num_heads=4.5)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2.0>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.GroupQueryAttention(..., num_heads=4)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -257,13 +312,25 @@ def op_attribute_value(ctx: RuleContext):
     ORT rejects the value when it creates the kernel: the session does not load.
 
     ## Bad
-    ```
-    com.microsoft.MoE(..., activation_type="swish")
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] x) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(x, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swish">(x, logits, fc1, , fc2)
+    }
     ```
 
     ## Good
-    ```
-    com.microsoft.MoE(..., activation_type="swiglu", swiglu_fusion=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] x) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(x, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+    }
     ```
 
     ## Fix
@@ -301,14 +368,25 @@ def split_sizes_mismatch(ctx: RuleContext):
     ORT fails the first run ("Cannot split using values in 'split' attribute"): the model never serves a request.
 
     ## Bad
-    ```
-    router_probs: [tokens, 8]
-    Split(router_probs, split=[1, 1, 1, 1, 1, 1, 1], axis=-1)      # 7 of 8 experts were traced
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    dispatch (float[T, 8] router_probs) => (float[T, 1] p0, float[T, 1] p1, float[T, 1] p2, float[T, 1] p3,
+                                           float[T, 1] p4, float[T, 1] p5, float[T, 1] p6)
+    <int64[7] sizes = {1, 1, 1, 1, 1, 1, 1}>
+    {
+      p0, p1, p2, p3, p4, p5, p6 = Split<axis = -1>(router_probs, sizes)     # 7 of 8 experts were traced
+    }
     ```
 
     ## Good
-    ```
-    Split(router_probs, split=[1, 1, 1, 1, 1, 1, 1, 1], axis=-1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    dispatch (float[T, 8] router_probs) => (float[T, 1] p0, float[T, 1] p1, float[T, 1] p2, float[T, 1] p3,
+                                           float[T, 1] p4, float[T, 1] p5, float[T, 1] p6, float[T, 1] p7)
+    <int64[8] sizes = {1, 1, 1, 1, 1, 1, 1, 1}>
+    {
+      p0, p1, p2, p3, p4, p5, p6, p7 = Split<axis = -1>(router_probs, sizes)
+    }
     ```
 
     ## Fix
@@ -354,14 +432,73 @@ def moe_expert_count_mismatch(ctx: RuleContext):
     The model either fails at run time or silently computes a different function than the checkpoint.
 
     ## Bad
-    ```
-    router: MatMul(x, W_router[hidden, 8])
-    experts 0, 1, 2, 4, 5, 6, 7 computed; expert 3 missing
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 3] router_w, int64[1] k = {1},
+     int64[1] e0 = {0}, int64[1] e1 = {1}, int64[1] e2 = {2}, int64[1] last = {-1},
+     float[8, 16] gate_0, float[8, 16] up_0, float[16, 8] down_0,
+     float[8, 16] gate_1, float[8, 16] up_1, float[16, 8] down_1>
+    {
+      logits = MatMul(x, router_w)                       # router: 3 experts
+      probs = Softmax<axis = -1>(logits)
+      top_w, top_i = TopK(probs, k)
+      shape = Shape(logits)
+      zeros = ConstantOfShape(shape)
+      routing = ScatterElements<axis = -1>(zeros, top_i, top_w)   # [T, experts]: top-k weights, 0 elsewhere
+      g0 = MatMul(x, gate_0)                             # expert 0 runs on every token
+      s0 = Sigmoid(g0)
+      a0 = Mul(g0, s0)
+      u0 = MatMul(x, up_0)
+      h0 = Mul(a0, u0)
+      d0 = MatMul(h0, down_0)
+      w0 = Slice(routing, e0, e1, last)
+      y0 = Mul(d0, w0)
+      g1 = MatMul(x, gate_1)                             # expert 1; expert 2 was not traced
+      s1 = Sigmoid(g1)
+      a1 = Mul(g1, s1)
+      u1 = MatMul(x, up_1)
+      h1 = Mul(a1, u1)
+      d1 = MatMul(h1, down_1)
+      w1 = Slice(routing, e1, e2, last)
+      y1 = Mul(d1, w1)
+      y = Add(y0, y1)
+    }
     ```
 
     ## Good
-    ```
-    all 8 experts computed, or one com.microsoft.MoE with fc1 [8, ...]
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 2] router_w, int64[1] k = {1},
+     int64[1] e0 = {0}, int64[1] e1 = {1}, int64[1] e2 = {2}, int64[1] last = {-1},
+     float[8, 16] gate_0, float[8, 16] up_0, float[16, 8] down_0,
+     float[8, 16] gate_1, float[8, 16] up_1, float[16, 8] down_1>
+    {
+      logits = MatMul(x, router_w)                       # router: one logit per expert
+      probs = Softmax<axis = -1>(logits)
+      top_w, top_i = TopK(probs, k)
+      shape = Shape(logits)
+      zeros = ConstantOfShape(shape)
+      routing = ScatterElements<axis = -1>(zeros, top_i, top_w)   # [T, experts]: top-k weights, 0 elsewhere
+      g0 = MatMul(x, gate_0)                             # expert 0 runs on every token
+      s0 = Sigmoid(g0)
+      a0 = Mul(g0, s0)
+      u0 = MatMul(x, up_0)
+      h0 = Mul(a0, u0)
+      d0 = MatMul(h0, down_0)
+      w0 = Slice(routing, e0, e1, last)
+      y0 = Mul(d0, w0)
+      g1 = MatMul(x, gate_1)                             # expert 1 too
+      s1 = Sigmoid(g1)
+      a1 = Mul(g1, s1)
+      u1 = MatMul(x, up_1)
+      h1 = Mul(a1, u1)
+      d1 = MatMul(h1, down_1)
+      w1 = Slice(routing, e1, e2, last)
+      y1 = Mul(d1, w1)
+      y = Add(y0, y1)
+    }
     ```
 
     ## Fix
@@ -400,13 +537,21 @@ def op_contract_unknown(ctx: RuleContext):
     It costs nothing by itself; it says where the contract rules (OGX001-OGX007) could not look.
 
     ## Bad
-    ```
-    com.microsoft.SomeNewOp(...)        # not in the reference: unchecked
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    block (float[T, 64] x) => (float[T, 64] y)
+    {
+      y = com.microsoft.SomeNewOp(x)        # not in the reference: unchecked
+    }
     ```
 
     ## Good
-    ```
-    every op documented in the reference the data was generated from
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    block (float[T, 64] x) => (float[T, 64] y)
+    {
+      y = com.microsoft.QuickGelu<alpha = 1.0>(x)
+    }
     ```
 
     ## Fix
@@ -422,7 +567,8 @@ def op_contract_unknown(ctx: RuleContext):
             unknown[node.key] += 1
     if unknown:
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(unknown.items()))
-        yield ctx.undecided(
+        # The rule's own fact (a violation a policy may re-level to fail on unchecked ops), not a rule undecided.
+        yield ctx.finding(
             f"{sum(unknown.values())} node{'s' if sum(unknown.values()) > 1 else ''} of {len(unknown)} op "
             f"type{'s' if len(unknown) > 1 else ''} not checked against a contract (none in the reference): {listed}",
             graph=graph, properties={"not_checked": dict(sorted(unknown.items()))},

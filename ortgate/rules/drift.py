@@ -77,15 +77,21 @@ def config_drift(ctx: RuleContext):
     graph can pass every check while production launches every kernel one by one.
 
     ## Bad
-    ```text
-    policy.yaml:        execution_provider.options.enable_cuda_graph: "1"
-    genai_config.json:  "provider_options": [{"cuda": {"enable_cuda_graph": "0"}}]
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```json
+    {"model": {"decoder": {"session_options": {"provider_options": [{"cuda": {"enable_cuda_graph": "0"}}]}}}}
     ```
 
     ## Good
-    ```text
-    policy.yaml:        execution_provider.options.enable_cuda_graph: "1"
-    genai_config.json:  "provider_options": [{"cuda": {"enable_cuda_graph": "1"}}]
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```json
+    {"model": {"decoder": {"session_options": {"provider_options": [{"cuda": {"enable_cuda_graph": "1"}}]}}}}
     ```
 
     ## Fix
@@ -168,15 +174,21 @@ def session_option_drift(ctx: RuleContext):
     kernel choice, so it is a warning.
 
     ## Bad
-    ```text
-    policy.yaml:        session.intra_op_num_threads: 8
-    genai_config.json:  "session_options": {"intra_op_num_threads": 2}
+    ```yaml
+    session: {intra_op_num_threads: 8}
+    ```
+
+    ```json
+    {"model": {"decoder": {"session_options": {"intra_op_num_threads": 2}}}}
     ```
 
     ## Good
-    ```text
-    policy.yaml:        session.intra_op_num_threads: 8
-    genai_config.json:  "session_options": {"intra_op_num_threads": 8}
+    ```yaml
+    session: {intra_op_num_threads: 8}
+    ```
+
+    ```json
+    {"model": {"decoder": {"session_options": {"intra_op_num_threads": 8}}}}
     ```
 
     ## Fix

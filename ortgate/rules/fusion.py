@@ -37,17 +37,50 @@ def moe_not_fused(ctx: RuleContext):
     by expert and runs grouped GEMMs: one launch sequence per layer and only the top-k experts' work.
 
     ## Bad
-    ```
-    router = MatMul(h, W_gate)            # [tokens, experts]
-    w, idx = TopK(Softmax(router), k=8)
-    for e in range(128):                  # 128 x (MatMul, MatMul, MatMul) per layer
-        y += ScatterElements(...)[e] * down_e(silu(gate_e(h)) * up_e(h))
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 2] router_w, int64[1] k = {1},
+     int64[1] e0 = {0}, int64[1] e1 = {1}, int64[1] e2 = {2}, int64[1] last = {-1},
+     float[8, 16] gate_0, float[8, 16] up_0, float[16, 8] down_0,
+     float[8, 16] gate_1, float[8, 16] up_1, float[16, 8] down_1>
+    {
+      logits = MatMul(x, router_w)                       # router: one logit per expert
+      probs = Softmax<axis = -1>(logits)
+      top_w, top_i = TopK(probs, k)
+      shape = Shape(logits)
+      zeros = ConstantOfShape(shape)
+      routing = ScatterElements<axis = -1>(zeros, top_i, top_w)   # [T, experts]: top-k weights, 0 elsewhere
+      g0 = MatMul(x, gate_0)                             # expert 0 runs on every token
+      s0 = Sigmoid(g0)
+      a0 = Mul(g0, s0)
+      u0 = MatMul(x, up_0)
+      h0 = Mul(a0, u0)
+      d0 = MatMul(h0, down_0)
+      w0 = Slice(routing, e0, e1, last)
+      y0 = Mul(d0, w0)
+      g1 = MatMul(x, gate_1)                             # expert 1 too
+      s1 = Sigmoid(g1)
+      a1 = Mul(g1, s1)
+      u1 = MatMul(x, up_1)
+      h1 = Mul(a1, u1)
+      d1 = MatMul(h1, down_1)
+      w1 = Slice(routing, e1, e2, last)
+      y1 = Mul(d1, w1)
+      y = Add(y0, y1)
+    }
     ```
 
     ## Good
-    ```
-    y = com.microsoft.MoE(h, router_logits, fc1_w, None, fc2_w,
-                          k=8, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float[T, 8] x) => (float[T, 8] y)
+    <float[8, 2] router_w, float[2, 32, 8] fc1, float[2, 8, 16] fc2>
+    {
+      logits = MatMul(x, router_w)
+      y = com.microsoft.MoE<k = 1, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1>(
+          x, logits, fc1, , fc2)
+    }
     ```
 
     ## Fix
@@ -117,7 +150,8 @@ def gqa_not_fused(ctx: RuleContext):
       head count (Expand/Tile). One finding per layer.
     - MultiHeadAttention or ONNX `Attention` while the model has fewer kv heads than q heads.
     The number of attention layers against the policy is attention-layer-count-mismatch's to judge, GroupQueryAttention's
-    heads against the model config gqa-config-mismatch's, and head attributes ORT rejects gqa-heads-invalid's.
+    heads against the model config gqa-config-mismatch's, heads that do not group gqa-heads-not-grouped's, and attributes
+    ORT rejects the contract rules' (op-attribute-missing, op-attribute-type).
 
     ## Why it costs throughput
     Decomposed attention materialises the full [heads, q, kv] score tensor, repeats K and V to every query
@@ -126,17 +160,30 @@ def gqa_not_fused(ctx: RuleContext):
     it is the difference between memory-bound and launch-bound.
 
     ## Bad
-    ```
-    k = Expand(k, [B, 16, T, D])                      # repeat_kv: 2 kv heads -> 16
-    p = Softmax(Add(Div(MatMul(q, Transpose(k)), sqrt(D)), mask))
-    o = MatMul(p, v)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    attention (float[1, 4, T, 16] q, float[1, 2, S, 16] k, float[1, 2, S, 16] v) => (float[1, 4, T, 16] o)
+    <int64[4] kv_shape, float scale>
+    {
+      k4 = Expand(k, kv_shape)
+      v4 = Expand(v, kv_shape)
+      kt = Transpose<perm = [0, 1, 3, 2]>(k4)
+      qk = MatMul(q, kt)
+      scores = Div(qk, scale)
+      p = Softmax<axis = -1>(scores)
+      o = MatMul(p, v4)
+    }
     ```
 
     ## Good
-    ```
-    o, present_k, present_v = com.microsoft.GroupQueryAttention(
-        qkv, None, None, past_k, past_v, seqlens_k, total_seq_len, cos_cache, sin_cache,
-        num_heads=16, kv_num_heads=2, do_rotary=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -196,13 +243,24 @@ def fusedmatmul_missing(ctx: RuleContext):
     scales in the GEMM epilogue, for free.
 
     ## Bad
-    ```
-    s = Div(MatMul(q, Transpose(k, perm=[0, 1, 3, 2])), 8.0)
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21]>
+    scores (float[1, 4, T, 16] q, float[1, 4, S, 16] k) => (float[1, 4, T, S] s)
+    <float scale>
+    {
+      kt = Transpose<perm = [0, 1, 3, 2]>(k)
+      qk = MatMul(q, kt)
+      s = Div(qk, scale)
+    }
     ```
 
     ## Good
-    ```
-    s = com.microsoft.FusedMatMul(q, k, transB=1, alpha=0.125)
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    scores (float[1, 4, T, 16] q, float[1, 4, S, 16] k) => (float[1, 4, T, S] s)
+    {
+      s = com.microsoft.FusedMatMul<transB = 1, alpha = 0.25>(q, k)
+    }
     ```
 
     ## Fix

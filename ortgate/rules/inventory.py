@@ -44,12 +44,12 @@ def moe_layer_count_mismatch(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    model: {moe_layers: 48}   # the graph: 4 com.microsoft.MoE nodes
+    model: {moe_layers: 48}   # the model has 2 com.microsoft.MoE nodes
     ```
 
     ## Good
     ```yaml
-    model: {moe_layers: 4}
+    model: {moe_layers: 2}
     ```
 
     ## Fix
@@ -80,12 +80,12 @@ def attention_layer_count_mismatch(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    model: {attention_layers: 40}   # Qwen3.5-MoE: only every 4th of 40 layers is softmax attention
+    model: {layers: 2, attention_layers: 8}   # the model has 2 GroupQueryAttention layers
     ```
 
     ## Good
     ```yaml
-    model: {attention_layers: 10}
+    model: {layers: 2, attention_layers: 2}
     ```
 
     ## Fix
@@ -121,13 +121,13 @@ def required_ops(ctx: RuleContext):
     ## Bad
     ```yaml
     model:
-      required_ops: {com.microsoft.MoE: 40}   # the graph has 38: two layers fell back to a dense loop
+      required_ops: {com.microsoft.MoE: 48}   # the model has 2: the others fell back to standard ops, or were lost
     ```
 
     ## Good
     ```yaml
     model:
-      required_ops: {com.microsoft.MoE: 40, com.microsoft.GroupQueryAttention: 10}
+      required_ops: {com.microsoft.MoE: 2, com.microsoft.GroupQueryAttention: 2}
     ```
 
     ## Fix
@@ -167,14 +167,29 @@ def forbidden_op(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    model:
-      forbidden_ops: [NonZero]   # the expert loop of an unfused MoE computes NonZero on the router mask
+    model: {forbidden_ops: [NonZero]}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    dispatch (bool[T, 4] routed) => (int64[2, N] token_expert)
+    {
+      token_expert = NonZero(routed)     # an expert loop's dispatch: a host sync at every token
+    }
     ```
 
     ## Good
     ```yaml
-    model:
-      forbidden_ops: [MemcpyToHost, MemcpyFromHost]   # the optimized dump holds none
+    model: {forbidden_ops: [NonZero]}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    dispatch (float[T, 4] probs) => (float[T, 2] weights, int64[T, 2] experts)
+    <int64[1] k = {2}>
+    {
+      weights, experts = TopK(probs, k)
+    }
     ```
 
     ## Fix

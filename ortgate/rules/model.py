@@ -78,15 +78,35 @@ def moe_routing_mismatch(ctx: RuleContext):
     alpha computes a different MLP. Throughput measured on a model that computes something else is no measurement.
 
     ## Bad
+    ```yaml
+    model: {family: qwen3_moe, top_k: 8}   # Qwen3-30B-A3B: top-8 routing, norm_topk_prob true
     ```
-    y = com.microsoft.MoE(h, logits, fc1, None, fc2, k=2, activation_type="swiglu",
-                          normalize_routing_weights=0)            # Qwen3-30B-A3B: top-8, norm_topk_prob=true
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 0>(
+          h, logits, fc1, , fc2)
+    }
     ```
 
     ## Good
+    ```yaml
+    model: {family: qwen3_moe, top_k: 8}
     ```
-    y = com.microsoft.MoE(h, logits, fc1, None, fc2, k=8, activation_type="swiglu", swiglu_fusion=1,
-                          normalize_routing_weights=1, activation_alpha=1.0, activation_beta=0.0)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 8, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1,
+                            activation_alpha = 1.0, activation_beta = 0.0>(h, logits, fc1, , fc2)
+    }
     ```
 
     ## Fix
@@ -226,12 +246,32 @@ def gqa_config_mismatch(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    model: {num_heads: 16, kv_num_heads: 2}   # the graph: GroupQueryAttention(num_heads=4, kv_num_heads=2)
+    model: {num_heads: 16, kv_num_heads: 2}   # the graph's GroupQueryAttention has num_heads=4
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
     ```yaml
     model: {num_heads: 4, kv_num_heads: 2}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -284,44 +324,39 @@ def _expectation_key(expected: Expected, attr: str) -> str:
     return f"model.{attr}"
 
 
-def _gqa_heads_problem(node: Node) -> str | None:
-    """Why ORT rejects this GroupQueryAttention's head attributes, or None."""
-    kv, nh = node.int_attr("kv_num_heads"), node.int_attr("num_heads")
-    if kv is None:
-        if node.has_attr("kv_num_heads"):
-            return f"kv_num_heads={node.attr('kv_num_heads')!r} is not an integer"
-        if node.has_attr("num_kv_heads"):
-            return "the required kv_num_heads attribute is missing (it has num_kv_heads, which ORT does not read)"
-        return "the required kv_num_heads attribute is missing"
-    if nh is not None and nh > 0 and kv > 0 and (kv > nh or nh % kv):
-        return f"num_heads={nh} is not a multiple of kv_num_heads={kv}: the query heads cannot be grouped over the kv heads"
-    return None
-
-
-@rule("OGM005", "gqa-heads-invalid", Severity.ERROR)
-def gqa_heads_invalid(ctx: RuleContext):
-    """A GroupQueryAttention's head attributes are ones ORT rejects: kv_num_heads missing, or heads that do not group.
+@rule("OGM005", "gqa-heads-not-grouped", Severity.ERROR)
+def gqa_heads_not_grouped(ctx: RuleContext):
+    """A GroupQueryAttention's num_heads is not a multiple of its kv_num_heads: the query heads cannot be grouped.
 
     ## What it checks
-    Every com.microsoft GroupQueryAttention node of the graph ORT will run: `kv_num_heads` must be present and an
-    integer (`num_kv_heads` is not its name), and `num_heads` a multiple of `kv_num_heads` (each kv head serves an
-    equal group of query heads).
+    Every com.microsoft GroupQueryAttention node of the graph ORT will run whose `num_heads` and `kv_num_heads` are
+    positive integers: `num_heads` must be a multiple of `kv_num_heads` (each kv head serves an equal group of
+    query heads). A missing or mistyped attribute is op-attribute-missing's or op-attribute-type's.
 
     ## Why it costs throughput
-    ORT refuses the node: without kv_num_heads the session does not load, and heads that do not group fail the
-    kernel's check at the first run. A deployment that cannot start measures nothing, and the usual way out is a
-    rollback to an older, slower export.
+    ORT refuses the node at the first run (the kernel checks the grouping). A deployment that cannot start
+    measures nothing, and the usual way out is a rollback to an older, slower export.
 
     ## Bad
-    ```
-    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
-                                          num_heads=12, kv_num_heads=8)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 3>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```
-    o = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
-                                          num_heads=32, kv_num_heads=4)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -330,10 +365,11 @@ def gqa_heads_invalid(ctx: RuleContext):
     """
     graph = ctx.executed
     for node in gqa_nodes(graph):
-        problem = _gqa_heads_problem(node)
-        if problem is not None:
+        kv, nh = node.int_attr("kv_num_heads"), node.int_attr("num_heads")
+        if kv is not None and nh is not None and nh > 0 and kv > 0 and (kv > nh or nh % kv):
             yield ctx.finding(
-                f"GroupQueryAttention {problem}: ORT rejects the node",
+                f"GroupQueryAttention num_heads={nh} is not a multiple of kv_num_heads={kv}: the query heads cannot be "
+                "grouped over the kv heads, and ORT rejects the node",
                 node=node, graph=graph,
                 fix="Set kv_num_heads and num_heads from config.json (num_key_value_heads, num_attention_heads).",
                 properties={"num_heads": node.attr("num_heads"), "kv_num_heads": node.attr("kv_num_heads")},
@@ -355,13 +391,33 @@ def gqa_window_mismatch(ctx: RuleContext):
     different model. A full layer exported with a window forgets the context.
 
     ## Bad
+    ```json
+    {"model": {"type": "gpt_oss", "decoder": {"sliding_window": {"window_size": 128, "layers": [0]}}}}
     ```
-    o = com.microsoft.GroupQueryAttention(..., local_window_size=-1)   # layer 0, a 128-token sliding layer
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    layer_0 (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+             int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      ["/model/layers.0/attn/GroupQueryAttention"] o, present_k, present_v = com.microsoft.GroupQueryAttention<
+          num_heads = 4, kv_num_heads = 2, local_window_size = -1>(qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
+    ```json
+    {"model": {"type": "gpt_oss", "decoder": {"sliding_window": {"window_size": 128, "layers": [0]}}}}
     ```
-    o = com.microsoft.GroupQueryAttention(..., local_window_size=128)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    layer_0 (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+             int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      ["/model/layers.0/attn/GroupQueryAttention"] o, present_k, present_v = com.microsoft.GroupQueryAttention<
+          num_heads = 4, kv_num_heads = 2, local_window_size = 128>(qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix

@@ -56,14 +56,29 @@ def rmsnorm_not_fused(ctx: RuleContext):
     and one write, computed in fp32 internally.
 
     ## Bad
-    ```
-    v = ReduceMean(Pow(x, 2.0), axes=[-1])
-    y = Mul(gamma, Mul(x, Reciprocal(Sqrt(Add(v, 1e-6)))))
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    rmsnorm (float[T, 64] x) => (float[T, 64] y)
+    <float two = {2.0}, int64[1] axes = {-1}, float eps = {0.000001}, float[64] gamma>
+    {
+      sq = Pow(x, two)
+      ms = ReduceMean<keepdims = 1>(sq, axes)
+      mse = Add(ms, eps)
+      rms = Sqrt(mse)
+      inv = Reciprocal(rms)
+      normed = Mul(x, inv)
+      y = Mul(gamma, normed)
+    }
     ```
 
     ## Good
-    ```
-    y = SimplifiedLayerNormalization(x, gamma, axis=-1, epsilon=1e-6, stash_type=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    rmsnorm (float[T, 64] x) => (float[T, 64] y)
+    <float[64] gamma>
+    {
+      y = SimplifiedLayerNormalization<axis = -1, epsilon = 0.000001, stash_type = 1>(x, gamma)
+    }
     ```
 
     ## Fix
@@ -138,13 +153,28 @@ def rmsnorm_fused_by_ort(ctx: RuleContext):
     expectation is the pass's documented match, not an observation; an optimized dump (`--optimized`) confirms it.
 
     ## Bad
-    ```
-    y = Mul(gamma, Div(x, Sqrt(Add(ReduceMean(Pow(x, 2.0), axes=[-1]), 1e-6))))   # left to ORT
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    rmsnorm (float[T, 64] x) => (float[T, 64] y)
+    <float two = {2.0}, int64[1] axes = {-1}, float eps = {0.000001}, float[64] gamma>
+    {
+      sq = Pow(x, two)
+      ms = ReduceMean<keepdims = 1>(sq, axes)
+      mse = Add(ms, eps)
+      rms = Sqrt(mse)
+      normed = Div(x, rms)
+      y = Mul(gamma, normed)
+    }
     ```
 
     ## Good
-    ```
-    y = SimplifiedLayerNormalization(x, gamma, axis=-1, epsilon=1e-6, stash_type=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    rmsnorm (float[T, 64] x) => (float[T, 64] y)
+    <float[64] gamma>
+    {
+      y = SimplifiedLayerNormalization<axis = -1, epsilon = 0.000001, stash_type = 1>(x, gamma)
+    }
     ```
 
     ## Fix
@@ -174,14 +204,26 @@ def skip_rmsnorm_not_fused(ctx: RuleContext):
     Add + LayerNormalization and never produces SkipSimplifiedLayerNormalization.
 
     ## Bad
-    ```
-    h = Add(residual, attn_out)
-    y = SimplifiedLayerNormalization(h, gamma, epsilon=1e-6)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    block (float[T, 64] residual, float[T, 64] x) => (float[T, 64] y, float[T, 64] h)
+    <float[64, 64] w_o, float[64] gamma>
+    {
+      attn_out = MatMul(x, w_o)
+      h = Add(residual, attn_out)
+      y = SimplifiedLayerNormalization<axis = -1, epsilon = 0.000001>(h, gamma)
+    }
     ```
 
     ## Good
-    ```
-    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(attn_out, residual, gamma, epsilon=1e-6)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    block (float[T, 64] residual, float[T, 64] x) => (float[T, 64] y, float[T, 64] h)
+    <float[64, 64] w_o, float[64] gamma>
+    {
+      attn_out = MatMul(x, w_o)
+      y, mean, inv_std, h = com.microsoft.SkipSimplifiedLayerNormalization<epsilon = 0.000001>(attn_out, residual, gamma)
+    }
     ```
 
     ## Fix
@@ -252,13 +294,23 @@ def norm_epsilon_default(ctx: RuleContext):
     meaningless when they do not compute the same model.
 
     ## Bad
-    ```
-    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(x, skip, gamma)   # epsilon 1e-12
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    block (float16[T, 64] x, float16[T, 64] residual) => (float16[T, 64] y, float16[T, 64] h)
+    <float16[64] gamma>
+    {
+      y, mean, inv_std, h = com.microsoft.SkipSimplifiedLayerNormalization(x, residual, gamma)   # epsilon 1e-12
+    }
     ```
 
     ## Good
-    ```
-    y, _, _, h = com.microsoft.SkipSimplifiedLayerNormalization(x, skip, gamma, epsilon=1e-6)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    block (float16[T, 64] x, float16[T, 64] residual) => (float16[T, 64] y, float16[T, 64] h)
+    <float16[64] gamma>
+    {
+      y, mean, inv_std, h = com.microsoft.SkipSimplifiedLayerNormalization<epsilon = 0.000001>(x, residual, gamma)
+    }
     ```
 
     ## Fix

@@ -170,15 +170,33 @@ def op_not_on_ep(ctx: RuleContext):
     impossible. A single fp32 attention node per layer can cost more than the whole GPU step.
 
     ## Bad
-    ```text
-    com.microsoft.GroupQueryAttention(query: float32, ...)   # CUDA kernel: float16, bfloat16
-    com.microsoft.QMoE(input: float32, ...)                  # CUDA kernel: float16, bfloat16
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float[1, T, 128] qkv, float[1, 2, P, 16] past_k, float[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float[1, T, 64] o, float[1, 2, S, 16] present_k, float[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```text
-    com.microsoft.GroupQueryAttention(query: float16, ...)
-    com.microsoft.QMoE(input: float16, ...)
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -227,13 +245,30 @@ def index_op_not_on_ep(ctx: RuleContext):
     overrides) often folds such nodes away.
 
     ## Bad
-    ```text
-    ReduceProd(data: int64)      # no CUDA kernel for int64: runs on CPU, with copies
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 18]>
+    tokens (int64[batch_size, sequence_length] input_ids) => (int64 count)
+    {
+      shape = Shape(input_ids)
+      count = ReduceProd<keepdims = 0>(shape)
+    }
     ```
 
     ## Good
-    ```text
-    ReduceProd(data: float)      # or folded away: Shape -> ReduceProd of static dims is a constant
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 18]>
+    tokens (float[batch_size, sequence_length] mask) => (float count)
+    {
+      count = ReduceSum<keepdims = 0>(mask)
+    }
     ```
 
     ## Fix
@@ -336,13 +371,32 @@ def cuda_graph_blocker(ctx: RuleContext):
     data-dependent shapes, replays stale sizes.
 
     ## Bad
-    ```text
-    enable_cuda_graph: "1" with: If(prompt vs decode), fp32 GroupQueryAttention (CPU), NonZero(router mask)
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    step (float16[1, 64] h, bool is_prompt) => (float16[1, 64] y)
+    {
+      y = If(is_prompt) <
+        then_branch = prompt () => (float16[1, 64] a) { a = Identity(h) },
+        else_branch = decode () => (float16[1, 64] b) { b = Neg(h) }
+      >
+    }
     ```
 
     ## Good
-    ```text
-    enable_cuda_graph: "1" with: no control flow, every compute node on CUDA, fused com.microsoft.MoE routing
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    step (float16[1, 64] h) => (float16[1, 64] y)
+    {
+      y = Neg(h)
+    }
     ```
 
     ## Fix
@@ -507,13 +561,27 @@ def memcpy_in_graph(ctx: RuleContext):
     decode loop this repeats at every token.
 
     ## Bad
-    ```text
-    ... -> MemcpyToHost -> GroupQueryAttention (float32, on CPU) -> MemcpyFromHost -> ...
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float[1, T, 128] qkv, float[1, 2, P, 16] past_k, float[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float[1, T, 64] o, float[1, 2, S, 16] present_k, float[1, 2, S, 16] present_v)
+    {
+      qkv_host = MemcpyToHost(qkv)
+      o_host, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv_host, , , past_k, past_v, seqlens_k, total_len)
+      o = MemcpyFromHost(o_host)
+    }
     ```
 
     ## Good
-    ```text
-    ... -> GroupQueryAttention (float16, on CUDA) -> ...
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 128] qkv, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -539,13 +607,25 @@ def index_memcpy_in_graph(ctx: RuleContext):
     runs between GPU kernels. With CUDA graph capture on the copies make capture fail (cuda-graph-blocker).
 
     ## Bad
-    ```text
-    ... -> MemcpyToHost -> ReduceSum (int64 attention mask, on CPU) -> MemcpyFromHost -> ...
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21]>
+    lengths (int64[1, S] attention_mask) => (int64[1] total)
+    <int64[1] axes = {1}>
+    {
+      mask_host = MemcpyToHost(attention_mask)
+      total_host = ReduceSum<keepdims = 0>(mask_host, axes)
+      total = MemcpyFromHost(total_host)
+    }
     ```
 
     ## Good
-    ```text
-    ... -> ReduceSum (on CUDA, or folded away with the step dims pinned) -> ...
+    ```onnx optimized
+    <ir_version: 10, opset_import: ["" : 21]>
+    lengths (int64[1, S] attention_mask) => (int64[1] total)
+    <int64[1] axes = {1}>
+    {
+      total = ReduceSum<keepdims = 0>(attention_mask, axes)
+    }
     ```
 
     ## Fix

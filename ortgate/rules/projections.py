@@ -89,15 +89,31 @@ def qkv_not_packed(ctx: RuleContext):
     launch-bound GEMV. The CANN Qwen3-MoE recipe packs them (merged_qkv_proj) for the same reason.
 
     ## Bad
-    ```
-    q = MatMul(h, Wq); k = MatMul(h, Wk); v = MatMul(h, Wv)
-    o = GroupQueryAttention(q, k, v, past_k, past_v, ...)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float[1, T, 64] h, float[1, 2, P, 16] past_k, float[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float[1, T, 64] o, float[1, 2, S, 16] present_k, float[1, 2, S, 16] present_v)
+    <float[64, 64] w_q, float[64, 32] w_k, float[64, 32] w_v>
+    {
+      q = MatMul(h, w_q)
+      k = MatMul(h, w_k)
+      v = MatMul(h, w_v)
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          q, k, v, past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
-    ```
-    qkv = MatMul(h, W_qkv)                     # [hidden, (16 + 2 * 2) * 128]
-    o = GroupQueryAttention(qkv, None, None, past_k, past_v, ..., do_rotary=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float[1, T, 64] h, float[1, 2, P, 16] past_k, float[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float[1, T, 64] o, float[1, 2, S, 16] present_k, float[1, 2, S, 16] present_v)
+    <float[64, 128] w_qkv>
+    {
+      qkv = MatMul(h, w_qkv)
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Fix
@@ -158,14 +174,42 @@ def qkv_packed_by_ort(ctx: RuleContext):
     documented match, not an observation; an optimized dump (`--optimized`) confirms it.
 
     ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
     ```
-    q = RotaryEmbedding(MatMul(h, Wq)); k = RotaryEmbedding(MatMul(h, Wk)); v = MatMul(h, Wv)
-    o = GroupQueryAttention(q, k, v, past_k, past_v, ..., do_rotary=0)      # left to ORT on CUDA
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 64] h, int64[1, T] pos, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v,
+               int32[1] seqlens_k, int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k,
+                                                            float16[1, 2, S, 16] present_v)
+    <float16[64, 64] w_q, float16[64, 32] w_k, float16[64, 32] w_v, float16[256, 8] cos, float16[256, 8] sin>
+    {
+      q = MatMul(h, w_q)
+      k = MatMul(h, w_k)
+      v = MatMul(h, w_v)
+      q_rot = com.microsoft.RotaryEmbedding(q, pos, cos, sin)
+      k_rot = com.microsoft.RotaryEmbedding(k, pos, cos, sin)
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+          q_rot, k_rot, v, past_k, past_v, seqlens_k, total_len)
+    }
     ```
 
     ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
     ```
-    o = GroupQueryAttention(MatMul(h, W_qkv), None, None, past_k, past_v, ..., do_rotary=1)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 64] h, float16[1, 2, P, 16] past_k, float16[1, 2, P, 16] past_v, int32[1] seqlens_k,
+               int32[1] total_len) => (float16[1, T, 64] o, float16[1, 2, S, 16] present_k, float16[1, 2, S, 16] present_v)
+    <float16[64, 128] w_qkv, float16[256, 8] cos, float16[256, 8] sin>
+    {
+      qkv = MatMul(h, w_qkv)
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2, do_rotary = 1>(
+          qkv, , , past_k, past_v, seqlens_k, total_len, cos, sin)
+    }
     ```
 
     ## Fix
@@ -245,15 +289,27 @@ def gate_up_not_merged(ctx: RuleContext):
     (the CANN Qwen3-MoE recipe's w13 + fused SwiGLU). ORT's CPU MoE kernel rejects swiglu_fusion=0 outright.
 
     ## Bad
-    ```
-    y = com.microsoft.MoE(h, logits, fc1_gate, None, fc2, None, fc3_up, None,
-                          activation_type="swiglu", swiglu_fusion=0, k=8)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 16, 8] fc1_gate, float16[4, 8, 16] fc2, float16[4, 16, 8] fc3_up>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 0, normalize_routing_weights = 1>(
+          h, logits, fc1_gate, , fc2, , fc3_up)
+    }
     ```
 
     ## Good
-    ```
-    y = com.microsoft.MoE(h, logits, fc1_gate_up_interleaved, None, fc2, None,
-                          activation_type="swiglu", swiglu_fusion=1, k=8)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] h) => (float16[T, 8] y)
+    <float16[8, 4] router_w, float16[4, 32, 8] fc1_gate_up_interleaved, float16[4, 8, 16] fc2>
+    {
+      logits = MatMul(h, router_w)
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 1>(
+          h, logits, fc1_gate_up_interleaved, , fc2)
+    }
     ```
 
     ## Fix
@@ -328,15 +384,41 @@ def swiglu_not_fused(ctx: RuleContext):
     expert GEMM's epilogue and never materialises gate and up separately.
 
     ## Bad
+    ```yaml
+    session: {graph_optimization_level: ORT_ENABLE_BASIC}
     ```
-    a = Mul(gate, Sigmoid(gate))          # left as is by a session at ORT_ENABLE_BASIC
-    h = Mul(a, up)
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    mlp (float[T, 64] h) => (float[T, 64] y)
+    <float[64, 128] w_gate, float[64, 128] w_up, float[128, 64] w_down>
+    {
+      gate = MatMul(h, w_gate)
+      up = MatMul(h, w_up)
+      sig = Sigmoid(gate)
+      silu = Mul(gate, sig)
+      act = Mul(silu, up)
+      y = MatMul(act, w_down)
+    }
     ```
 
     ## Good
+    ```yaml
+    session: {graph_optimization_level: ORT_ENABLE_ALL}   # QuickGeluFusion turns x * Sigmoid(x) into QuickGelu
     ```
-    h = Mul(com.microsoft.QuickGelu(gate, alpha=1.0), up)          # dense MLP, what EXTENDED produces
-    y = com.microsoft.MoE(..., activation_type="swiglu", swiglu_fusion=1)   # experts
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    mlp (float[T, 64] h) => (float[T, 64] y)
+    <float[64, 128] w_gate, float[64, 128] w_up, float[128, 64] w_down>
+    {
+      gate = MatMul(h, w_gate)
+      up = MatMul(h, w_up)
+      sig = Sigmoid(gate)
+      silu = Mul(gate, sig)
+      act = Mul(silu, up)
+      y = MatMul(act, w_down)
+    }
     ```
 
     ## Fix

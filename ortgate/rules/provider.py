@@ -353,16 +353,30 @@ def tf32_disabled(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    execution_provider:
-      name: CUDAExecutionProvider
-      options: {use_tf32: "0"}      # model exported in float32
+    execution_provider: {name: CUDAExecutionProvider, options: {use_tf32: "0"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    projection (float[T, 64] h) => (float[T, 256] y)
+    <float[64, 256] w>
+    {
+      y = MatMul(h, w)
+    }
     ```
 
     ## Good
     ```yaml
-    execution_provider:
-      name: CUDAExecutionProvider
-      options: {enable_cuda_graph: "1"}   # use_tf32 defaults to on
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}   # use_tf32 defaults to on
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    projection (float[T, 64] h) => (float[T, 256] y)
+    <float[64, 256] w>
+    {
+      y = MatMul(h, w)
+    }
     ```
 
     ## Fix

@@ -15,7 +15,7 @@ from __future__ import annotations
 RENAMED: dict[str, str] = {}
 
 SPLIT_FROM: dict[str, tuple[str, ...]] = {
-    "OGM005": ("OGM002", "OGF002"),  # gqa-heads-invalid: uneven head groups (OGM002), missing kv_num_heads (OGF002)
+    "OGM005": ("OGM002",),  # gqa-heads-not-grouped
     "OGM006": ("OGM002",),  # gqa-window-mismatch
     "OGM008": ("OGF001",),  # moe-layer-count-mismatch
     "OGM009": ("OGF002",),  # attention-layer-count-mismatch

@@ -46,16 +46,29 @@ def rotary_not_fused(ctx: RuleContext):
     optimizer pass that builds RotaryEmbedding: what the exporter wrote is what runs.
 
     ## Bad
-    ```
-    rotated = Concat(Neg(Slice(q, 8, 16)), Slice(q, 0, 8), axis=-1)
-    q = Add(Mul(q, cos), Mul(rotated, sin))
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    rotary (float[1, 4, T, 16] q, float[1, 1, T, 16] cos, float[1, 1, T, 16] sin) => (float[1, 4, T, 16] q_rot)
+    <int64[1] zero = {0}, int64[1] half = {8}, int64[1] end = {16}, int64[1] last = {-1}>
+    {
+      q1 = Slice(q, zero, half, last)
+      q2 = Slice(q, half, end, last)
+      neg_q2 = Neg(q2)
+      rotated = Concat<axis = -1>(neg_q2, q1)
+      q_cos = Mul(q, cos)
+      r_sin = Mul(rotated, sin)
+      q_rot = Add(q_cos, r_sin)
+    }
     ```
 
     ## Good
-    ```
-    o, k_cache, v_cache = com.microsoft.GroupQueryAttention(qkv, None, None, past_k, past_v, seqlens_k, total_len,
-                                                            cos_cache, sin_cache, num_heads=32, kv_num_heads=4,
-                                                            do_rotary=1)
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    rotary (float[1, T, 64] q, int64[1, T] position_ids) => (float[1, T, 64] q_rot)
+    <float[256, 8] cos_cache, float[256, 8] sin_cache>
+    {
+      q_rot = com.microsoft.RotaryEmbedding<num_heads = 4, interleaved = 0>(q, position_ids, cos_cache, sin_cache)
+    }
     ```
 
     ## Fix

@@ -48,15 +48,18 @@ def ep_unavailable(ctx: RuleContext):
     there measured CPU, and a server deployed that way runs on the CPU while reporting no failure.
 
     ## Bad
-    ```
-    $ ortgate run model.onnx --policy cuda.yaml     # on a machine without CUDA 13 / cuDNN 9
-    ep-unavailable: CUDAExecutionProvider cannot be created here: libcublasLt.so.13: cannot open shared object file
+    ```yaml evidence
+    session:
+      provider:
+        requested: CUDAExecutionProvider
+        available: false
+        unavailable_reason: "libcublasLt.so.13: cannot open shared object file"
     ```
 
     ## Good
-    ```
-    $ ortgate run model.onnx --policy cuda.yaml     # on the GPU machine the policy targets
-    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # CI without a GPU: same config, CPU figures
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
     ```
 
     ## Fix
@@ -91,13 +94,20 @@ def ep_substituted(ctx: RuleContext):
     the graph. The finding keeps anyone from reading the CPU figures as the GPU's.
 
     ## Bad
-    ```
-    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # read as CUDA figures
+    ```yaml evidence
+    session:
+      provider:
+        requested: CUDAExecutionProvider
+        available: false
+        unavailable_reason: no CUDA-capable device is detected
+        ran_on: [CPUExecutionProvider]
+        substituted: true          # ortgate run --allow-cpu
     ```
 
     ## Good
-    ```
-    $ ortgate run model.onnx --policy cuda.yaml --allow-cpu   # a config check; figures labelled CPU
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
     ```
 
     ## Fix
@@ -131,17 +141,19 @@ def ep_fallback(ctx: RuleContext):
     working CPU session. Every step then runs on CPU and nothing fails.
 
     ## Bad
-    ```yaml
-    execution_provider:
-      name: CUDAExecutionProvider
-      options: {enable_cuda_graph: "1", cuda_graph_enable_partial: "1"}   # unknown key: CPU fallback
+    ```yaml evidence
+    session:
+      provider:
+        requested: CUDAExecutionProvider
+        available: true
+        ran_on: [CPUExecutionProvider]
+        fallback_reason: "EP Error: unknown provider option cuda_graph_enable_partial. Falling back to ['CPUExecutionProvider']"
     ```
 
     ## Good
-    ```yaml
-    execution_provider:
-      name: CUDAExecutionProvider
-      options: {enable_cuda_graph: "1"}
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
     ```
 
     ## Fix
@@ -181,13 +193,19 @@ def option_not_applied(ctx: RuleContext):
     that reports "0" runs thousands of kernel launches per token that the policy claims are gone.
 
     ## Bad
-    ```
-    requested enable_cuda_graph "1"   session reports enable_cuda_graph "0"
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+      options:
+        - {key: enable_cuda_graph, requested: "1", effective: "0", applied: false}
     ```
 
     ## Good
-    ```
-    requested enable_cuda_graph "1"   session reports enable_cuda_graph "1"
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+      options:
+        - {key: enable_cuda_graph, requested: "1", effective: "1", applied: true}
     ```
 
     ## Fix
@@ -233,14 +251,19 @@ def free_dim_unresolved(ctx: RuleContext):
     whatever the policy says, and the policy only looks fixed.
 
     ## Bad
-    ```
-    policy:               free_dimension_overrides: {batch_size: 1, sequence_length: 1}
-    session.get_inputs(): input_ids ['batch_size', 1]
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+      dims:
+        - {dim: batch_size, value: 1, status: unresolved, inputs: ["input_ids[0]"]}
     ```
 
     ## Good
-    ```
-    session.get_inputs(): input_ids [1, 1]
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+      dims:
+        - {dim: batch_size, value: 1, status: pinned}
     ```
 
     ## Fix
@@ -276,13 +299,25 @@ def optimization_changed_outputs(ctx: RuleContext):
     it trades correctness for tokens per second without anyone deciding to.
 
     ## Bad
-    ```
-    logits: 57 of 320 elements differ beyond atol 0.0001 + rtol 0.001 (max |diff| 0.41)
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    correctness:
+      reference: ORT_DISABLE_ALL on CPUExecutionProvider
+      outputs:
+        - {output: logits, dtype: float, shape: [1, 1, 256], rtol: 0.001, atol: 0.0001, max_abs_diff: 0.41,
+           mismatched: 57, total: 256}
     ```
 
     ## Good
-    ```
-    logits: max |diff| 3.1e-07, within tolerance
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    correctness:
+      reference: ORT_DISABLE_ALL on CPUExecutionProvider
+      outputs:
+        - {output: logits, dtype: float, shape: [1, 1, 256], rtol: 0.001, atol: 0.0001, max_abs_diff: 3.1e-7,
+           mismatched: 0, total: 256}
     ```
 
     ## Fix
@@ -338,12 +373,42 @@ def throughput_target_missed(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    throughput: {device: h100-sxm, min_tokens_per_s: 120}   # measured 71.4 on an H100 SXM
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}
+    ```
+
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+    measurement:
+      label: policy
+      provider: CUDAExecutionProvider
+      device: NVIDIA H100 80GB HBM3
+      device_kind: gpu
+      batch_size: 1
+      new_tokens: 1
+      warmup: 5
+      stats: {iterations: 50, mean_ms: 14.0, min_ms: 13.1, p50_ms: 14.0, p90_ms: 14.6, p99_ms: 15.2, max_ms: 15.9}
+      tokens_per_second: 71.4
     ```
 
     ## Good
     ```yaml
-    throughput: {device: h100-sxm, min_tokens_per_s: 120}   # measured 131.0 on an H100 SXM
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}
+    ```
+
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+    measurement:
+      label: policy
+      provider: CUDAExecutionProvider
+      device: NVIDIA H100 80GB HBM3
+      device_kind: gpu
+      batch_size: 1
+      new_tokens: 1
+      warmup: 5
+      stats: {iterations: 50, mean_ms: 7.6, min_ms: 7.4, p50_ms: 7.6, p90_ms: 7.9, p99_ms: 8.3, max_ms: 8.8}
+      tokens_per_second: 131.0
     ```
 
     ## Fix
@@ -408,13 +473,17 @@ def optimized_dump_unavailable(ctx: RuleContext):
     could not check the graph that runs; their silence is not a pass.
 
     ## Bad
-    ```
-    TensorrtExecutionProvider compiled the graph: "Unable to serialize model as it contains compiled nodes"
+    ```yaml evidence
+    session:
+      provider: {requested: TensorrtExecutionProvider, available: true, ran_on: [TensorrtExecutionProvider]}
+      dump: {path: null, kept: false, reason: "Unable to serialize model as it contains compiled nodes"}
     ```
 
     ## Good
-    ```
-    CUDAExecutionProvider: optimized model saved to model.optimized.onnx and linted
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+      dump: {path: model.optimized.onnx, kept: true}
     ```
 
     ## Fix
@@ -447,13 +516,21 @@ def compute_off_requested_provider(ctx: RuleContext):
     the KV cache to the host every step. CUDA graph capture fails outright when Memcpy nodes exist.
 
     ## Bad
-    ```
-    CUDAExecutionProvider session: GroupQueryAttention x1 on CPUExecutionProvider, 4 Memcpy nodes
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+      placement:
+        CUDAExecutionProvider: {MatMul: 14, MoE: 2}
+        CPUExecutionProvider: {GroupQueryAttention: 2, MemcpyToHost: 2, MemcpyFromHost: 2, Shape: 2}
     ```
 
     ## Good
-    ```
-    CUDAExecutionProvider session: every compute node on CUDAExecutionProvider, 0 Memcpy nodes
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+      placement:
+        CUDAExecutionProvider: {MatMul: 14, MoE: 2, GroupQueryAttention: 2}
+        CPUExecutionProvider: {Shape: 2}
     ```
 
     ## Fix
@@ -512,14 +589,22 @@ def session_failed(ctx: RuleContext):
     before a server tries to start.
 
     ## Bad
-    ```
-    RotaryEmbedding /model/layers.0/attn/rotary_emb: Input 'position_ids' is expected to have 0, 1, or 2
-    dimensions, got 3
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    failures:
+      - kind: run
+        session: policy
+        phase: running the policy session once
+        node: /model/layers.0/attn/rotary_emb
+        message: "Input 'position_ids' is expected to have 0, 1, or 2 dimensions, got 3"
     ```
 
     ## Good
-    ```
-    policy     CPUExecutionProvider on cpu: p50 0.41 ms ...   (the session was created and ran)
+    ```yaml evidence
+    session:
+      provider: {requested: CPUExecutionProvider, available: true, ran_on: [CPUExecutionProvider]}
+    failures: []     # the session was created and ran
     ```
 
     ## Fix
@@ -562,13 +647,20 @@ def run_timeout(ctx: RuleContext):
     off. A run that never finished proves nothing, so it fails the gate instead of passing silently.
 
     ## Bad
-    ```
-    run-timeout: the run passed --timeout 60s while creating the policy session
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true}
+    timeout_s: 60
+    failures:
+      - {kind: timeout, session: policy, phase: creating the policy session, message: "passed --timeout 60s"}
     ```
 
     ## Good
-    ```
-    policy     CUDAExecutionProvider on NVIDIA H100: p50 7.6 ms ... (the run finished within --timeout)
+    ```yaml evidence
+    session:
+      provider: {requested: CUDAExecutionProvider, available: true, ran_on: [CUDAExecutionProvider, CPUExecutionProvider]}
+    timeout_s: 60
+    failures: []     # the run finished within --timeout
     ```
 
     ## Fix

@@ -134,12 +134,13 @@ def free_dim_override_missing(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    session: {}            # input_ids: [batch_size, sequence_length]
+    session: {graph_optimization_level: ORT_ENABLE_ALL}   # input_ids: [batch_size, sequence_length]
     ```
 
     ## Good
     ```yaml
     session:
+      graph_optimization_level: ORT_ENABLE_ALL
       free_dimension_overrides: {batch_size: 1, sequence_length: 1}
     ```
 
@@ -211,13 +212,21 @@ def static_kv_dim_not_pinned(ctx: RuleContext):
     ## Bad
     ```yaml
     session:
-      free_dimension_overrides: {batch_size: 1, sequence_length: 1}   # past_present_share_buffer: true
+      free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ```json
+    {"model": {"decoder": {}}, "search": {"past_present_share_buffer": true, "max_length": 4096}}
     ```
 
     ## Good
     ```yaml
     session:
       free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 4096}
+    ```
+
+    ```json
+    {"model": {"decoder": {}}, "search": {"past_present_share_buffer": true, "max_length": 4096}}
     ```
 
     ## Fix
@@ -420,10 +429,18 @@ def free_dim_override_conflict(ctx: RuleContext):
       free_dimension_overrides: {batch_size: 1, sequence_length: 1, past_sequence_length: 1024}
     ```
 
+    ```json
+    {"model": {"decoder": {}}, "search": {"past_present_share_buffer": false, "max_length": 1024}}
+    ```
+
     ## Good
     ```yaml
     session:
       free_dimension_overrides: {batch_size: 1, sequence_length: 1}
+    ```
+
+    ```json
+    {"model": {"decoder": {}}, "search": {"past_present_share_buffer": false, "max_length": 1024}}
     ```
 
     ## Fix

@@ -29,7 +29,7 @@ def waiver_expired(ctx: RuleContext):
     ## Good
     ```yaml
     waivers:
-      - {rule: moe-not-fused, reason: "re-export tracked in #412", expires: 2026-12-31}
+      - {rule: moe-not-fused, reason: "re-export tracked in #412", expires: 2099-12-31}
     ```
 
     ## Fix
@@ -81,13 +81,15 @@ def baseline_entry_stale(ctx: RuleContext):
     the same identity comes back.
 
     ## Bad
-    ```
-    baseline entry (rule moe-not-fused, file model.onnx, layer 3) matched no finding
+    ```json baseline
+    {"format": "ortgate-baseline", "version": 2, "findings": [
+      {"fingerprint": "moe-not-fused|model.onnx|3|model:MatMul#0", "rule": "moe-not-fused",
+       "file": "model.onnx", "layer": 3}]}
     ```
 
     ## Good
-    ```
-    every entry of the baseline matched a finding of this run
+    ```json baseline
+    {"format": "ortgate-baseline", "version": 2, "findings": []}
     ```
 
     ## Fix
