@@ -56,8 +56,10 @@ def workdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def assert_clean_outcome(code: int, out: str, err: str, *, readable: bool = False, names: Path | None = None):
-    """The one contract: a report (0/1), or one error line (2). `readable`: 2 is not acceptable either."""
+def assert_clean_outcome(code: int, out: str, err: str, *, readable: bool = False, names: Path | None = None,
+                         every_problem: bool = False):
+    """The one contract: a report (0/1), or one error line (2). `readable`: 2 is not acceptable either.
+    `every_problem` (`policy validate`): one error line per problem, each in the same form."""
     assert "Traceback" not in out + err
     if code in (0, 1):
         assert err == "", err
@@ -65,7 +67,8 @@ def assert_clean_outcome(code: int, out: str, err: str, *, readable: bool = Fals
         return
     assert code == 2 and not readable, f"exit {code}: {err}"
     assert out == ""
-    assert err.startswith("ortgate: error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    assert err.endswith("\n") and (every_problem or err.count("\n") == 1), err
+    assert all(line.startswith("ortgate: error: ") for line in err.splitlines()), err
     if names is not None:
         assert str(names) in err, err
 
@@ -470,7 +473,7 @@ def test_mutated_policies_are_validated_or_refused_in_one_line(workdir, seed, st
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
 
     code, out, err = run_cli("policy", "validate", path)
-    assert_clean_outcome(code, out, err)
+    assert_clean_outcome(code, out, err, every_problem=True)
     code, out, err = run_cli("lint", EXAMPLES / "qwen3-moe-tiny-fused", "--policy", path, "--format", "json")
     assert_clean_outcome(code, out, err)
     if code == 2:

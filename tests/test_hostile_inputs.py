@@ -416,7 +416,7 @@ MISSING = "no-such-file.onnx"
     (["explain", "moe-not-fussed"], "unknown rule 'moe-not-fussed'; did you mean 'moe-not-fused'?"),
     (["policy"], "policy: a subcommand is required: validate"),
     (["policy", "frob"], "argument policy_command: invalid choice: 'frob'"),
-    (["policy", "validate"], "the following arguments are required: file"),
+    (["policy", "validate"], "the following arguments are required: FILE"),
     (["policy", "validate", MISSING], f"{MISSING}: no such file"),
     (["run", str(BASE)], "the following arguments are required: --policy"),
     (["run", MISSING, "--policy", str(POLICIES / "tiny-moe-cpu.yaml")], f"{MISSING}: no such file or directory"),

@@ -73,7 +73,7 @@ def test_ort_refusing_to_load_the_model_is_an_error_finding_naming_the_node(type
     assert "free-dim-override-missing" in {f["rule"] for f in report["findings"]}
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github", "markdown"])
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github", "markdown", "junit", "codequality"])
 def test_the_refusal_is_in_every_report_format(rank3_rotary, write_policy, fmt):
     code, out, err = run_cli("run", rank3_rotary, "--policy", write_policy(CPU_POLICY), *TINY, "--format", fmt)
     assert code == 1 and err == ""
@@ -146,3 +146,17 @@ def test_a_timeout_inside_an_uninterruptible_call_still_writes_the_report(tmp_pa
                           timeout=20)
     assert done.returncode == 1 and "not reached" not in done.stdout
     assert out.read_text() == "report: run exceeded --timeout 0.2s while creating the policy session"
+
+
+def test_ep_unavailable_points_at_the_users_extends_line_not_the_installed_base(write_policy):
+    from ortgate.runner.session import provider_availability
+
+    if provider_availability("CUDAExecutionProvider")[0]:
+        pytest.skip("this machine has CUDA")
+    policy = write_policy("name: cuda-decode\nextends: builtin:cuda-decode\nrunner:\n  past_sequence_length: 4\n")
+    code, report, _ = run_json(EXAMPLES / "qwen3-moe-tiny-fused", "--policy", policy)
+    (found,) = [f for f in report["findings"] if f["rule"] == "ep-unavailable"]
+    assert code == 1 and found["file"] == str(policy) and found["line"] == 2
+    assert found["key_path"] == "execution_provider.name"
+    # and every other finding about an inherited value points into the user's file too
+    assert all("site-packages" not in f["file"] and "/builtin/" not in f["file"] for f in report["findings"])

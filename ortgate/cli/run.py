@@ -8,12 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ortgate.cli.lint import add_baseline_arguments, baseline_outputs, write_baselines
+from ortgate.cli.lint import LINT_FORMATS, SIDE_REPORTS, add_baseline_arguments, baseline_outputs, write_baselines
 from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, terminal_options, write
 from ortgate.errors import InputError
 
-FORMATS = ("text", "json", "sarif", "github", "markdown")
-_REPORT_NAMES = {"sarif": "SARIF report", "markdown": "markdown report", "json": "JSON report"}
+FORMATS = LINT_FORMATS
 
 
 def add_parser(sub) -> None:
@@ -40,11 +39,12 @@ def add_parser(sub) -> None:
                      help="stop the run after S seconds: a run-timeout finding, the report, exit 1")
     run.add_argument("--format", choices=FORMATS, default="text",
                      help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                          "annotations), markdown (job summary)")
+                          "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
+                          "Quality)")
     run.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    run.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
-    run.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
-    run.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
+    for fmt, dest, what in SIDE_REPORTS:
+        run.add_argument(f"--{fmt if dest != 'json_output' else 'json'}", metavar="FILE", dest=dest,
+                         help=f"also write the {what} to FILE")
     run.add_argument("--baseline", metavar="FILE",
                      help="an ortgate baseline: findings listed in it are reported as suppressed")
     add_baseline_arguments(run)
@@ -77,8 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ortgate.runner.collect import RunRequest
     from ortgate.runner.progress import RunProgress
 
-    reports = [(args.format, args.output)] + [(fmt, path) for fmt, path in (
-        ("sarif", args.sarif), ("markdown", args.markdown), ("json", args.json_output)) if path]
+    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                              if getattr(args, dest)]
     outputs = run_outputs(args, reports)
     check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
     gate = RunGate(split_list(args.select), split_list(args.ignore),
@@ -122,7 +122,8 @@ def _write_calibration(args: argparse.Namespace, outcome) -> None:
 
 
 def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]]) -> list[Output]:
-    outputs = [Output(path, "report" if i == 0 else _REPORT_NAMES[fmt]) for i, (fmt, path) in enumerate(reports)
+    names = {fmt: what for fmt, _, what in SIDE_REPORTS}
+    outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
     if args.write_calibration:
         outputs.append(Output(args.write_calibration, "calibration file"))

@@ -52,6 +52,19 @@ class Verdict:
 def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
                      fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
                      today: _dt.date | None = None) -> GateConfig:
+    """The gate's configuration from the policy's `rules:` and `waivers:` and the command line. A reference that
+    names no rule is an InputError (the first one; `reference_errors` lists them all)."""
+    config = unchecked_gate_config(policy, cli_select=cli_select, cli_ignore=cli_ignore, fail_on=fail_on,
+                                   baseline=baseline, baseline_path=baseline_path, today=today)
+    errors = reference_errors(config, policy)
+    if errors:
+        raise errors[0]
+    return config
+
+
+def unchecked_gate_config(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
+                          fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
+                          today: _dt.date | None = None) -> GateConfig:
     config = GateConfig(baseline=baseline, baseline_path=baseline_path, today=today or _dt.date.today())
     rules_block = (policy.get("rules") if policy else None) or {}
 
@@ -71,19 +84,27 @@ def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli
     config.fail_on = Severity.parse(level)
     if policy is not None:
         config.waivers = policy.waivers
-        for i, waiver in enumerate(config.waivers):
-            if not resolve_rule(waiver.rule):
-                hint = suggest_rule(waiver.rule)
-                loc = policy.where("waivers", i, "rule")
-                raise InputError(f"waivers[{i}].rule: unknown rule {waiver.rule!r}"
-                                 + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"),
-                                 loc.file, line=loc.line)
-    # Every reference must name a rule: a typo in an ignore list would otherwise silently do nothing.
-    for selector in config.select + config.ignore:
-        _resolve(selector)
-    for ref, (_level, source) in config.severity.items():
-        _resolve(RuleSelector(ref, source))
     return config
+
+
+def reference_errors(config: GateConfig, policy: Policy | None) -> list[InputError]:
+    """Every rule reference (waivers, select, ignore, severity) that names no rule: a typo in an ignore list would
+    otherwise silently do nothing."""
+    errors: list[InputError] = []
+    for i, waiver in enumerate(config.waivers):
+        if not resolve_rule(waiver.rule):
+            hint = suggest_rule(waiver.rule)
+            loc = policy.where("waivers", i, "rule") if policy is not None else Location("")
+            errors.append(InputError(f"waivers[{i}].rule: unknown rule {waiver.rule!r}"
+                                     + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"),
+                                     loc.file, line=loc.line))
+    selectors = config.select + config.ignore + [RuleSelector(ref, source) for ref, (_l, source) in config.severity.items()]
+    for selector in selectors:
+        try:
+            _resolve(selector)
+        except InputError as exc:
+            errors.append(exc)
+    return errors
 
 
 def _resolve(selector: RuleSelector) -> list[Rule]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-
-import onnx
-from google.protobuf.message import DecodeError
+from typing import TYPE_CHECKING
 
 from ortgate.errors import InputError, printable
+
+if TYPE_CHECKING:  # imported where a model is parsed: loading the pipeline for a policy alone never needs it
+    import onnx
 
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses messages of 2 GiB and more
 
@@ -32,6 +33,9 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     deeper than the parser allows (subgraphs within subgraphs), and models whose external data would be
     read from outside their folder (ORT refuses those too). External data files are never opened.
     """
+    import onnx
+    from google.protobuf.message import DecodeError
+
     p = Path(path)
     if not p.exists():
         raise InputError("no such file", p)
@@ -138,6 +142,7 @@ def _utf8_checking_model_class():
     """onnx.ModelProto as a protobuf edition that verifies UTF-8 while parsing, or None if this protobuf
     cannot build it. Same fields, same wire format: parsing with it is a C-speed check of every string."""
     try:
+        import onnx
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
         file = descriptor_pb2.FileDescriptorProto()
@@ -209,6 +214,8 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
 def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
     """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
     `initializers_first`, the main graph's initializers come first, then a None marker, then the rest."""
+    import onnx
+
     if initializers_first:
         yield from model.graph.initializer
         yield None

@@ -14,7 +14,6 @@ from rich.text import Text
 from ortgate.engine.pipeline import LintResult
 from ortgate.evidence import Measurement, RunEvidence
 
-FORMATS = ("text", "json", "sarif", "github", "markdown")
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
 
 
@@ -35,7 +34,7 @@ def render_run(fmt: str, result: LintResult, evidence: RunEvidence, *, expand: b
         figures = render_figures(evidence).rstrip("\n").replace("`", "'")  # no fence can close early
         section = f"### Run\n\n```text\n{figures}\n```\n"
         return f"{head}{sep}{section}\n{rest}" if sep else f"{summary}\n{section}"
-    return render(fmt, result)  # sarif, github: the findings (the runtime ones carry what the run saw)
+    return render(fmt, result)  # sarif, github, junit, codequality: the findings (the runtime ones say what it saw)
 
 
 def render_figures(evidence: RunEvidence, *, width: int = 110) -> str:

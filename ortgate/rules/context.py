@@ -111,7 +111,7 @@ class RuleContext:
             graph = graph or self.model
             location = Location(graph.path, label=graph.label)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
-        role = (graph or self.model).role
+        role = (graph or self.model).role if node is not None else None
         return Finding(
             code=self.rule.code,
             rule=self.rule.name,

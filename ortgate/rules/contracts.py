@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-
-from onnx import AttributeProto
+from functools import cache
 
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node
@@ -194,13 +193,18 @@ def op_input_type(ctx: RuleContext):
             )
 
 
-_ATTRIBUTE_TYPES = {v: k for k, v in AttributeProto.AttributeType.items()}
+@cache
+def _attribute_types() -> dict[int, str]:
+    # onnx is imported where a model is read, never by `ortgate rules`, `explain` or `policy validate`.
+    from onnx import AttributeProto
+
+    return {v: k for k, v in AttributeProto.AttributeType.items()}
 
 
 def _attribute_type(node: Node, name: str) -> str | None:
     for a in node.proto.attribute:
         if a.name == name:
-            return _ATTRIBUTE_TYPES.get(a.type)
+            return _attribute_types().get(a.type)
     return None
 
 
