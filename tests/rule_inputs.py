@@ -9,7 +9,9 @@ tests/test_rule_cases.py (one case file per rule code).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
 import shutil
 import types
 import typing
@@ -52,6 +54,18 @@ def model_from_text(text: str) -> onnx.ModelProto:
     del graph.value_info[:]
     graph.value_info.extend(kept)
     return model
+
+
+def spec_model(spec: dict, folder: Path) -> Path:
+    """The model a ModelSpec describes, built once per spec in `folder`."""
+    from tests.models.qwen_moe import ModelSpec, build_model, save_model
+
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    path = folder / f"spec-{key}" / "model.onnx"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_model(build_model(ModelSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()})), path)
+    return path
 
 
 def _from_data(kind: Any, data: Any) -> Any:
@@ -99,6 +113,7 @@ class RuleInputs:
     evidence: dict | None = None
     baseline: dict | None = None  # a findings baseline document
     select: list[str] = field(default_factory=list)  # rules to run beside the one under test
+    cache: Path | None = None  # where models built from a ModelSpec are kept between examples
 
     def write(self, folder: Path) -> tuple[LintRequest, RunEvidence | None]:
         """Real files in `folder` for the pipeline: model.onnx, model.optimized.onnx, policy.yaml,
@@ -108,9 +123,7 @@ class RuleInputs:
         if self.model_text is not None:
             onnx.save(model_from_text(self.model_text), model)
         elif self.model_spec is not None:
-            from tests.models.qwen_moe import ModelSpec, build_model, save_model
-
-            save_model(build_model(ModelSpec(**self.model_spec)), model)
+            model = spec_model(self.model_spec, self.cache or folder)
         elif self.model_file is not None:
             source = REPO / self.model_file
             model = source if source.is_file() else source / "model.onnx"
@@ -129,7 +142,7 @@ class RuleInputs:
         policy = None
         if self.policy is not None:
             policy = folder / "policy.yaml"
-            text = self.policy if self.policy.lstrip().startswith("name:") else f"name: example\n{self.policy}"
+            text = self.policy if re.search(r"^name:", self.policy, re.M) else f"name: example\n{self.policy}"
             policy.write_text(text)
         config = None
         if isinstance(self.genai_config, dict):

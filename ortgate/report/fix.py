@@ -81,7 +81,8 @@ def render_fix_text(outcome) -> str:
     v = r.verification
     lines.append("")
     if v is None:
-        lines.append("verification: not run" + (" (--dry-run)" if r.dry_run else " (--no-verify)"))
+        why = " (--dry-run)" if r.dry_run else " (--no-verify)" if r.changed else ": nothing was rewritten"
+        lines.append(f"verification: not run{why}")
     else:
         margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
         lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "

@@ -150,8 +150,51 @@ def _single_consumer_through_views(graph: Graph, value: str) -> tuple[list[Node]
 def _last_axis(graph: Graph, value: str, axis: int | None) -> bool:
     if axis == -1:
         return True
-    shape = graph.shape(value)
-    return axis is not None and shape is not None and axis == len(shape) - 1
+    rank = _rank_of(graph, value)
+    return axis is not None and rank is not None and axis == rank - 1
+
+
+def _shape_length(graph: Graph, value: str) -> int | None:
+    """How many dims a shape tensor holds: a constant's length, or the sum over a Concat of 1-element parts
+    (Unsqueeze of a scalar, 1-element constants), as exporters build [-1, hidden]."""
+    values = graph.constant_value(value)
+    if values is not None:
+        return len(values)
+    node = graph.producer(value)
+    if node is None or node.op_type != "Concat":
+        return None
+    total = 0
+    for part in node.inputs:
+        known = graph.constant_value(part)
+        producer = graph.producer(part)
+        if known is not None:
+            total += len(known)
+        elif producer is not None and producer.op_type == "Unsqueeze" and graph.shape(producer.inputs[0]) in ((), None):
+            total += 1
+        else:
+            return None
+    return total
+
+
+def _rank_of(graph: Graph, value: str, depth: int = 8) -> int | None:
+    """The rank of `value`: declared, else through the ops that keep it (elementwise, Softmax, TopK, MatMul of a
+    2-D weight) up to a Reshape with a constant shape or a declared value."""
+    for _ in range(depth):
+        shape = graph.shape(value)
+        if shape is not None:
+            return len(shape)
+        node = graph.producer(value)
+        if node is None:
+            return None
+        if node.op_type == "Reshape":
+            return _shape_length(graph, node.input(1))
+        if node.op_type == "Gemm":
+            return 2
+        if node.op_type not in ("MatMul", "Softmax", "TopK", "Sigmoid", "Add", "Mul", "Div", "Cast", "Identity",
+                                "ReduceSum"):
+            return None
+        value = node.inputs[0] if node.inputs else ""
+    return None
 
 
 # ---- routing ---------------------------------------------------------------------------------------------------
