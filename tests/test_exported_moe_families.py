@@ -152,3 +152,23 @@ def test_rotary_finding_says_which_components_pair(fixture, findings):
     for f in rotary:
         assert dict(f.properties)["pairing"] == pairing
         assert f"rotary_interleaved={int(pairing == 'interleaved')}" in f.message
+
+
+# fixture -> (hidden-state, per-head, projection-width) RMSNorms in each decoder layer
+NORM_ROLES = {
+    "dynamo-qwen3_moe": (2, 2, 0),  # q_norm / k_norm over head_dim
+    "dynamo-olmoe": (2, 0, 2),  # q_norm / k_norm over the whole q / k projection
+    "dynamo-deepseek_v3": (2, 0, 2),  # MLA's q_a_layernorm / kv_a_layernorm over the latent: not per-head
+    "dynamo-mixtral": (2, 0, 0),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(NORM_ROLES))
+def test_norm_findings_count_each_kind_of_norm(fixture, findings):
+    hidden, head, projection = NORM_ROLES[fixture]
+    per_layer = [f for f in findings(fixture) if f.rule == "rmsnorm-not-fused" and f.layer is not None]
+    assert per_layer
+    for f in per_layer:
+        props = dict(f.properties)
+        assert (props["hidden_norms"], props["per_head_norms"], props["projection_norms"]) == (hidden, head, projection)
+        assert ("per-head" in f.message.replace("not per-head", "")) == bool(head)

@@ -121,11 +121,11 @@ def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
     """The one message of rmsnorm-not-fused and rmsnorm-fused-by-ort."""
     group = found.norms
     heads = sum(1 for m in group if m.head_norm)
-    roles = []
-    if len(group) - heads:
-        roles.append(f"{len(group) - heads} hidden-state")
-    if heads:
-        roles.append(f"{heads} per-head q/k")
+    counts = {role: sum(1 for m in group if m.role == role) for role in ("hidden", "head", "projection")}
+    roles = [text.format(n=counts[role]) for role, text in (
+        ("hidden", "{n} hidden-state"), ("head", "{n} per-head q/k"),
+        ("projection", "{n} over a projection's whole output (q/k or MLA latent), not per-head"),
+    ) if counts[role]]
     forms = sorted({m.form for m in group})
     chain = " -> ".join(n.op_type for n in group[0].nodes)
     what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
@@ -134,7 +134,9 @@ def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
         f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {found.why}",
         node=group[0].last, graph=found.graph, layer=found.layer,
         related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
-        properties={"norms": len(group), "head_norms": heads, "forms": ",".join(forms), "ort_fuses": found.ort_fuses},
+        properties={"norms": len(group), "head_norms": heads, "hidden_norms": counts["hidden"],
+                    "per_head_norms": counts["head"], "projection_norms": counts["projection"],
+                    "forms": ",".join(forms), "ort_fuses": found.ort_fuses},
     )
 
 

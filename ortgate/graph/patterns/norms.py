@@ -48,6 +48,9 @@ class DecomposedRmsNorm:
     head_norm: bool  # a per-head norm (q_norm / k_norm), narrower than the hidden state
     layer: int | None
     nodes: list[Node] = field(default_factory=list)
+    # hidden: the residual stream's norm | head: per-head (q_norm / k_norm over head_dim, after the split into
+    # heads) | projection: over a projection's whole output (MLA's q_a / kv_a latent norms, OLMoE's q/k norms)
+    role: str = "hidden"
 
     @property
     def last(self) -> Node:
@@ -225,7 +228,25 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     width = _gamma_width(graph, gamma) if gamma else None
     head_norm = width is not None and hidden is not None and width < hidden
     layer = graph.layer_of_nodes(nodes)
-    return DecomposedRmsNorm(rm, normalize, x, source, output, form, epsilon, gamma, width, head_norm, layer, nodes)
+    return DecomposedRmsNorm(rm, normalize, x, source, output, form, epsilon, gamma, width, head_norm, layer, nodes,
+                             role=_role(graph, source, head_norm))
+
+
+_LINEAR = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
+
+
+def _role(graph: Graph, source: str, narrower: bool) -> str:
+    """What a norm normalises, from where its input comes (see DecomposedRmsNorm.role)."""
+    node = graph.producer(skip_back(graph, source, ("Cast", "Identity")))
+    if node is not None and node.op_type in ("Split", "Slice") and node.inputs:
+        node = graph.producer(skip_back(graph, node.inputs[0], ("Cast", "Identity")))
+    if node is not None and node.op_type == "Add" and any(weight_dims(graph, i) is not None for i in node.inputs):
+        node = next((graph.producer(i) for i in node.inputs if weight_dims(graph, i) is None), None)  # bias
+    if node is not None and node.op_type in _LINEAR:
+        return "projection"
+    if narrower:
+        return "head"
+    return "hidden"
 
 
 def fused_norm_width(graph: Graph, node: Node) -> int | None:
