@@ -18,7 +18,6 @@ ORT's defaults can only be measured.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from ortgate.config.policy import Policy
 from ortgate.config.source import load_yaml
 from ortgate.errors import InputError
+from ortgate.evidence import DeviceInfo, device_matches
 from ortgate.findings import Location
 from ortgate.knowledge.devices import Device, Figure, device_names, find_device, suggest_device
 
@@ -114,9 +114,8 @@ class ThroughputPolicy:
     def matches_reported(self, reported: str) -> bool:
         """Whether the device `ortgate run` reports is the one these targets are for."""
         if self.match:
-            if self.match.strip().lower() == "cpu":
-                return reported.strip().lower().startswith("cpu")
-            return fnmatch.fnmatchcase(reported.strip().lower(), self.match.strip().lower())
+            kind = "cpu" if reported.strip().lower().startswith("cpu") else "gpu"
+            return device_matches(self.match, DeviceInfo(kind, reported))
         return self.device is not None and self.device.matches(reported)
 
 
