@@ -419,40 +419,40 @@ def throughput_target_missed(ctx: RuleContext):
     targets = [t for t in THRESHOLDS if t[0] in block]
     if run is None or not targets:
         return
-    keys = ", ".join(t[0] for t in targets)
-    if run.measurement is None:
-        yield ctx.undecided(f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}",
-                            location=_policy_location(ctx, "throughput"))
+    not_applicable = _targets_not_applicable(run, block, ", ".join(t[0] for t in targets))
+    if not_applicable is not None:
+        reason, key, properties = not_applicable
+        yield ctx.undecided(reason, location=_policy_location(ctx, *key), properties=properties)
         return
     m = run.measurement
-    device = DeviceInfo(m.device_kind, m.device)
-    pattern = block.get("device")
-    if pattern is not None and not device_matches(str(pattern), device):
-        yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: the run used "
-                            f"{m.device}, the targets are for device {pattern!r}",
-                            location=_policy_location(ctx, "throughput", "device"), properties={"device": m.device})
-        return
-    if pattern is None and run.cpu_figures:
-        yield ctx.undecided(f"throughput targets ({keys}) are not applicable on this machine: they are for "
-                            f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)",
-                            location=_policy_location(ctx, "throughput"))
-        return
     for key, label, measure, kind in targets:
-        target = float(block[key])
-        value = measure(run)
+        target, value = float(block[key]), measure(run)
         if value is None:
             yield ctx.undecided(f"throughput.{key} was not checked: measure the default session with --compare-default",
                                 location=_policy_location(ctx, "throughput", key))
-            continue
-        missed = value < target if kind == "min" else value > target
-        if missed:
-            bound = "at least" if kind == "min" else "at most"
+        elif value < target if kind == "min" else value > target:
             yield ctx.finding(
-                f"{label} is {value:.4g} on {m.device} ({m.provider}); the policy asks for {bound} {target:g}",
+                f"{label} is {value:.4g} on {m.device} ({m.provider}); the policy asks for "
+                f"{'at least' if kind == 'min' else 'at most'} {target:g}",
                 location=_policy_location(ctx, "throughput", key),
                 fix="Fix the run's other findings first; `ortgate run --profile` shows where the time goes.",
                 properties={"target": key, "measured": round(value, 4), "limit": target, "device": m.device},
             )
+
+
+def _targets_not_applicable(run: RunEvidence, block: dict, keys: str) -> tuple[str, tuple[str, ...], dict] | None:
+    """Why the throughput targets cannot be judged on this run (the policy key to point at, properties), or None."""
+    m = run.measurement
+    if m is None:
+        return f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}", ("throughput",), {}
+    pattern = block.get("device")
+    if pattern is not None and not device_matches(str(pattern), DeviceInfo(m.device_kind, m.device)):
+        return ((f"throughput targets ({keys}) are not applicable on this machine: the run used {m.device}, the "
+                f"targets are for device {pattern!r}"), ("throughput", "device"), {"device": m.device})
+    if pattern is None and run.cpu_figures:
+        return ((f"throughput targets ({keys}) are not applicable on this machine: they are for "
+                f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)"), ("throughput",), {})
+    return None
 
 
 @rule("OGR007", "optimized-dump-unavailable", Severity.WARNING)
