@@ -20,6 +20,7 @@ from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selecte
 from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import build_graph
+from ortgate.graph.dump import optimization_mismatch
 from ortgate.graph.load import load_model
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
@@ -54,6 +55,9 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
         optimized = build_graph(proto, str(request.optimized), role="optimized")
         del proto
+        mismatch = optimization_mismatch(model, optimized)
+        if mismatch is not None:
+            raise InputError(f"not an optimization of {files.model}: {mismatch}", request.optimized)
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
     expect = resolve_expectations(policy, genai, model)
@@ -127,7 +131,57 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     waiver is unused only when it matched nothing in any of them."""
     findings = apply_gate(raw, config)
     findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
-    return LintResult(findings, decide(findings, config.fail_on), summarize(inputs), rules, raw)
+    summary = summarize(inputs)
+    summary["not_checked"] = unchecked_families(inputs, rules)
+    return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
+
+
+# Why a rule family has nothing to judge without an input the user can give lint (None: it has what it needs).
+_NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --policy"
+
+
+def _session_gap(i: LintInputs) -> str | None:
+    return None if i.deployment.setups else _NO_SESSION
+
+
+def _provider_gap(i: LintInputs) -> str | None:
+    if not i.deployment.setups:
+        return _NO_SESSION
+    return None if i.deployment.provider is not None else "no execution provider is declared: set execution_provider.name"
+
+
+def _drift_gap(i: LintInputs) -> str | None:
+    if i.policy is None:
+        return _NO_SESSION
+    return None if i.genai is not None else "drift compares the policy with genai_config.json, and there is none"
+
+
+_FAMILY_GAPS: tuple[tuple[str, Callable[[LintInputs], str | None]], ...] = (
+    ("OGS", _session_gap), ("OGP", _session_gap), ("OGK", _provider_gap), ("OGC", _drift_gap))
+
+
+def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule]) -> list[dict]:
+    """The rule families selected for this lint that had nothing to judge in any model, with why: a lint without a
+    policy says what it did not check instead of passing in silence. Families that share a reason are listed
+    together."""
+    from ortgate.rules.base import FAMILIES
+
+    many = inputs if isinstance(inputs, list) else [inputs]
+    by_reason: dict[str, list[dict]] = {}
+    for prefix, gap in _FAMILY_GAPS:
+        codes = [r.code for r in rules if r.code.startswith(prefix)]
+        reasons = [gap(one) for one in many]
+        if codes and all(reasons):
+            by_reason.setdefault(str(reasons[0]), []).append(
+                {"family": FAMILIES[prefix], "prefix": prefix, "rules": len(codes)})
+    return [{"families": families, "reason": reason} for reason, families in by_reason.items()]
+
+
+def not_checked_text(gap: dict) -> str:
+    """'session (OGS) and provider (OGP) rules: no policy ...' for reporters."""
+    names = [f"{f['family']} ({f['prefix']})" for f in gap["families"]]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} rules: {gap['reason']}"
 
 
 def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:

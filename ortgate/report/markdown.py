@@ -31,6 +31,7 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     out.append(f"{counts}{extra} · fails on `{v.fail_on.label}` and above")
     out.append("")
     out += _inputs_table(result.summary)
+    out += _not_checked(result.summary)
     if active:
         out += _fix_first(active)
         out += _by_layer(active)
@@ -40,6 +41,15 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     if suppressed:
         out += _suppressed_table(suppressed)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _not_checked(summary: dict) -> list[str]:
+    gaps = summary.get("not_checked") or []
+    if not gaps:
+        return []
+    from ortgate.engine.pipeline import not_checked_text
+
+    return [f"**Not checked:** {not_checked_text(gap)}  " for gap in gaps] + [""]
 
 
 def _inputs_table(summary: dict) -> list[str]:

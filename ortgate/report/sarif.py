@@ -56,6 +56,7 @@ def sarif_log(result: LintResult) -> dict:
                if result.summary.get("models") else {}),
             "policy": result.summary.get("policy"),
             "provider": result.summary.get("provider"),
+            **({"notChecked": result.summary["not_checked"]} if result.summary.get("not_checked") else {}),
         },
     }
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}

@@ -169,4 +169,8 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
         _print_wrapped(console, Text(f"{len(active)} findings shown as {shown} of identical findings; --expand "
                                      "lists each one", style="dim"), width)
+    from ortgate.engine.pipeline import not_checked_text
+
+    for gap in result.summary.get("not_checked") or ():
+        _print_wrapped(console, Text(f"not checked: {not_checked_text(gap)}", style="dim"), width)
     console.print(line)  # the verdict: always the last line, and one line, for scripts and CI logs to grep

@@ -357,7 +357,7 @@ def epsilon_groups(graph: Graph, expected: float | None) -> dict[tuple[str, bool
                      else absent and op_type == "SkipSimplifiedLayerNormalization")
             if wrong:
                 groups.setdefault((f"{node.key} node", absent, float(value)), []).append(node)
-    for norm in decomposed_rmsnorms(graph) if expected is not None else ():
-        if norm.epsilon is not None and not close(norm.epsilon, expected):
+    for norm in decomposed_rmsnorms(graph):
+        if expected is not None and norm.epsilon is not None and not close(norm.epsilon, expected):
             groups.setdefault(("decomposed RMSNorm", False, norm.epsilon), []).append(norm.last)
     return groups

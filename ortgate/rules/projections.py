@@ -362,9 +362,11 @@ def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
         routed = [m for m in candidates if _routed(graph, m, _routing_indices(block))]
         separate = [m for m in routed if m.separate and m.gate is not None and m.up is not None]
         if separate:
+            gate, up = separate[0].gate, separate[0].up
+            assert gate is not None and up is not None  # kept above
             out.append(SeparateGateUp(
                 "MoE expert loop", block.layer, f"has {len(separate)} of {len(routed)} routed experts reading gate and "
-                f"up from two projections (e.g. {separate[0].gate.display_name} and {separate[0].up.display_name})",
+                f"up from two projections (e.g. {gate.display_name} and {up.display_name})",
                 block.router, [n for m in separate for n in (m.gate, m.up) if n is not None],
                 {"experts_separate": len(separate), "experts": len(routed)}))
     return out

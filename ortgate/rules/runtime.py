@@ -421,10 +421,11 @@ def throughput_target_missed(ctx: RuleContext):
         return
     not_applicable = _targets_not_applicable(run, block, ", ".join(t[0] for t in targets))
     if not_applicable is not None:
-        reason, key, properties = not_applicable
-        yield ctx.undecided(reason, location=_policy_location(ctx, *key), properties=properties)
+        reason, where, properties = not_applicable
+        yield ctx.undecided(reason, location=_policy_location(ctx, *where), properties=properties)
         return
     m = run.measurement
+    assert m is not None  # _targets_not_applicable says so when there is no measurement
     for key, label, measure, kind in targets:
         target, value = float(block[key]), measure(run)
         if value is None:
