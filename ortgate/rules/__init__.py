@@ -42,6 +42,7 @@ def _register() -> None:
         rotary,
         runtime,
         session,
+        throughput,
         waivers,
     )
 
