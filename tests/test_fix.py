@@ -335,6 +335,9 @@ REAL_EXPORTS = {
     "dynamo-mixtral": "dense_loop",  # TopK -> Softmax router
     "dynamo-qwen2_moe": "dense_loop",  # shared expert + sigmoid gate stay outside the node
     "dynamo-olmoe": "batched_matmul",  # experts gathered from stacks by the top-k indices, batched MatMuls
+    # the legacy TorchScript exporter's eager loop: Gather e on the expert axis of Transpose(OneHot(indices)),
+    # NonZero of it for the tokens, x[None, tokens], routing_weights[tokens * k + choice], index_add_ as a scatter
+    "optimum-qwen3_moe-past": "gather_loop",
 }
 
 
@@ -385,3 +388,119 @@ def test_gpt_oss_clamped_swiglu_with_biases_keeps_its_constants(tmp_path):
     assert attrs["swiglu_limit"] == 7.0
     node = moe_nodes(out / "model.onnx")[0]
     assert node.input[3] and node.input[5]  # fc1 and fc2 biases
+
+
+# ---- PhiMoE's sparsemixer router ---------------------------------------------------------------------------------
+
+DYNAMO_PHIMOE = EXPORTED / "dynamo-phimoe" / "model.onnx"
+
+
+def sparsemixer_reference(logits: np.ndarray, eps: float) -> np.ndarray:
+    """[tokens, experts] routing weights of the sparsemixer (inference): pick the max, weight it by a softmax over the
+    experts within 2 eps relative distance of it; pick the max of the rest, weight it the same way without the first."""
+    weights = np.zeros_like(logits, dtype=np.float64)
+    for t, row in enumerate(logits.astype(np.float64)):
+        scores = row.copy()
+        for _ in range(2):
+            top = scores.max()
+            pick = int(scores.argmax())
+            out_of_band = (top - row) / np.maximum(np.abs(row), top) > 2 * eps
+            masked = np.where(out_of_band, -np.inf, scores)
+            p = np.exp(masked - top)
+            weights[t, pick] = p[pick] / p.sum()
+            scores[pick] = -np.inf
+    return weights
+
+
+def softmax_top2_reference(logits: np.ndarray) -> np.ndarray:
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    weights = np.zeros_like(p)
+    for t, row in enumerate(p):
+        top = np.argsort(-row)[:2]
+        weights[t, top] = row[top]
+    return weights
+
+
+def test_phimoe_sparsemixer_is_refused_with_what_ort_cpu_computes_instead(tmp_path):
+    code, report = fix_json(DYNAMO_PHIMOE, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and not report["rewrites"] and not report["written"]
+    assert [r["layer"] for r in report["refusals"]] == [0, 1]
+    reason = report["refusals"][0]["reason"]
+    assert "sparsemixer routing (PhiMoE, jitter eps 0.01)" in reason
+    assert "CPU kernel ignores it" in reason and "softmax over all experts" in reason
+    assert "8 or 16 experts" in reason and "this block has 4 experts" in reason
+
+
+def test_phimoe_graph_routes_by_sparsemixer_and_ort_cpu_moe_does_not(tmp_path):
+    """The difference the refusal states, on real sessions: the export's routing matrix is the sparsemixer's with
+    eps 0.01 (read from its Greater threshold 0.02), and ORT CPU's MoE with use_sparse_mixer=1 weights the experts
+    exactly as use_sparse_mixer=0 (softmax over all experts, top-2), which is not that routing."""
+    model = onnx.load(str(DYNAMO_PHIMOE))
+    for name in ("linear_4", "scatter_1"):  # layer 0's router logits and the routing matrix the experts are weighted by
+        model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.random.default_rng(0).integers(0, 128, size=(2, 7), dtype=np.int64)}
+    feeds.update({i.name: np.ones((2, 7), dtype=np.int64) for i in session.get_inputs() if i.name != "input_ids"})
+    logits, routing = session.run(["linear_4", "scatter_1"], feeds)
+    np.testing.assert_allclose(routing, sparsemixer_reference(logits, 0.01), rtol=1e-5, atol=1e-6)
+    assert (routing.sum(-1) > 1.05).any()  # weights that no softmax top-2 gives
+
+    experts, hidden = logits.shape[-1], 8
+    fc1 = np.stack([np.eye(hidden, dtype=np.float32)] * experts)
+    fc2 = np.stack([np.eye(hidden, dtype=np.float32) * 10.0 ** e for e in range(experts)])  # y[0] = sum w_e 10^e
+
+    def moe_weights(use_sparse_mixer: int) -> np.ndarray:
+        node = helper.make_node("MoE", ["x", "router", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=2,
+                                activation_type="identity", use_sparse_mixer=use_sparse_mixer)
+        graph = helper.make_graph(
+            [node], "moe", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, hidden]),
+                            helper.make_tensor_value_info("router", onnx.TensorProto.FLOAT, [None, experts])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, hidden])],
+            [numpy_helper.from_array(fc1, "fc1"), numpy_helper.from_array(fc2, "fc2")])
+        moe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+        run = ort.InferenceSession(moe.SerializeToString(), providers=["CPUExecutionProvider"])
+        x = np.ones((logits.shape[0], hidden), dtype=np.float32)
+        return run.run(None, {"x": x, "router": logits})[0][:, 0]
+
+    sparse, plain = moe_weights(1), moe_weights(0)
+    np.testing.assert_array_equal(sparse, plain)  # the attribute is ignored on CPU
+    decode = 10.0 ** np.arange(experts)
+    np.testing.assert_allclose(sparse, softmax_top2_reference(logits) @ decode, rtol=1e-5)
+    assert np.abs(sparse - routing @ decode).max() > 0.1
+
+
+def test_phimoe_rewritten_anyway_fails_verification_at_its_first_moe_node(tmp_path, monkeypatch):
+    """Were the knowledge to claim that ORT CPU implements use_sparse_mixer, the rewrite would be written with it and
+    the whole-model verification on the installed ORT would catch the routing difference."""
+    import dataclasses
+
+    import ortgate.fix.moe as moe
+
+    facts = moe_op_facts()
+    claimed = dataclasses.replace(facts, sparse_mixer=dataclasses.replace(facts.sparse_mixer, cpu_implemented=True))
+    monkeypatch.setattr(moe, "moe_op_facts", lambda: claimed)
+    code, report = fix_json(DYNAMO_PHIMOE, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 1 and not report["written"] and not (tmp_path / "out").exists()
+    assert [r["attributes"]["use_sparse_mixer"] for r in report["rewrites"]] == [1, 1]
+    assert not report["verification"]["passed"]
+    assert "first rewritten node whose output diverges: /model/layers.0/moe/MoE" in report["failure"]
+
+
+def test_sparsemixer_band_is_read_from_the_graph(tmp_path):
+    """A band other than the kernel's 2 x 0.01 is named in the refusal."""
+    model = onnx.load(str(DYNAMO_PHIMOE))
+    thresholds = {n.input[1] for n in model.graph.node if n.op_type == "Greater"}
+    for tensor in model.graph.initializer:
+        if tensor.name in thresholds:
+            tensor.CopyFrom(numpy_helper.from_array(np.array(0.04, dtype=np.float32), tensor.name))
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] in thresholds:
+            node.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(0.04, dtype=np.float32)))
+    src = tmp_path / "phimoe.onnx"
+    onnx.save(model, str(src))
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and len(report["refusals"]) == 2
+    assert "jitter eps 0.02" in report["refusals"][0]["reason"]
+    assert "this block has 4 experts and jitter eps 0.02" in report["refusals"][0]["reason"]

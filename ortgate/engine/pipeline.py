@@ -17,9 +17,12 @@ from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
 from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules, stale_baseline_findings
+from ortgate.engine.pricing import estimate_summary, price_findings
+from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import build_graph
+from ortgate.graph.dump import optimization_mismatch
 from ortgate.graph.load import load_model
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
@@ -34,6 +37,7 @@ class LintRequest:
     policy: str | None = None
     optimized: str | None = None
     config: str | None = None
+    cost: CostOverrides | None = None  # `ortgate estimate`'s device / batch / context flags
 
 
 def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
@@ -54,6 +58,9 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
         optimized = build_graph(proto, str(request.optimized), role="optimized")
         del proto
+        mismatch = optimization_mismatch(model, optimized)
+        if mismatch is not None:
+            raise InputError(f"not an optimization of {files.model}: {mismatch}", request.optimized)
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
     expect = resolve_expectations(policy, genai, model)
@@ -61,8 +68,14 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
             *(policy.chain if policy else ())]
     if optimized is not None:
         read += [Path(optimized.path), *_external_data(optimized)]
-    return LintInputs(model, optimized, deployment, expect, policy, genai,
-                      files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs = LintInputs(model, optimized, deployment, expect, policy, genai,
+                        files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs.cost = resolve_cost(inputs, request.cost)
+    if inputs.throughput is not None and inputs.throughput.calibration is not None:
+        path = inputs.throughput.calibration.path
+        if path is not None:
+            inputs.files_read = (*inputs.files_read, path)
+    return inputs
 
 
 def _external_data(graph) -> list[Path]:
@@ -112,7 +125,10 @@ def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
     raw: list[Finding] = []
     seen: set[str] = set()
     for one in many:
-        for f in run_rules(one, rules, progress):
+        found = run_rules(one, rules, progress)
+        if one.estimate is not None and progress is not None:
+            progress("pricing the findings")
+        for f in price_findings(found, one):
             # The same fact about a shared file (the policy, a base it extends) is reported once, not per model.
             key = repr(f)
             if key not in seen:
@@ -127,7 +143,65 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     waiver is unused only when it matched nothing in any of them."""
     findings = apply_gate(raw, config)
     findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
-    return LintResult(findings, decide(findings, config.fail_on), summarize(inputs), rules, raw)
+    summary = summarize(inputs)
+    active = [f for f in findings if f.suppressed is None]
+    many = inputs if isinstance(inputs, list) else [inputs]
+    for one, one_summary in zip(many, summary.get("models") or [summary]):
+        # each model's estimate is for its own graph; config findings (no node) count for every model
+        mine = [f for f in active if f.node is None or f.location.file in linted_files(one)]
+        estimate = estimate_summary(one, mine)
+        if estimate is not None:
+            one_summary["estimate"] = estimate
+    summary["not_checked"] = unchecked_families(inputs, rules)
+    return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
+
+
+# Why a rule family has nothing to judge without an input the user can give lint (None: it has what it needs).
+_NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --policy"
+
+
+def _session_gap(i: LintInputs) -> str | None:
+    return None if i.deployment.setups else _NO_SESSION
+
+
+def _provider_gap(i: LintInputs) -> str | None:
+    if not i.deployment.setups:
+        return _NO_SESSION
+    return None if i.deployment.provider is not None else "no execution provider is declared: set execution_provider.name"
+
+
+def _drift_gap(i: LintInputs) -> str | None:
+    if i.policy is None:
+        return _NO_SESSION
+    return None if i.genai is not None else "drift compares the policy with genai_config.json, and there is none"
+
+
+_FAMILY_GAPS: tuple[tuple[str, Callable[[LintInputs], str | None]], ...] = (
+    ("OGS", _session_gap), ("OGP", _session_gap), ("OGK", _provider_gap), ("OGC", _drift_gap))
+
+
+def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule]) -> list[dict]:
+    """The rule families selected for this lint that had nothing to judge in any model, with why: a lint without a
+    policy says what it did not check instead of passing in silence. Families that share a reason are listed
+    together."""
+    from ortgate.rules.base import FAMILIES
+
+    many = inputs if isinstance(inputs, list) else [inputs]
+    by_reason: dict[str, list[dict]] = {}
+    for prefix, gap in _FAMILY_GAPS:
+        codes = [r.code for r in rules if r.code.startswith(prefix)]
+        reasons = [gap(one) for one in many]
+        if codes and all(reasons):
+            by_reason.setdefault(str(reasons[0]), []).append(
+                {"family": FAMILIES[prefix], "prefix": prefix, "rules": len(codes)})
+    return [{"families": families, "reason": reason} for reason, families in by_reason.items()]
+
+
+def not_checked_text(gap: dict) -> str:
+    """'session (OGS) and provider (OGP) rules: no policy ...' for reporters."""
+    names = [f"{f['family']} ({f['prefix']})" for f in gap["families"]]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} rules: {gap['reason']}"
 
 
 def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:

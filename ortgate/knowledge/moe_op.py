@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ortgate.knowledge.contracts import op_contract
 from ortgate.knowledge.loader import KnowledgeError, build, read_json
 from ortgate.knowledge.moe import formal_inputs
 
@@ -39,6 +40,18 @@ class SwigluGate:
 
 
 @dataclass(frozen=True)
+class SparseMixer:
+    """use_sparse_mixer (PhiMoE's sparsemixer routing) as ORT's kernels compute it."""
+
+    k: int
+    cpu_implemented: bool
+    cpu_routes_as: str
+    cpu_seen: str
+    cuda_jitter_eps: float
+    cuda_experts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class MoeOpFacts:
     ort_version: str
     inputs: tuple[str, ...]
@@ -48,6 +61,7 @@ class MoeOpFacts:
     square_layout: str  # what the reference release reads a square fc1/fc2 as: "new" ([E, N, K])
     square_seen: str
     swiglu_gate: SwigluGate
+    sparse_mixer: SparseMixer
 
     def input_position(self, name: str) -> int:
         return self.inputs.index(name)
@@ -111,6 +125,19 @@ class _SwigluReleaseGate:
 
 
 @dataclass(frozen=True)
+class _SparseMixer:
+    attribute: str
+    k: int
+    k_source: str
+    cpu_implemented: bool
+    cpu_routes_as: str
+    cpu_seen: str
+    cuda_jitter_eps: float
+    cuda_experts: tuple[int, ...]
+    cuda_source: str
+
+
+@dataclass(frozen=True)
 class _OrtMoeFile:
     schema: Literal[1]
     ort_version: str
@@ -119,6 +146,7 @@ class _OrtMoeFile:
     layout: _Layout
     cpu_swiglu_fusion: _SourcedValue
     swiglu_release_gate: _SwigluReleaseGate
+    sparse_mixer: _SparseMixer
 
 
 def _load() -> MoeOpFacts:
@@ -130,6 +158,11 @@ def _load() -> MoeOpFacts:
     if parse_version(data.swiglu_release_gate.first_fixed_release) is None:
         raise KnowledgeError(f"{ORT_MOE_JSON.name}: swiglu_release_gate.first_fixed_release is not a version")
     gate = data.swiglu_release_gate
+    mixer = data.sparse_mixer
+    contract = op_contract(data.op.domain, data.op.op_type, None)
+    if contract is None or mixer.attribute not in contract.attributes:
+        raise KnowledgeError(f"{ORT_MOE_JSON.name}: sparse_mixer.attribute {mixer.attribute!r} is not an attribute of "
+                             f"{data.op.domain}.{data.op.op_type}")
     return MoeOpFacts(
         ort_version=data.ort_version,
         inputs=data.op.inputs,
@@ -139,6 +172,8 @@ def _load() -> MoeOpFacts:
         square_layout=data.layout.square_seen.value,
         square_seen=data.layout.square_seen.seen,
         swiglu_gate=SwigluGate(gate.issue, gate.fixed_by, gate.first_fixed_release, gate.effect, gate.sources),
+        sparse_mixer=SparseMixer(mixer.k, mixer.cpu_implemented, mixer.cpu_routes_as, mixer.cpu_seen,
+                                 mixer.cuda_jitter_eps, mixer.cuda_experts),
     )
 
 

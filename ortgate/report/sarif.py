@@ -56,6 +56,7 @@ def sarif_log(result: LintResult) -> dict:
                if result.summary.get("models") else {}),
             "policy": result.summary.get("policy"),
             "provider": result.summary.get("provider"),
+            **({"notChecked": result.summary["not_checked"]} if result.summary.get("not_checked") else {}),
         },
     }
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
@@ -130,6 +131,8 @@ def _result(finding: Finding, index: dict[str, int]) -> dict:
         properties["fix"] = finding.fix
     if finding.properties:
         properties["details"] = {str(k): v for k, v in finding.properties}
+    if finding.price is not None:
+        properties["price"] = finding.price.to_dict()
     out["properties"] = properties
     return out
 

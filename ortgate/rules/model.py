@@ -3,6 +3,7 @@ and the model family."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ortgate.config.expectations import Expected
@@ -12,6 +13,7 @@ from ortgate.graph.patterns.attention import gqa_nodes
 from ortgate.graph.patterns.common import find_down, is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims
+from ortgate.knowledge.contracts import op_contract
 from ortgate.knowledge.families import family_labels, family_names, swiglu_parameters_text
 from ortgate.knowledge.fusions import attribute_default
 from ortgate.knowledge.moe import moe_inputs
@@ -41,15 +43,6 @@ def _int(value: Any) -> int | None:
 
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _expected_bool(ctx: RuleContext, key: str, family_value: Any, family_label: str) -> tuple[Any, str] | None:
-    declared = ctx.expect.declared(key)
-    if declared is not None:
-        return declared.value, f"{declared.describe()} (model.{key})"
-    if family_value is not None:
-        return family_value, family_label
-    return None
 
 
 def _fc3(node: Node) -> str:
@@ -114,80 +107,125 @@ def moe_routing_mismatch(ctx: RuleContext):
     policy when it is the policy that is wrong.
     """
     graph = ctx.model
-    family = resolved_family(ctx)
-    family_name = ctx.expect.value("family")
     nodes = fused_moe_nodes(graph)
-    blocks = [b for b in moe_blocks(graph) if b.fused is None and b.topk is not None]
-    if not nodes and not blocks:
+    topks = [b.topk for b in moe_blocks(graph) if b.fused is None and b.topk is not None]
+    if not nodes and not topks:
         return
-    if family_name and family is None and (ctx.expect.declared("norm_topk_prob") is None
-                                           or ctx.expect.declared("activation") is None):
-        yield ctx.undecided(
-            f"model family {family_name!r} is not in ortgate's model_families.json (known: {', '.join(family_names())}): "
-            "normalize_routing_weights and the activation are checked only against the policy's model.norm_topk_prob "
-            "and model.activation", graph=graph)
-    fam_label = f"the {family.name} family" if family else ""
-    checks: dict[tuple[str, Any], dict] = {}
-
-    def mismatch(attr: str, node: Node, have: Any, want: Any, source: str, location: Location | None = None):
-        entry = checks.setdefault((attr, have), {"nodes": [], "want": want, "source": source, "location": location})
-        entry["nodes"].append(node)
-
-    top_k = ctx.expect.declared("top_k")
-    norm = _expected_bool(ctx, "norm_topk_prob", family.norm_topk_prob if family else None,
-                          f"{fam_label} renormalises the top-k weights ({family.source('norm_topk_prob')})" if family else "")
-    activation = ctx.expect.declared("activation")
-    want_act = (activation.value, f"{activation.describe()} (model.activation)") if activation is not None else (
-        (family.moe_activation, f"{fam_label} uses {family.moe_activation} experts") if family and family.moe_activation
-        else None)
-
-    def default(node: Node, attr: str) -> Any:
-        value = node.attr(attr)
-        return value if value is not None else attribute_default(MS_DOMAIN, node.op_type, attr)
-
-    for node in nodes:
-        k = _int(default(node, "k"))
-        if top_k is not None and k is not None and int(k) != int(top_k.value):
-            mismatch("k", node, int(k), int(top_k.value), top_k.describe() + " (model.top_k)")
-        sparse = _int(default(node, "use_sparse_mixer")) or 0
-        if family is not None and family.use_sparse_mixer and sparse != family.use_sparse_mixer:
-            mismatch("use_sparse_mixer", node, sparse, family.use_sparse_mixer,
-                     f"{fam_label} routes with a sparse mixer ({family.source('use_sparse_mixer')})")
-        normalize = _int(default(node, "normalize_routing_weights")) or 0
-        if norm is not None and norm[0] is not None and not sparse and bool(normalize) != bool(norm[0]):
-            mismatch("normalize_routing_weights", node, normalize, int(bool(norm[0])), norm[1])
-        act = str(default(node, "activation_type") or "relu")
-        effective = "swiglu" if act == "swiglu" or (act == "silu" and _fc3(node)) else act
-        if want_act is not None and effective != want_act[0]:
-            mismatch("activation_type", node, act, want_act[0], want_act[1])
-        if family is not None and act == "swiglu" and family.moe_activation == "swiglu":
-            for attr, want in (("activation_alpha", family.swiglu_alpha), ("activation_beta", family.swiglu_beta)):
-                have = _float(default(node, attr))
-                if want is not None and have is not None and not close(float(have), float(want)):
-                    mismatch(attr, node, float(have), want, f"{fam_label} uses {want:g} ({family.source('swiglu_alpha')})")
-            limit = _float(node.attr("swiglu_limit"))
-            if (limit is None) != (family.swiglu_limit is None) or (
-                    limit is not None and family.swiglu_limit is not None and not close(float(limit), family.swiglu_limit)):
-                mismatch("swiglu_limit", node, limit, family.swiglu_limit,
-                         f"{fam_label} clamps at {family.swiglu_limit}" if family.swiglu_limit is not None
-                         else f"{fam_label} does not clamp")
-    for block in blocks:
-        if block.topk is None:
-            continue
-        topk_k = graph.scalar(block.topk.input(1))
-        if top_k is not None and isinstance(topk_k, int) and topk_k != int(top_k.value):
-            mismatch("TopK k", block.topk, topk_k, int(top_k.value), top_k.describe() + " (model.top_k)")
-    for (attr, have), entry in checks.items():
-        found = entry["nodes"]
-        op = found[0].key if attr != "TopK k" else "TopK"
-        shown = "absent" if have is None else have
+    unknown = _unknown_family(ctx)
+    if unknown is not None:
+        yield ctx.undecided(unknown, graph=graph)
+    wants = routing_wants(ctx)
+    found: dict[tuple[str, Any], tuple[RoutingWant, list[Node]]] = {}
+    for node, attr, have in [*((n, a, h) for n in nodes for a, h in _moe_attributes(n, wants)),
+                             *((t, "TopK k", graph.scalar(t.input(1))) for t in topks)]:
+        want = wants.get("k" if attr == "TopK k" else attr)
+        if want is not None and have is not None and not _agrees(attr, have, want.value):
+            found.setdefault((attr, have), (want, []))[1].append(node)
+    for (attr, have), (want, where) in found.items():
+        op = "TopK" if attr == "TopK k" else where[0].key
         yield ctx.finding(
-            f"{op} {attr}={shown}{_layers(found)} ({len(found)} node{'s' if len(found) > 1 else ''}), but "
-            f"{entry['source']}: expected {entry['want']}",
-            node=found[0], graph=graph, related=found[1:], fix=MOE_ROUTING_FIX,
-            fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is None else None,
-            properties={"attribute": attr, "found": have, "expected": entry["want"], "nodes": len(found)},
+            f"{op} {attr}={'absent' if have is _ABSENT else have}{_layers(where)} ({len(where)} "
+            f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected {want.value}",
+            node=where[0], graph=graph, related=where[1:], fix=MOE_ROUTING_FIX,
+            fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is _ABSENT else None,
+            properties={"attribute": attr, "found": None if have is _ABSENT else have, "expected": want.value,
+                        "nodes": len(where)},
         )
+
+
+@dataclass(frozen=True)
+class RoutingWant:
+    """What a MoE attribute should be, and who says so (for the message)."""
+
+    value: Any
+    source: str
+
+
+_ABSENT = "absent"  # swiglu_limit not written: the family clamps and the node does not (or the reverse)
+
+
+def _unknown_family(ctx: RuleContext) -> str | None:
+    """Why the family's defaults cannot be used, when the family named is unknown and the policy does not say."""
+    name = ctx.expect.value("family")
+    if not name or resolved_family(ctx) is not None:
+        return None
+    if ctx.expect.declared("norm_topk_prob") is not None and ctx.expect.declared("activation") is not None:
+        return None
+    return (f"model family {name!r} is not in ortgate's model_families.json (known: {', '.join(family_names())}): "
+            "normalize_routing_weights and the activation are checked only against the policy's model.norm_topk_prob "
+            "and model.activation")
+
+
+def routing_wants(ctx: RuleContext) -> dict[str, RoutingWant]:
+    """Attribute -> its expected value: the policy's model.top_k / norm_topk_prob / activation, else the family's."""
+    family = resolved_family(ctx)
+    label = f"the {family.name} family" if family else ""
+    wants: dict[str, RoutingWant] = {}
+    top_k = ctx.expect.declared("top_k")
+    if top_k is not None and _int(top_k.value) is not None:
+        wants["k"] = RoutingWant(top_k.value, f"{top_k.describe()} (model.top_k)")
+    norm = ctx.expect.declared("norm_topk_prob")
+    if norm is not None:
+        wants["normalize_routing_weights"] = RoutingWant(int(bool(norm.value)), f"{norm.describe()} (model.norm_topk_prob)")
+    elif family is not None and family.norm_topk_prob is not None:
+        wants["normalize_routing_weights"] = RoutingWant(
+            int(family.norm_topk_prob), f"{label} renormalises the top-k weights ({family.source('norm_topk_prob')})")
+    activation = ctx.expect.declared("activation")
+    if activation is not None:
+        wants["activation_type"] = RoutingWant(activation.value, f"{activation.describe()} (model.activation)")
+    elif family is not None and family.moe_activation:
+        wants["activation_type"] = RoutingWant(family.moe_activation, f"{label} uses {family.moe_activation} experts")
+    if family is None:
+        return wants
+    if family.use_sparse_mixer:
+        wants["use_sparse_mixer"] = RoutingWant(
+            family.use_sparse_mixer, f"{label} routes with a sparse mixer ({family.source('use_sparse_mixer')})")
+    if family.moe_activation == "swiglu":
+        for attr, value in (("activation_alpha", family.swiglu_alpha), ("activation_beta", family.swiglu_beta)):
+            if value is not None:
+                wants[attr] = RoutingWant(value, f"{label} uses {value:g} ({family.source('swiglu_alpha')})")
+        limit = family.swiglu_limit
+        wants["swiglu_limit"] = RoutingWant(
+            limit, f"{label} clamps at {limit}" if limit is not None else f"{label} does not clamp")
+    return wants
+
+
+def _moe_attributes(node: Node, wants: dict[str, RoutingWant]) -> list[tuple[str, Any]]:
+    """(attribute, value as ORT reads it) of a MoE / QMoE node, for the attributes `wants` judges. An activation
+    the operator's contract does not allow is the contract rule's (op-attribute-value); silu with fc3 is swiglu."""
+
+    def value(attr: str) -> Any:
+        have = node.attr(attr)
+        return have if have is not None else attribute_default(MS_DOMAIN, node.op_type, attr)
+
+    sparse = _int(value("use_sparse_mixer")) or 0
+    act = str(value("activation_type") or "relu")
+    out: list[tuple[str, Any]] = [("k", _int(value("k"))), ("use_sparse_mixer", sparse)]
+    if not sparse:
+        out.append(("normalize_routing_weights", _int(value("normalize_routing_weights")) or 0))
+    if act in _allowed_activations(node):
+        out.append(("activation_type", "swiglu" if act == "silu" and _fc3(node) else act))
+    if act == "swiglu" and "swiglu_limit" in wants:
+        out += [("activation_alpha", _float(value("activation_alpha"))), ("activation_beta", _float(value("activation_beta")))]
+        limit = _float(node.attr("swiglu_limit"))
+        out.append(("swiglu_limit", _ABSENT if limit is None and wants["swiglu_limit"].value is not None else limit))
+    return out
+
+
+def _allowed_activations(node: Node) -> tuple:
+    contract = op_contract(MS_DOMAIN, node.op_type, 1)
+    attr = contract.attributes.get("activation_type") if contract is not None else None
+    return tuple(attr.values) if attr is not None and attr.values else ("relu", "gelu", "silu", "swiglu", "identity")
+
+
+def _agrees(attr: str, have: Any, want: Any) -> bool:
+    if attr == "swiglu_limit" and (have is None or want is None or have is _ABSENT):
+        return have is None and want is None
+    if isinstance(have, float) or isinstance(want, float):
+        return isinstance(have, (int, float)) and isinstance(want, (int, float)) and close(float(have), float(want))
+    if attr == "normalize_routing_weights":
+        return bool(have) == bool(want)
+    return have == want
 
 
 def _o_proj_width(graph: Graph, node: Node) -> int | None:

@@ -322,7 +322,27 @@ def norm_epsilon_default(ctx: RuleContext):
     """
     graph = ctx.model
     expected, source = expected_epsilon(ctx)
-    groups: dict[tuple, list[Node]] = {}
+    against = f", but {source}" if expected is not None else \
+        ", far below the 1e-6 .. 1e-5 RMSNorm epsilons of the model families ortgate knows"
+    for (what, absent, value), nodes in epsilon_groups(graph, expected).items():
+        where = f" ({layers_text(nodes)})" if any(n.layer is not None for n in nodes) else ""
+        how = (f"without an epsilon attribute: ORT {fusions_version()} uses its default {value:g}" if absent
+               else f"with epsilon={value:g}")
+        yield ctx.finding(
+            f"{len(nodes)} {what}{'s' if len(nodes) > 1 else ''}{where} {how}{against}",
+            node=nodes[0], graph=graph, related=nodes[1:],
+            fix=f"Set epsilon={expected:g} on every {what} (re-export with rms_norm_eps={expected:g}), or correct the "
+                "policy's model.rms_norm_eps." if expected is not None
+            else f"Set epsilon to the model's rms_norm_eps on every {what}.",
+            properties={"epsilon": value, "expected": expected, "absent": absent, "nodes": len(nodes)},
+        )
+
+
+def epsilon_groups(graph: Graph, expected: float | None) -> dict[tuple[str, bool, float], list[Node]]:
+    """(what, epsilon absent, epsilon as ORT uses it) -> the RMSNorm nodes whose epsilon is not `expected`: fused
+    norms by op ("com.microsoft.SkipSimplifiedLayerNormalization node"), decomposed ones by their Add's constant.
+    With nothing expected, only a SkipSimplifiedLayerNormalization without epsilon (1e-12: no model uses it)."""
+    groups: dict[tuple[str, bool, float], list[Node]] = {}
     for domain, op_type in EPSILON_NORM_OPS:
         if op_type in ("LayerNormalization", "SkipLayerNormalization"):
             continue  # LayerNorm, not RMSNorm: its epsilon is not rms_norm_eps
@@ -331,36 +351,13 @@ def norm_epsilon_default(ctx: RuleContext):
             absent = value is None
             if absent:
                 value = attribute_default(node.domain, node.op_type, "epsilon")
-            if not isinstance(value, (int, float)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
-            if expected is not None:
-                if close(float(value), expected):
-                    continue
-            elif not (absent and op_type == "SkipSimplifiedLayerNormalization"):
-                continue
-            groups.setdefault((node.key, absent, float(value)), []).append(node)
-    for (key, absent, value), nodes in groups.items():
-        where = f" ({layers_text(nodes)})" if any(n.layer is not None for n in nodes) else ""
-        if absent:
-            what = (f"{len(nodes)} {key} node{'s' if len(nodes) > 1 else ''}{where} without an epsilon attribute: "
-                    f"ORT {fusions_version()} uses its default {value:g}")
-        else:
-            what = f"{len(nodes)} {key} node{'s' if len(nodes) > 1 else ''}{where} with epsilon={value:g}"
-        against = f", but {source}" if expected is not None else \
-            ", far below the 1e-6 .. 1e-5 RMSNorm epsilons of the model families ortgate knows"
-        yield ctx.finding(
-            what + against, node=nodes[0], graph=graph, related=nodes[1:],
-            fix=f"Set epsilon={expected:g} on every {key} node." if expected is not None
-            else f"Set epsilon to the model's rms_norm_eps on every {key} node.",
-            properties={"epsilon": value, "expected": expected, "absent": absent, "nodes": len(nodes)},
-        )
-    decomposed = [m for m in decomposed_rmsnorms(graph) if expected is not None and m.epsilon is not None
-                  and not close(m.epsilon, expected)]
-    for eps in sorted({m.epsilon for m in decomposed if m.epsilon is not None}):
-        group = [m for m in decomposed if m.epsilon == eps]
-        yield ctx.finding(
-            f"{len(group)} decomposed RMSNorm{'s add' if len(group) > 1 else ' adds'} epsilon={eps:g}, but {source}",
-            node=group[0].last, graph=graph, related=[m.last for m in group[1:]],
-            fix=f"Re-export with rms_norm_eps={expected:g}, or correct the policy's model.rms_norm_eps.",
-            properties={"epsilon": eps, "expected": expected, "absent": False, "nodes": len(group)},
-        )
+            wrong = (not close(float(value), expected) if expected is not None
+                     else absent and op_type == "SkipSimplifiedLayerNormalization")
+            if wrong:
+                groups.setdefault((f"{node.key} node", absent, float(value)), []).append(node)
+    for norm in decomposed_rmsnorms(graph):
+        if expected is not None and norm.epsilon is not None and not close(norm.epsilon, expected):
+            groups.setdefault(("decomposed RMSNorm", False, norm.epsilon), []).append(norm.last)
+    return groups

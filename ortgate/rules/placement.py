@@ -8,7 +8,7 @@ the CPU provider. An op the table does not list at all is unknown to it, never "
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
@@ -404,41 +404,56 @@ def cuda_graph_blocker(ctx: RuleContext):
     export in float16/bfloat16 so every compute node has a CUDA kernel; use the fused MoE op instead of a
     NonZero/gather expert loop. For TensorRT, capture with the CUDA provider instead (`enable_cuda_graph`).
     """
-    capture = _capture_providers(ctx)
-    if not capture:
-        return
+    for provider, setups in sorted(_capture_providers(ctx).items()):
+        on = f"{cuda_graph_option(setups[0])} is on in the {_declared_by([s.label for s in setups])}"
+        for blocker in capture_blockers(ctx, provider):
+            yield ctx.finding(
+                f"{on}, but {blocker.what}: {blocker.consequence}",
+                node=blocker.nodes[0], graph=blocker.graph, related=blocker.nodes[1:], fix=blocker.fix,
+                properties={"provider": provider, "blocker": blocker.kind, **blocker.properties},
+            )
+
+
+@dataclass(frozen=True)
+class CaptureBlocker:
+    """Something in the graph that makes CUDA graph capture fail or impossible."""
+
+    kind: str  # control_flow | not_on_tensorrt | memcpy | data_dependent_shape
+    what: str
+    consequence: str
+    nodes: list[Node]
+    graph: Graph
+    fix: str
+    properties: dict = field(default_factory=dict)
+
+
+def capture_blockers(ctx: RuleContext, provider: str) -> list[CaptureBlocker]:
     graph = ctx.executed
-    facts = cuda_graph_capture_facts()
-    for provider, setups in sorted(capture.items()):
-        labels = [s.label for s in setups]
-        option = cuda_graph_option(setups[0])
-        on = f"{option} is on in the {_declared_by(labels)}"
-        for node in graph.by_op_type(*facts.control_flow_ops):
-            if node.graph is not None:
-                continue  # nested control flow sits inside a main-graph one, which is reported
-            yield ctx.finding(
-                f"{on}, but the graph has a control-flow node ({node.op_type}): ORT refuses to create the session "
-                "(control flow cannot be captured)",
-                node=node, graph=graph,
-                fix="Export the decode step without control flow (e.g. separate prompt and decode graphs).",
-                properties={"provider": provider, "blocker": "control_flow"},
-            )
-        if provider == TENSORRT:
-            yield from _tensorrt_blockers(ctx, graph, provider, on)
-        yield from _memcpy_blockers(ctx, provider, on)
-        for key, group in _group_by_op(data_dependent_shape_nodes(graph)).items():
-            nodes = [n for n, _ in group]
-            driving = sorted({v for _, vs in group for v in vs})
-            yield ctx.finding(
-                f"{on}, but {key} ({_count(nodes)}) has an output shape that depends "
-                f"on tensor values ({', '.join(driving[:4])}{', ...' if len(driving) > 4 else ''}): its kernel reads "
-                "them on the host during the step and a captured graph replays the sizes of the capture",
-                node=nodes[0], graph=graph, related=nodes[1:],
-                fix="Replace the data-dependent construct (e.g. a NonZero/gather expert loop by com.microsoft.MoE), "
-                    "or compute the size from shapes and constants only.",
-                properties={"provider": provider, "blocker": "data_dependent_shape", "op": key,
-                            "nodes": len(nodes)},
-            )
+    out = [CaptureBlocker("control_flow", f"the graph has a control-flow node ({node.op_type})",
+                          "ORT refuses to create the session (control flow cannot be captured)", [node], graph,
+                          "Export the decode step without control flow (e.g. separate prompt and decode graphs).")
+           for node in graph.by_op_type(*cuda_graph_capture_facts().control_flow_ops)
+           if node.graph is None]  # nested control flow sits inside a main-graph one, which is reported
+    if provider == TENSORRT:
+        out += _tensorrt_blockers(graph)
+    if ctx.optimized is not None:
+        copies = unexplained_copies(ctx, ctx.optimized)
+        if copies:
+            out.append(CaptureBlocker(
+                "memcpy", f"the optimized graph has {len(copies)} Memcpy node(s) ({_memcpy_summary(copies)})",
+                "ORT refuses to create a CUDA-graph session with copies between devices", copies, ctx.optimized,
+                "Make the nodes the copies serve run on the GPU (the finding's related nodes), then dump again.",
+                {"nodes": len(copies)}))
+    for key, group in _group_by_op(data_dependent_shape_nodes(graph)).items():
+        nodes = [n for n, _ in group]
+        driving = sorted({v for _, vs in group for v in vs})
+        out.append(CaptureBlocker(
+            "data_dependent_shape", f"{key} ({_count(nodes)}) has an output shape that depends on tensor values "
+            f"({', '.join(driving[:4])}{', ...' if len(driving) > 4 else ''})",
+            "its kernel reads them on the host during the step and a captured graph replays the sizes of the capture",
+            nodes, graph, "Replace the data-dependent construct (e.g. a NonZero/gather expert loop by "
+            "com.microsoft.MoE), or compute the size from shapes and constants only.", {"op": key, "nodes": len(nodes)}))
+    return out
 
 
 def _group_by_op(items: list[tuple[Node, list[str]]]) -> dict[str, list[tuple[Node, list[str]]]]:
@@ -448,35 +463,17 @@ def _group_by_op(items: list[tuple[Node, list[str]]]) -> dict[str, list[tuple[No
     return groups
 
 
-def _tensorrt_blockers(ctx: RuleContext, graph: Graph, provider: str, on: str):
+def _tensorrt_blockers(graph: Graph) -> list[CaptureBlocker]:
     by_key: dict[str, list[Node]] = defaultdict(list)
     for node in graph.nodes:
         if node.graph is None and tensorrt_untaken_domain(node.domain):
             by_key[node.key].append(node)
-    for key, nodes in sorted(by_key.items(), key=lambda kv: kv[1][0].index):
-        yield ctx.finding(
-            f"{on}, but TensorRT does not take {key} ({_count(nodes)}): "
-            f"{tensorrt_untaken_domain(nodes[0].domain)}; a TensorRT CUDA graph needs every node on TensorRT, so "
-            "session creation fails",
-            node=nodes[0], graph=graph, related=nodes[1:],
-            fix='Capture with the CUDA provider instead (CUDAExecutionProvider, enable_cuda_graph: "1").',
-            properties={"provider": provider, "blocker": "not_on_tensorrt", "op": key, "nodes": len(nodes)},
-        )
-
-
-def _memcpy_blockers(ctx: RuleContext, provider: str, on: str):
-    graph = ctx.optimized
-    if graph is None:
-        return
-    copies = unexplained_copies(ctx, graph)
-    if copies:
-        yield ctx.finding(
-            f"{on}, but the optimized graph has {len(copies)} Memcpy node(s) ({_memcpy_summary(copies)}): ORT "
-            "refuses to create a CUDA-graph session with copies between devices",
-            node=copies[0], graph=graph, related=copies[1:],
-            fix="Make the nodes the copies serve run on the GPU (the finding's related nodes), then dump again.",
-            properties={"provider": provider, "blocker": "memcpy", "nodes": len(copies)},
-        )
+    return [CaptureBlocker(
+        "not_on_tensorrt", f"TensorRT does not take {key} ({_count(nodes)})",
+        f"{tensorrt_untaken_domain(nodes[0].domain)}; a TensorRT CUDA graph needs every node on TensorRT, so session "
+        "creation fails", nodes, graph,
+        'Capture with the CUDA provider instead (CUDAExecutionProvider, enable_cuda_graph: "1").',
+        {"op": key, "nodes": len(nodes)}) for key, nodes in sorted(by_key.items(), key=lambda kv: kv[1][0].index)]
 
 
 def _memcpy_summary(copies: list[Node]) -> str:

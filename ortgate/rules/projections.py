@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
@@ -281,45 +283,58 @@ def gate_up_not_merged(ctx: RuleContext):
     re-export with onnxruntime-genai's builder, which does.
     """
     graph, _ = judged_graph(ctx)
-    with_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n)]
-    for (_, layer), nodes in by_layer(with_fc3, lambda n: n, lambda n: n.layer):
-        node = nodes[0]
-        act = node.attr("activation_type", "relu")
+    for found in [*_fused_with_fc3(graph), *_loops_with_separate_gate_up(graph)]:
         yield ctx.finding(
-            f"{node.key} {layer_text(layer)} has separate fc3 (up) weights ({_fc3_input(node)}), "
-            f"activation_type={act}, swiglu_fusion={node.attr('swiglu_fusion', 0)}: gate and up run as two grouped "
-            "GEMMs instead of one merged fc1 with swiglu_fusion=1",
-            node=node, graph=graph, layer=layer, related=nodes[1:], fix=GATE_UP_FIX,
-            properties={"fc3": _fc3_input(node)},
+            f"{found.what} {layer_text(found.layer)} {found.how}: gate and up run as two GEMMs instead of one merged "
+            "gate_up (fc1) GEMM with swiglu_fusion=1",
+            node=found.node, graph=graph, layer=found.layer, related=found.related, fix=GATE_UP_FIX,
+            properties=found.properties,
         )
-    mlps = gated_mlps(graph)
-    mlps_in_layer: dict[int | None, list[GatedMlp]] = {}  # each block looks at its own layer's MLPs only
-    for m in mlps:
-        if m.gate is not None:
-            mlps_in_layer.setdefault(m.layer, []).append(m)
+
+
+@dataclass(frozen=True)
+class SeparateGateUp:
+    """Gate and up (or SiLU and its product) computed apart: what, where, how, and the nodes to point at."""
+
+    what: str
+    layer: int | None
+    how: str
+    node: Node
+    related: list[Node]
+    properties: dict
+
+
+def _fused_with_fc3(graph: Graph) -> list[SeparateGateUp]:
+    with_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n)]
+    return [SeparateGateUp(
+        nodes[0].key, layer, f"has separate fc3 (up) weights ({_fc3_input(nodes[0])}), activation_type="
+        f"{nodes[0].attr('activation_type', 'relu')}, swiglu_fusion={nodes[0].attr('swiglu_fusion', 0)}",
+        nodes[0], nodes[1:], {"fc3": _fc3_input(nodes[0])})
+        for (_, layer), nodes in by_layer(with_fc3, lambda n: n, lambda n: n.layer)]
+
+
+def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
+    """Expert loops whose routed experts read gate and up from two projections (each block its own layer's MLPs)."""
+    mlps = [m for m in gated_mlps(graph) if m.gate is not None]
+    out = []
     for block in moe_blocks(graph):
         if block.fused is not None or block.router is None:
             continue
-        if block.layer is not None:
-            candidates = mlps_in_layer.get(block.layer, [])
-        else:
-            linears = {n.index for n in block.expert_linears}
-            candidates = [m for m in mlps if m.gate is not None and m.gate.index in linears]
+        linears = {n.index for n in block.expert_linears}
+        candidates = [m for m in mlps if (m.layer == block.layer if block.layer is not None
+                                          else m.gate is not None and m.gate.index in linears)]
         routed_linears = {n.index for n in block.routed_linears}
         routed = [m for m in candidates if _routed(m, routed_linears)]
-        separate = [m for m in routed if m.separate]
-        if not separate:
-            continue
-        example = separate[0]
-        assert example.gate is not None and example.up is not None  # what GatedMlp.separate means
-        yield ctx.finding(
-            f"{len(separate)} of {len(routed)} routed experts {layer_text(block.layer)} compute gate and up with two "
-            f"projections each (e.g. {example.gate.display_name} and {example.up.display_name}) instead of "
-            "one merged gate_up GEMM",
-            node=block.router, graph=graph, layer=block.layer,
-            related=[n for m in separate for n in (m.gate, m.up) if n is not None], fix=GATE_UP_FIX,
-            properties={"experts_separate": len(separate), "experts": len(routed)},
-        )
+        separate = [m for m in routed if m.separate and m.gate is not None and m.up is not None]
+        if separate:
+            gate, up = separate[0].gate, separate[0].up
+            assert gate is not None and up is not None  # kept above
+            out.append(SeparateGateUp(
+                "MoE expert loop", block.layer, f"has {len(separate)} of {len(routed)} routed experts reading gate and "
+                f"up from two projections (e.g. {gate.display_name} and {up.display_name})",
+                block.router, [n for m in separate for n in (m.gate, m.up) if n is not None],
+                {"experts_separate": len(separate), "experts": len(routed)}))
+    return out
 
 
 def _below(level: str, floor: str) -> bool:
@@ -389,29 +404,35 @@ def swiglu_not_fused(ctx: RuleContext):
     Run the session at ORT_ENABLE_EXTENDED or above (ORT_ENABLE_ALL is ORT's default), and export MoE experts with
     activation_type=swiglu, swiglu_fusion=1.
     """
-    graph, is_dump = judged_graph(ctx)
-    tgt = target(ctx)
-    silu_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n) and n.attr("activation_type") == "silu"]
-    for (_, layer), nodes in by_layer(silu_fc3, lambda n: n, lambda n: n.layer):
+    graph, _ = judged_graph(ctx)
+    for found in [*_silu_with_fc3(graph), *_dense_silu_left_unfused(ctx, graph)]:
         yield ctx.finding(
-            f"{nodes[0].key} {layer_text(layer)} computes its gated activation as activation_type=silu on fc1 "
-            "times a separate fc3 GEMM instead of activation_type=swiglu",
-            node=nodes[0], graph=graph, layer=layer, related=nodes[1:], fix=SWIGLU_FIX,
+            f"{found.what} {layer_text(found.layer)} {found.how}",
+            node=found.node, graph=graph, layer=found.layer, related=found.related, fix=SWIGLU_FIX,
+            properties=found.properties,
         )
-    if is_dump:
+
+
+def _silu_with_fc3(graph: Graph) -> list[SeparateGateUp]:
+    silu_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n) and n.attr("activation_type") == "silu"]
+    return [SeparateGateUp(nodes[0].key, layer, "computes its gated activation as activation_type=silu on fc1 times "
+                           "a separate fc3 GEMM instead of activation_type=swiglu", nodes[0], nodes[1:], {})
+            for (_, layer), nodes in by_layer(silu_fc3, lambda n: n, lambda n: n.layer)]
+
+
+def _dense_silu_left_unfused(ctx: RuleContext, graph: Graph) -> list[SeparateGateUp]:
+    """Gated MLPs whose SiLU stays Sigmoid + Mul: in an optimized dump, or below the level where ORT fuses it."""
+    tgt = target(ctx)
+    if ctx.optimized is not None:
         why = (f"still Sigmoid + Mul in ORT's optimized dump: QuickGeluFusion did not run (the dump was made below "
                f"ORT_ENABLE_EXTENDED, or for a provider without the pass; ORT {fusions_version()})")
     elif _below(tgt.level, "ORT_ENABLE_EXTENDED"):
         why = ort_pass_note("QuickGeluFusion", tgt, False) + f" (set by {tgt.origin})"
     else:
-        return
+        return []
     unfused = [m for m in gated_mlps(graph) if not m.fused_activation]
-    for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer):
-        yield ctx.finding(
-            f"{len(group)} gated MLP{'s' if len(group) > 1 else ''} {layer_text(layer)} "
-            f"compute{'' if len(group) > 1 else 's'} SiLU(gate) * up as "
-            f"Sigmoid -> Mul -> Mul; {why}",
-            node=group[0].activation[0], graph=graph, layer=layer,
-            related=[n for m in group for n in (*m.activation, m.product)], fix=SWIGLU_FIX,
-            properties={"gated_mlps": len(group)},
-        )
+    return [SeparateGateUp(
+        f"{len(group)} gated MLP{'s' if len(group) > 1 else ''}", layer,
+        f"compute{'' if len(group) > 1 else 's'} SiLU(gate) * up as Sigmoid -> Mul -> Mul; {why}",
+        group[0].activation[0], [n for m in group for n in (*m.activation, m.product)], {"gated_mlps": len(group)})
+        for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer)]

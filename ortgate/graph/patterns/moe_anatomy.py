@@ -66,6 +66,7 @@ class MoeAnatomy:
     combine: Node | None = None  # the node producing `output`
     activation: str = ""  # swiglu (gated SiLU) | silu | gelu | relu | identity
     swiglu: tuple[float, float, float | None] = (1.0, 0.0, None)  # alpha, beta, limit (GPT-OSS: 1.702, 1, 7)
+    jitter_eps: float | None = None  # sparsemixer routing: the relative band 2 * eps a pick's softmax runs over
     experts: list[ExpertAnatomy] = field(default_factory=list)
     num_experts: int | None = None
     hidden_size: int | None = None
@@ -81,8 +82,8 @@ def moe_anatomies(graph: Graph) -> list[MoeAnatomy]:
     """One anatomy per unfused MoE block of the main graph (fused blocks have nothing to rewrite)."""
 
     def compute(g: Graph) -> list[MoeAnatomy]:
-        return [_anatomy(g, b) for b in moe_blocks(g) if b.fused is None and b.router is not None and b.topk is not None
-                and b.router.graph is None]
+        return [_anatomy(g, b) for b in moe_blocks(g) if b.fused is None and b.router is not None
+                and (b.topk is not None or b.routing_form == "sparsemixer") and b.router.graph is None]
 
     return cached(graph, "moe_anatomies", compute)
 
@@ -94,7 +95,10 @@ class _Refuse(Exception):
 def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
     anatomy = MoeAnatomy(block, block.layer, num_experts=block.experts)
     try:
-        _read_routing(graph, anatomy)
+        if block.topk is None:
+            _read_sparsemixer(graph, anatomy)
+        else:
+            _read_routing(graph, anatomy)
         _read_experts(graph, anatomy)
     except _Refuse as why:
         anatomy.refusal = str(why)
@@ -244,6 +248,107 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     a.__dict__["_weights"] = weights
     a.__dict__["_indices"] = topk.outputs[1] if len(topk.outputs) > 1 else ""
     _check_scaling(graph, weights)
+
+
+def _read_sparsemixer(graph: Graph, a: MoeAnatomy) -> None:
+    """PhiMoE's sparsemixer (no TopK): pick i1 = argmax(s); weight it by softmax(s masked to the experts j with
+    (s[i1] - s[j]) / max(|s[j]|, s[i1]) <= 2 eps)[i1]; pick i2 = argmax(s with i1 at -inf) and weight it the same way
+    over s without i1 (relative to s[i2]). Read: the two picks, their weights, the logits and eps."""
+    block = a.block
+    assert block.router is not None
+    picks = sorted((n for n in block.selection if n.op_type == "ArgMax"), key=lambda n: n.index)
+    if len(picks) != 2 or len(block.selection) != 2:
+        raise _Refuse(f"a max-based router with {len(block.selection)} selections: sparsemixer routing picks exactly 2")
+    logits = _through_views(graph, picks[0].input(0), {"Cast", "Identity"})
+    if not _is_router_output(graph, logits, block):
+        raise _Refuse("the sparsemixer's first pick does not read the router logits")
+    weights, bands = [], []
+    for stage, pick in enumerate(picks):
+        if not _last_axis(graph, pick.input(0), pick.attr("axis", 0)) or not pick.attr("keepdims", 1):
+            raise _Refuse("a sparsemixer pick is not an arg-max over the expert axis")
+        scores = pick.input(0)
+        if stage == 1 and not _first_pick_masked(graph, scores, logits, picks[0]):
+            raise _Refuse("the sparsemixer's second pick does not rank the logits with the first pick masked out")
+        gathered = [c for c in graph.consumers(pick.outputs[0]) if c.op_type == "GatherElements"]
+        if len(gathered) != 1:
+            raise _Refuse("a sparsemixer pick's weight is not gathered from a masked softmax")
+        softmax = graph.producer(gathered[0].input(0))
+        if softmax is None or softmax.op_type != "Softmax" or not _last_axis(graph, softmax.input(0),
+                                                                             softmax.attr("axis", -1)):
+            raise _Refuse("a sparsemixer pick's weight is not gathered from a softmax over the experts")
+        bands.append(_sparsemixer_band(graph, softmax.input(0), scores, logits))
+        weights.append(gathered[0].outputs[0])
+    if abs(bands[0] - bands[1]) > 1e-6 * max(abs(bands[0]), 1e-12):
+        raise _Refuse(f"the sparsemixer's two picks use different bands ({bands[0]:g}, {bands[1]:g})")
+    combined = _concat_of(graph, weights)
+    indices = _concat_of(graph, [p.outputs[0] for p in picks])
+    if combined is None or indices is None:
+        raise _Refuse("the sparsemixer's two weights or two picks are not joined into one [tokens, 2] tensor")
+    a.routing, a.k, a.normalize, a.jitter_eps = "sparsemixer", 2, False, bands[0] / 2
+    a.logits = _logits_value(graph, logits, block)
+    width = graph.shape(a.logits)
+    if width and isinstance(width[-1], int) and block.experts and width[-1] != block.experts:
+        raise _Refuse(f"router width {width[-1]} differs from the {block.experts} experts")
+    a.__dict__["_weights"] = combined
+    a.__dict__["_indices"] = indices
+
+
+def _first_pick_masked(graph: Graph, scores: str, logits: str, first: Node) -> bool:
+    """scores = ScatterElements(logits, first pick, -inf) along the expert axis."""
+    node = graph.producer(scores)
+    if node is None or node.op_type != "ScatterElements" or node.attr("reduction", "none") != "none":
+        return False
+    if _through_views(graph, node.input(0), {"Cast", "Identity"}) != logits or node.input(1) != first.outputs[0]:
+        return False
+    return _fill_value(graph, node.input(2)) == float("-inf")
+
+
+def _fill_value(graph: Graph, value: str) -> float | None:
+    """The one value a constant, ConstantOfShape or Expand of a scalar fills a tensor with."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "ConstantOfShape":
+        fill = node.attr("value")
+        values = getattr(fill, "values", None) if fill is not None else (0.0,)
+        return float(values[0]) if values and len(set(values)) == 1 else None
+    if node is not None and node.op_type == "Expand":
+        return _fill_value(graph, node.input(0))
+    values = const_floats(graph, value)
+    return values[0] if values and len(set(values)) == 1 else None
+
+
+def _sparsemixer_band(graph: Graph, masked: str, scores: str, logits: str) -> float:
+    """The constant c of Where(Greater((max(scores) - logits) / Max(Abs(logits), max(scores)), c), -inf, scores):
+    the relative band (2 eps) a pick's softmax runs over."""
+    where = graph.producer(masked)
+    if where is None or where.op_type != "Where" or where.input(2) != scores or \
+            _fill_value(graph, where.input(1)) != float("-inf"):
+        raise _Refuse("a sparsemixer softmax does not read the scores with the out-of-band experts at -inf")
+    greater = graph.producer(where.input(0))
+    band = const_floats(graph, greater.input(1)) if greater is not None and greater.op_type == "Greater" else None
+    if greater is None or not band or len(band) != 1:
+        raise _Refuse("the sparsemixer's band is not a constant threshold")
+    div = graph.producer(greater.input(0))
+    sub = graph.producer(div.input(0)) if div is not None and div.op_type == "Div" else None
+    factor = graph.producer(div.input(1)) if div is not None and div.op_type == "Div" else None
+    if sub is None or sub.op_type != "Sub" or factor is None or factor.op_type not in ("Max", "Clip"):
+        raise _Refuse("the sparsemixer's band is not relative ((max - s) / max(|s|, max))")
+    top = graph.producer(sub.input(0))
+    if top is None or top.op_type != "ReduceMax" or top.input(0) != scores or \
+            _through_views(graph, sub.input(1), {"Cast", "Identity"}) != logits:
+        raise _Refuse("the sparsemixer's band is not measured from the pick's maximum")
+    absolute = [graph.producer(i) for i in factor.inputs if i]
+    if not any(n is not None and n.op_type == "Abs" and n.input(0) == logits for n in absolute) or \
+            top.outputs[0] not in factor.inputs:
+        raise _Refuse("the sparsemixer's band is not relative to max(|s|, max)")
+    return band[0]
+
+
+def _concat_of(graph: Graph, parts: list[str]) -> str | None:
+    """The Concat (last axis) that joins exactly `parts`, in order."""
+    for c in graph.consumers(parts[0]):
+        if c.op_type == "Concat" and list(c.inputs) == parts and _last_axis(graph, parts[0], c.attr("axis", 0)):
+            return c.outputs[0]
+    return None
 
 
 def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, several_topk: bool = False) -> None:
@@ -516,10 +621,14 @@ def _stack_row(graph: Graph, value: str) -> bool:
 
 def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | None:
     """The expert column a per-expert routing weight selects: Slice [e:e+1] / Gather e on the expert axis of the
-    routing matrix, or Equal(indices, e) of a token-dispatch loop."""
+    routing matrix (or of a one-hot expert mask, transposed or not), or Equal(indices, e) of a token-dispatch loop.
+
+    The walk goes back through routing values, and also through the index arithmetic a gathered weight is picked
+    by: transformers' eager loop weights expert e's rows with routing_weights[top_x, idx], where (idx, top_x) =
+    NonZero(one_hot(indices).permute(2, 1, 0)[e]), so the constant e lies behind the Gather's index input."""
     frontier = [weight]
     seen = set(frontier)
-    while frontier:
+    for _ in range(16):  # the index arithmetic can lead far from the routing: only the nearest steps are read
         next_frontier = []
         for value in frontier:
             node = graph.producer(value)
@@ -529,22 +638,70 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
                 starts, ends = const_ints(graph, node.input(1)), const_ints(graph, node.input(2))
                 axes = const_ints(graph, node.input(3)) if node.input(3) else None
                 if starts and ends and len(starts) == 1 and ends[0] == starts[0] + 1 and (
-                        axes is None or _last_axis(graph, node.input(0), axes[0])):
+                        axes is None or _on_expert_axis(graph, node.input(0), axes[0])):
                     return starts[0]
-            if node.op_type == "Gather":
+            if node.op_type == "Gather" and node.input(0) in routing_values:
                 index = const_ints(graph, node.input(1))
-                if index and len(index) == 1 and _last_axis(graph, node.input(0), node.attr("axis", 0)):
+                if index and len(index) == 1 and _on_expert_axis(graph, node.input(0), node.attr("axis", 0)):
                     return index[0]
             if node.op_type == "Equal":
                 for i, other in ((0, 1), (1, 0)):
                     index = const_ints(graph, node.input(i))
                     if index and len(index) == 1 and node.input(other) in routing_values:
                         return index[0]
-            for value in node.inputs:
-                if value and value not in seen and (value in routing_values):
+            routed = value in routing_values
+            for position, value in enumerate(node.inputs):
+                if not value or value in seen or graph.is_constant(value):
+                    continue
+                follow = value in routing_values or (
+                    # the index a routing weight is gathered by, and the arithmetic that computes it
+                    (routed and node.op_type in _GATHER_OPS and position == 1)
+                    or (not routed and node.op_type in _INDEX_OPS))
+                if follow:
                     seen.add(value)
                     next_frontier.append(value)
         frontier = next_frontier
+    return None
+
+
+_GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
+# Ops that compute a row index from the routing indices (NonZero of an expert's mask, row * k + choice).
+_INDEX_OPS = frozenset({"Add", "Mul", "Sub", "Squeeze", "Unsqueeze", "Split", "Transpose", "NonZero", "Cast",
+                        "Reshape", "Flatten", "Concat", "Expand", "Slice", "Identity"})
+
+
+def _on_expert_axis(graph: Graph, value: str, axis: int | None) -> bool:
+    """Whether `axis` of `value` is its expert axis: the axis OneHot put the experts on, followed through
+    Transpose; for any other routing tensor, its last axis."""
+    if axis is None:
+        return False
+    found = _expert_axis(graph, value)
+    if found is None:
+        return _last_axis(graph, value, axis)
+    expert_axis, rank = found
+    return (axis % rank if rank else axis) == expert_axis
+
+
+def _expert_axis(graph: Graph, value: str) -> tuple[int, int] | None:
+    """(expert axis, rank) of a one-hot expert mask, through Cast / Identity / Transpose; None for other tensors."""
+    node = graph.producer(value)
+    if node is None or node.domain != DEFAULT_DOMAIN:
+        return None
+    if node.op_type in ("Cast", "Identity"):
+        return _expert_axis(graph, node.input(0))
+    if node.op_type == "Transpose":
+        inner = _expert_axis(graph, node.input(0))
+        if inner is None:
+            return None
+        axis, rank = inner
+        perm = list(node.attr("perm", []) or range(rank - 1, -1, -1))
+        return (perm.index(axis), rank) if axis in perm else None
+    if node.op_type == "OneHot":
+        indices_rank = _rank_of(graph, node.input(0))
+        if indices_rank is None:
+            return None
+        rank = indices_rank + 1
+        return node.attr("axis", -1) % rank, rank
     return None
 
 
@@ -827,12 +984,29 @@ def _common_hidden(graph: Graph, inputs: set[str]) -> tuple[str, str] | None:
         return next(iter(inputs)), "dense_loop"
     sources = set()
     for value in inputs:
-        node = graph.producer(value)
-        if node is None or node.op_type != "Gather" or node.attr("axis", 0) != 0:
+        source = _gathered_rows_of(graph, value)
+        if source is None:
             return None
-        sources.add(node.input(0))
+        sources.add(source)
     if len(sources) == 1:
         return next(iter(sources)), "gather_loop"
+    return None
+
+
+def _gathered_rows_of(graph: Graph, value: str) -> str | None:
+    """x for rows of x gathered by token index (through reshapes): Gather(x, rows, axis=0), or torch's
+    x[None, rows] = Gather(Unsqueeze(x, 0), rows, axis=1) that the legacy exporter writes."""
+    node = graph.producer(_through_views(graph, value, {"Reshape", "Squeeze", "Cast", "Identity"}))
+    if node is None or node.op_type != "Gather" or node.domain != DEFAULT_DOMAIN:
+        return None
+    axis = node.attr("axis", 0)
+    if axis == 0:
+        return node.input(0)
+    lifted = graph.producer(node.input(0))
+    if axis == 1 and lifted is not None and lifted.op_type == "Unsqueeze" and lifted.domain == DEFAULT_DOMAIN:
+        axes = const_ints(graph, lifted.input(1)) if lifted.input(1) else tuple(lifted.attr("axes", []) or ())
+        if axes == (0,):
+            return lifted.input(0)
     return None
 
 
@@ -845,13 +1019,20 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
         changed = False
         for value in list(values):
             for c in graph.consumers(value):
-                if c.index in members or c.op_type not in _COMBINE_OPS or c.domain != DEFAULT_DOMAIN:
+                if c.index in members or c.domain != DEFAULT_DOMAIN:
                     continue
-                if c.op_type == "Add":
+                if c.op_type in ("Cast", "Identity", "Expand"):
+                    ok = c.input(0) == value  # the weighted rows on their way to a scatter
+                elif c.op_type == "Add":
                     ok = all(i in values or _zeros(graph, i) for i in c.inputs)
-                else:  # ScatterND / ScatterElements(reduction=add) of weighted outputs into the sum
-                    ok = c.attr("reduction", "none") == "add" and c.input(2) in values and (
-                        c.input(0) in values or _zeros(graph, c.input(0)))
+                elif c.op_type in _COMBINE_OPS:  # ScatterND / ScatterElements of weighted outputs into the sum
+                    # reduction=add accumulates; reduction=none into zeros then added to the sum is torch's index_add_
+                    # as the legacy exporter writes it (exact: one expert's rows are distinct tokens).
+                    ok = c.input(2) in values and (
+                        (c.attr("reduction", "none") == "add" and (c.input(0) in values or _zeros(graph, c.input(0))))
+                        or (c.attr("reduction", "none") == "none" and _zeros(graph, c.input(0))))
+                else:
+                    ok = False
                 if ok:
                     members[c.index] = c
                     values.add(c.outputs[0])
@@ -859,8 +1040,9 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
     chain = list(members.values())
     if not chain:
         raise _Refuse("the experts' weighted outputs are not summed")
-    ends = [n for n in chain if not any(c.index in members for c in graph.consumers(n.outputs[0]))]
-    if len(chain) < len(muls) - 1:
+    ends = [n for n in chain if n.op_type in _COMBINE_OPS
+            and not any(c.index in members for c in graph.consumers(n.outputs[0]))]
+    if sum(1 for n in chain if n.op_type in _COMBINE_OPS) < len(muls) - 1:
         raise _Refuse("not every weighted expert output reaches the sum")
     if len(ends) != 1:
         raise _Refuse("the experts' weighted outputs are not summed into one tensor")
