@@ -263,7 +263,7 @@ class Estimate:
         index = self.__dict__.get("_repairs_index")
         if index is None or index[0] != len(self.repairs):
             by_kind: dict[str, list[Repair]] = {}
-            by_layer: dict[tuple[str, int | None], list[Repair]] = {}
+            by_layer: dict[tuple[str, int | str | None], list[Repair]] = {}
             for r in self.repairs:
                 by_kind.setdefault(r.kind, []).append(r)
                 by_layer.setdefault((r.kind, r.layer), []).append(r)
