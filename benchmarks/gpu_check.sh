@@ -53,8 +53,8 @@ execution_provider:
   name: CUDAExecutionProvider
   options: {enable_cuda_graph: "1", device_id: "0"}
 throughput:
-  device: "NVIDIA*"
-  min_tokens_per_second: 1        # trivially met: proves the targets are applied on a matching GPU
+  match: "NVIDIA*"
+  min_tokens_per_s: 1             # trivially met: proves the targets are applied on a matching GPU
 runner:
   past_sequence_length: 64
   warmup: 5

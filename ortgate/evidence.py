@@ -175,6 +175,8 @@ class RunEvidence:
     notes: list[str] = field(default_factory=list)
     failures: list[RunFailure] = field(default_factory=list)  # what ORT refused, or where --timeout stopped the run
     timeout_s: float | None = None
+    # the decode cost model's estimate for the device the run used, beside the measurement (never mixed with it)
+    estimate: dict[str, Any] | None = None
 
     @property
     def speedup_vs_default(self) -> float | None:

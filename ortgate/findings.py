@@ -54,6 +54,19 @@ class Suppression:
 
 
 @dataclass(frozen=True)
+class Price:
+    """What fixing a finding would save on one decode step: an estimate for a device, never a measurement."""
+
+    ms_per_token: float  # each sequence's time per output token (the step time) saved
+    share: float  # of the step as exported
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ms_per_token": round(self.ms_per_token, 4), "share_of_step": round(self.share, 4),
+                "device": self.device, "estimate": True}
+
+
+@dataclass(frozen=True)
 class Finding:
     code: str
     rule: str
@@ -69,6 +82,7 @@ class Finding:
     properties: tuple[tuple[str, Any], ...] = ()
     suppressed: Suppression | None = None
     kind: Kind = Kind.VIOLATION
+    price: Price | None = None  # what fixing it saves per decode step on the policy's device (an estimate)
     # The structural signature of what a node finding is about: the graph's role and the anchor node's op
     # ("model:MatMul", "optimized:com.microsoft.MoE"), its position in its graph (to order findings), and which
     # occurrence it is among the rule's findings with the same signature in the same layer (set by the pipeline).

@@ -355,7 +355,7 @@ execution_provider:
   options: {enable_cuda_graph: "1", device_id: 0}
 throughput:
   device: cpu
-  min_tokens_per_second: 10
+  min_tokens_per_s: 10
 runner:
   batch_size: 1
   sequence_length: 1

@@ -104,7 +104,7 @@ def test_validate_takes_several_files_and_exits_with_the_worst(write_policy):
 def test_null_removes_an_inherited_key(write_policy):
     write_policy("name: base\nextends: builtin:cuda-decode\n"
                  "session:\n  config_entries: {session.disable_cpu_ep_fallback: '1', session.intra_op.allow_spinning: '0'}\n"
-                 "throughput: {device: cpu, min_tokens_per_second: 5}\n", "base.yaml")
+                 "throughput: {device: cpu, min_tokens_per_s: 5}\n", "base.yaml")
     child = write_policy("name: child\nextends: base.yaml\n"
                          "session:\n  config_entries: {session.intra_op.allow_spinning: null}\n"
                          "throughput: null\n"

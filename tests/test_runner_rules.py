@@ -104,13 +104,19 @@ def test_changed_outputs_fail_the_gate(write_policy):
 
 
 def test_throughput_target_missed_on_the_matching_gpu(write_policy):
-    policy = CUDA_POLICY + "throughput:\n  device: 'NVIDIA H100*'\n  max_p50_latency_ms: 8\n  min_tokens_per_second: 50\n"
+    policy = CUDA_POLICY + "throughput:\n  device: h100-sxm\n  max_p50_latency_ms: 8\n  min_tokens_per_s: 50\n"
     [found] = run_rule("throughput-target-missed", cuda_session(), write_policy, policy, measurement=measurement(10))
     assert found.location.key_path == "throughput.max_p50_latency_ms" and "p50 latency (ms) is 10" in found.message
 
 
+def test_a_glob_matches_gpus_the_catalog_names_differently(write_policy):
+    policy = CUDA_POLICY + "throughput:\n  match: 'NVIDIA H100*'\n  max_ms_per_token: 8\n"
+    [found] = run_rule("throughput-target-missed", cuda_session(), write_policy, policy, measurement=measurement(10))
+    assert found.location.key_path == "throughput.max_ms_per_token" and "is 10" in found.message
+
+
 def test_throughput_target_on_another_gpu_is_not_applicable(write_policy):
-    policy = CUDA_POLICY + "throughput:\n  device: 'NVIDIA H100*'\n  max_p50_latency_ms: 8\n"
+    policy = CUDA_POLICY + "throughput:\n  device: h100-sxm\n  max_p50_latency_ms: 8\n"
     [found] = run_rule("throughput-target-missed", cuda_session(), write_policy, policy,
                        measurement=measurement(10, device="NVIDIA A10G"))
     assert found.severity is Severity.INFO and "not applicable on this machine" in found.message

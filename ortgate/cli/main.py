@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ortgate.cli import fix, lint, policy, rules, run
+from ortgate.cli import estimate, fix, lint, policy, rules, run
 from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, error
 from ortgate.errors import InputError
 
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     lint.add_parser(sub)
     run.add_parser(sub)
+    estimate.add_parser(sub)
     fix.add_parser(sub)
     rules.add_parsers(sub)
     policy.add_parser(sub, _Parser)
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "lint": lint.cmd_lint,
     "run": run.cmd_run,
+    "estimate": estimate.cmd_estimate,
     "fix": fix.cmd_fix,
     "rules": rules.cmd_rules,
     "explain": rules.cmd_explain,
@@ -80,7 +82,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return EXIT_PASS
     command = COMMANDS.get(args.command)
     if command is None:
-        raise InputError("a command is required: lint, run, fix, rules, explain or policy (see `ortgate --help`)")
+        raise InputError("a command is required: lint, run, estimate, fix, rules, explain or policy (see `ortgate --help`)")
     return command(args)
 
 

@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     run.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+    run.add_argument("--write-calibration", metavar="FILE",
+                     help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
+                          "throughput.calibration")
     run.add_argument("--expand", action="store_true",
                      help="text and markdown: list every finding on its own, in full, instead of one entry per "
                           "group of identical findings across layers")
@@ -102,15 +105,28 @@ def _emit(args: argparse.Namespace, reports: list[tuple[str, str | None]], outco
     result = write_baselines(args, outcome.result, outcome.inputs, outcome.config)
     for fmt, path in reports:
         write(render_run(fmt, result, outcome.evidence, **terminal_options(path), expand=args.expand), path)
+    if args.write_calibration:
+        _write_calibration(args, outcome)
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
+
+
+def _write_calibration(args: argparse.Namespace, outcome) -> None:
+    from ortgate.engine.throughput import calibration_yaml
+
+    if outcome.estimate is None or outcome.evidence.measurement is None:
+        why = (outcome.evidence.estimate or {}).get("note") or outcome.evidence.skipped or "nothing was measured"
+        raise InputError(f"--write-calibration: no calibration written: {why}", args.write_calibration)
+    write(calibration_yaml(outcome.estimate, outcome.evidence, args.policy), args.write_calibration)
 
 
 def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]]) -> list[Output]:
     names = {fmt: what for fmt, _, what in SIDE_REPORTS}
     outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
+    if args.write_calibration:
+        outputs.append(Output(args.write_calibration, "calibration file"))
     outputs += baseline_outputs(args)
     if args.dump:
         # ORT writes a large model's initializers beside the dump, as DUMP.data (runner.session).

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, step_model
-from ortgate.cost.repairs import Repair, find_repairs
+from ortgate.cost.repairs import Repair, find_repairs, partial
 from ortgate.cost.shapes import StepShape
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.common import cached
@@ -52,14 +52,16 @@ class Totals:
     syncs: int = 0
     roofline_s: float = 0.0  # sum of the nodes' max(memory time, compute time)
     flop_floor_s: float = 0.0  # sum of FLOPs / peak: the compute floor
+    roofline_cache_s: float = 0.0  # the same with the weights served from the last-level cache (CPUs)
 
-    def add(self, cost: Cost, roofline_s: float, flop_floor_s: float, sign: int = 1) -> None:
+    def add(self, cost: Cost, roofline_s: float, flop_floor_s: float, roofline_cache_s: float, sign: int = 1) -> None:
         self.bytes += sign * cost.bytes
         self.flops += sign * cost.flops
         self.launches += sign * cost.launches
         self.syncs += sign * cost.syncs
         self.roofline_s += sign * roofline_s
         self.flop_floor_s += sign * flop_floor_s
+        self.roofline_cache_s += sign * roofline_cache_s
 
     def add_totals(self, other: Totals, sign: int = 1) -> None:
         self.bytes += sign * other.bytes
@@ -68,9 +70,11 @@ class Totals:
         self.syncs += sign * other.syncs
         self.roofline_s += sign * other.roofline_s
         self.flop_floor_s += sign * other.flop_floor_s
+        self.roofline_cache_s += sign * other.roofline_cache_s
 
     def copy(self) -> Totals:
-        return Totals(self.bytes, self.flops, self.launches, self.syncs, self.roofline_s, self.flop_floor_s)
+        return Totals(self.bytes, self.flops, self.launches, self.syncs, self.roofline_s, self.flop_floor_s,
+                      self.roofline_cache_s)
 
 
 @dataclass
@@ -82,8 +86,9 @@ class StepEstimate:
     cuda_graph: bool
     kernel_us: float  # per-launch time used
     sync_us: float
-    bandwidth: float  # bytes/s
+    bandwidth: float  # bytes/s of memory (the catalog's or the probe's)
     tokens: int
+    cache_bandwidth: float | None = None  # bytes/s when the step's bytes fit in the last-level cache
     _breakdown: tuple = ()  # (model, nodes() of the repaired form or None, device): components on demand
     _removed_of: Callable[[], set[int]] | None = None  # the nodes repairs removed (with fixes)
     _components: dict[str, Totals] | None = None
@@ -126,9 +131,9 @@ class StepEstimate:
         items = nodes() if nodes is not None else model.costs.values()
         by_dtype: dict[str, float] = defaultdict(float)
         for nc in items:
-            roof, floor = _node_time(nc, device)
-            components[nc.component].add(nc.cost, roof, floor)
-            layers[nc.layer].setdefault(nc.component, Totals()).add(nc.cost, roof, floor)
+            times = _node_time(nc, device)
+            components[nc.component].add(nc.cost, *times)
+            layers[nc.layer].setdefault(nc.component, Totals()).add(nc.cost, *times)
             for k, v in nc.cost.bytes_by_dtype.items():
                 by_dtype[k] += v
         self._by_dtype = dict(by_dtype)
@@ -136,17 +141,30 @@ class StepEstimate:
         self._layers = dict(layers)
 
     @property
+    def in_cache(self) -> bool:
+        """The step reads little enough for the device's last-level cache to hold it (CPUs)."""
+        return self.cache_bandwidth is not None
+
+    @property
+    def step_bandwidth(self) -> float:
+        return self.cache_bandwidth if self.cache_bandwidth is not None else self.bandwidth
+
+    def _roofline(self, t: Totals) -> float:
+        return t.roofline_cache_s if self.in_cache else t.roofline_s
+
+    @property
     def overhead_s(self) -> float:
         return self.totals.launches * self.kernel_us * 1e-6 + self.totals.syncs * self.sync_us * 1e-6
 
     @property
     def expected_s(self) -> float:
-        return self.totals.roofline_s + self.overhead_s
+        return self._roofline(self.totals) + self.overhead_s
 
     @property
     def ceiling_s(self) -> float:
         """The floor time: perfect overlap, no overhead."""
-        return max(self.totals.bytes / self.bandwidth if self.bandwidth else 0.0, self.totals.flop_floor_s)
+        bandwidth = self.step_bandwidth
+        return max(self.totals.bytes / bandwidth if bandwidth else 0.0, self.totals.flop_floor_s)
 
     @property
     def tokens_per_s_expected(self) -> float | None:
@@ -160,7 +178,7 @@ class StepEstimate:
         t = self.components.get(component)
         if t is None:
             return 0.0
-        return t.roofline_s + t.launches * self.kernel_us * 1e-6 + t.syncs * self.sync_us * 1e-6
+        return self._roofline(t) + t.launches * self.kernel_us * 1e-6 + t.syncs * self.sync_us * 1e-6
 
     def to_dict(self) -> dict[str, Any]:
         expected = self.expected_s
@@ -223,7 +241,7 @@ class Estimate:
     as_exported: StepEstimate
     with_fixes: StepEstimate
     repairs: list[Repair]
-    node_times: dict[int, tuple[float, float]]  # node index -> (roofline s, flop floor s)
+    node_times: dict[int, tuple[float, float, float]]  # node index -> (roofline s, flop floor s, in-cache roofline s)
 
     @property
     def uncounted(self) -> list[Uncounted]:
@@ -280,10 +298,7 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
         raise ValueError(f"device {device.name}: no bandwidth figure (the cpu device needs its probe first)")
     model = step_model(graph, setup.shape, gpu=setup.gpu, provider=setup.provider,
                        optimization_level=setup.optimization_level, optimized=setup.optimized)
-    times = _node_times(model, device)
-    totals = Totals(launches=sum(model.launches))
-    for i, nc in model.costs.items():
-        totals.add(nc.cost, *times[i])
+    times, totals = _node_times(model, device)
     repairs = list(_repairs(model))
     cuda_graph_now = setup.cuda_graph and _graph_capturable(setup, model.control_flow, totals.syncs)
     as_exported = _step("as exported", totals, setup, cuda_graph_now, None, model)
@@ -298,20 +313,25 @@ def _repairs(model: StepModel) -> list[Repair]:
     return cached(model.graph, f"cost.repairs.{id(model)}", lambda _g: find_repairs(model))
 
 
-def _node_times(model: StepModel, device: Device) -> dict[int, tuple[float, float]]:
-    """Per costed node (roofline seconds, FLOP floor seconds); factors computed once per (kind, dtype)."""
+def _node_times(model: StepModel, device: Device) -> tuple[dict[int, tuple[float, float, float]], Totals]:
+    """Per costed node (roofline s, FLOP floor s, roofline s from the cache), and the step's totals; factors are
+    computed once per kind and dtype."""
     bandwidth = device.bandwidth or 0.0
+    cache = (device.cache_bandwidth_gb_s.value or 0.0) * 1e9
     compute_eff = device.compute_efficiency.value or 1.0
-    memory_factor: dict[str | None, float] = {}
+    memory_factor: dict[str | None, tuple[float, float]] = {}
     flop_factor: dict[str | None, float] = {}
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[int, tuple[float, float, float]] = {}
+    nbytes = flops = roof = floor_sum = roof_cache = 0.0
+    syncs = 0
     for i, nc in model.costs.items():
         cost = nc.cost
         kind = nc.efficiency_kind
         mf = memory_factor.get(kind)
         if mf is None:
-            mf = memory_factor[kind] = 1.0 / (bandwidth * device.efficiency(kind)) if bandwidth else 0.0
-        memory = cost.bytes * mf
+            eff = device.efficiency(kind)
+            mf = memory_factor[kind] = (1.0 / (bandwidth * eff) if bandwidth else 0.0,
+                                        1.0 / (max(cache, bandwidth) * eff) if bandwidth else 0.0)
         floor = 0.0
         if cost.flops:
             ff = flop_factor.get(nc.compute_dtype)
@@ -319,26 +339,36 @@ def _node_times(model: StepModel, device: Device) -> dict[int, tuple[float, floa
                 peak = device.peak_flops(nc.compute_dtype)
                 ff = flop_factor[nc.compute_dtype] = 1.0 / peak if peak else 0.0
             floor = cost.flops * ff
-        out[i] = (max(memory, floor / compute_eff), floor)
-    return out
+        compute = floor / compute_eff
+        t = out[i] = (max(cost.bytes * mf[0], compute), floor, max(cost.bytes * mf[1], compute))
+        nbytes += cost.bytes
+        flops += cost.flops
+        syncs += cost.syncs
+        roof += t[0]
+        floor_sum += floor
+        roof_cache += t[2]
+    launches = sum(model.launches) + sum(nc.cost.launches for nc in model.costs.values())
+    return out, Totals(nbytes, flops, launches, syncs, roof, floor_sum, roof_cache)
 
 
-def _graph_capturable(setup: CostSetup, control_flow: int, syncs: int) -> bool:
-    return setup.gpu and control_flow == 0 and syncs == 0
-
-
-def _node_time(nc: NodeCost, device: Device) -> tuple[float, float]:
+def _node_time(nc: NodeCost, device: Device) -> tuple[float, float, float]:
     cost = nc.cost
     bandwidth = device.bandwidth or 0.0
-    memory = cost.bytes / (bandwidth * device.efficiency(nc.efficiency_kind)) if cost.bytes and bandwidth else 0.0
+    cache = max((device.cache_bandwidth_gb_s.value or 0.0) * 1e9, bandwidth)
+    eff = device.efficiency(nc.efficiency_kind)
     compute = floor = 0.0
     if cost.flops:
         peak = device.peak_flops(nc.compute_dtype)
         if peak:
             floor = cost.flops / peak
-            efficiency = device.compute_efficiency.value or 1.0
-            compute = floor / efficiency
-    return max(memory, compute), floor
+            compute = floor / (device.compute_efficiency.value or 1.0)
+    memory = cost.bytes / (bandwidth * eff) if cost.bytes and bandwidth else 0.0
+    memory_cache = cost.bytes / (cache * eff) if cost.bytes and cache else 0.0
+    return max(memory, compute), floor, max(memory_cache, compute)
+
+
+def _graph_capturable(setup: CostSetup, control_flow: int, syncs: int) -> bool:
+    return setup.gpu and control_flow == 0 and syncs == 0
 
 
 def _per_kernel_us(setup: CostSetup, cuda_graph: bool) -> float:
@@ -349,20 +379,27 @@ def _per_kernel_us(setup: CostSetup, cuda_graph: bool) -> float:
 
 def _step(label: str, totals: Totals, setup: CostSetup, cuda_graph: bool,
           nodes: Callable[[], Iterable[NodeCost]] | None = None, model: StepModel | None = None) -> StepEstimate:
-    sync = (setup.device.sync_us.value or 0.0) if setup.gpu else 0.0
-    step = StepEstimate(label, totals, cuda_graph, _per_kernel_us(setup, cuda_graph), sync,
-                        setup.device.bandwidth or 0.0, setup.shape.tokens)
+    device = setup.device
+    sync = (device.sync_us.value or 0.0) if setup.gpu else 0.0
+    bandwidth = device.bandwidth or 0.0
+    step_bandwidth = device.step_bandwidth(totals.bytes) or bandwidth
+    step = StepEstimate(label, totals, cuda_graph, _per_kernel_us(setup, cuda_graph), sync, bandwidth,
+                        setup.shape.tokens, step_bandwidth if step_bandwidth > bandwidth else None)
     step._breakdown = (model, nodes, setup.device)
     return step
 
 
-def _usable(repairs: Iterable[Repair]) -> list[Repair]:
-    """Repairs applied together, in order; one whose nodes another already replaced is skipped."""
+def _usable(est: Estimate, repairs: Iterable[Repair]) -> list[Repair]:
+    """Repairs applied together, in order. One whose nodes another already replaced applies to the patterns left
+    (a layer's q/k norms once its residual norms became SkipSimplifiedLayerNormalization), or not at all."""
     taken: set[int] = set()
     out = []
     for r in sorted(repairs, key=lambda r: r.order):
         if r.removed & taken:
-            continue
+            left = partial(est.model, r, taken) if r.parts else None
+            if left is None:
+                continue
+            r = left
         taken |= r.removed
         out.append(r)
     return out
@@ -377,7 +414,7 @@ def _removed_totals(est: Estimate, repair: Repair) -> Totals:
         model, times = est.model, est.node_times
         launches, costs = model.launches, model.costs
         n = syncs = 0
-        nbytes = flops = roof = floor = 0.0
+        nbytes = flops = roof = floor = roof_cache = 0.0
         for i in repair.removed:
             n += launches[i]
             nc = costs.get(i)
@@ -389,7 +426,8 @@ def _removed_totals(est: Estimate, repair: Repair) -> Totals:
                 t = times[i]
                 roof += t[0]
                 floor += t[1]
-        found = cache[key] = Totals(nbytes, flops, n, syncs, roof, floor)
+                roof_cache += t[2]
+        found = cache[key] = Totals(nbytes, flops, n, syncs, roof, floor, roof_cache)
     return found
 
 
@@ -397,7 +435,7 @@ def _apply(est: Estimate, repairs: list[Repair], label: str = "repaired") -> Ste
     """The as-exported step with `repairs` applied (each repair's removed cost is summed once)."""
     base = est.as_exported
     totals = base.totals.copy()
-    usable = _usable(repairs)
+    usable = _usable(est, repairs)
     device = est.device
     model = est.model
     for r in usable:
@@ -433,6 +471,7 @@ def largest_costs(est: Estimate, n: int = 3) -> list[CostItem]:
     """The step's largest costs: bytes grouped by what reads them, kernel launches, host synchronisations."""
     step = est.as_exported
     expected = step.expected_s or 1.0
+    which = 2 if step.in_cache else 0
     groups: dict[str, list] = defaultdict(lambda: [0.0, 0.0, set()])  # words -> [bytes, seconds, layers]
     for i, nc in est.model.costs.items():
         if not nc.cost.bytes:
@@ -440,11 +479,11 @@ def largest_costs(est: Estimate, n: int = 3) -> list[CostItem]:
         words = nc.label or _COMPONENT_WORDS.get(nc.component, nc.component)
         g = groups[words]
         g[0] += nc.cost.bytes
-        g[1] += est.node_times[i][0]
+        g[1] += est.node_times[i][which]
         if nc.layer is not None:
             g[2].add(nc.layer)
     items = []
-    bw = format_bandwidth(step.bandwidth)
+    bw = format_bandwidth(step.step_bandwidth)
     for words, (nbytes, seconds, layers) in groups.items():
         where = f" in {len(layers)} layer{'s' if len(layers) != 1 else ''}" if len(layers) > 1 else ""
         text = f"{words}{where}: {format_bytes(nbytes)} per step = {format_ms(seconds * 1e3)} at {bw}"

@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ortgate.cost.shapes import StepShape, dtype_bytes
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
@@ -205,8 +206,7 @@ _HOST_OPS = frozenset({"Shape", "Size", "Constant"})
 # ---- weights ------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WeightRead:
+class WeightRead(NamedTuple):
     bytes: float | None  # None: unknown dtype
     dtype: str | None
     name: str
@@ -221,7 +221,8 @@ def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
         if init is None:
             return None
         numel = float(math.prod(init.dims))
-        dtype = init.dtype
+        # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
+        dtype = graph.__dict__.get("_dtype_cache", {}).get(name) or init.dtype
         size = dtype_bytes(dtype)
         read = cache[name] = WeightRead(None if size is None else numel * size, dtype, name, numel)
     return read
@@ -315,6 +316,7 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
     kinds: dict[tuple[str, str], tuple[int, bool, int]] = {}
     unknown_dtype_weights: dict[str, list[str]] = defaultdict(list)
     costed = model.costed
+    costs = model.costs
     for node in graph.nodes:
         if node.graph is not None:
             continue
@@ -351,10 +353,18 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
                 unknown_dtype_weights[components.get(node.index, "other")].append(read.name)
                 continue
             if nc is None:
-                nc = costed(node.index)
-            nc.cost.add_bytes(read.bytes, read.dtype)
+                nc = costs.get(node.index)
+                if nc is None:
+                    nc = costs[node.index] = NodeCost(node.index, node.name, op, node.layer,
+                                                      components.get(node.index, "other"),
+                                                      Cost(0.0, 0.0, 0, 0, {}))
+            cost = nc.cost
+            cost.bytes += read.bytes
+            by_dtype = cost.bytes_by_dtype
+            key_dtype = read.dtype or "unknown"
+            by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + read.bytes
             if position == 1 and action == _LINEAR:
-                nc.cost.flops += 2.0 * tokens * read.numel
+                cost.flops += 2.0 * tokens * read.numel
                 nc.compute_dtype = read.dtype
         if action == _NBITS:
             k, n = node.int_attr("K"), node.int_attr("N")

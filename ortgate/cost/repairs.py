@@ -54,6 +54,9 @@ class Repair:
     removed: frozenset[int]  # node indices whose cost goes away
     added: list[NodeCost] = field(default_factory=list)  # the fused op(s) in their place (summed)
     instances: int = 1  # patterns repaired (e.g. 128 experts' gate/up pairs in one layer)
+    # Each pattern's nodes, for repairs whose fused op reads what the pattern read with one launch each (norms,
+    # rotary, packed projections): when another repair already replaced some of them, the rest still apply.
+    parts: tuple[frozenset[int], ...] = ()
 
     @property
     def order(self) -> int:
@@ -133,12 +136,15 @@ def find_repairs(model: StepModel) -> list[Repair]:
         label = None if info is None else f"the KV cache at {info['positions']:,} positions"
         add("attention", core.layer, core.softmax, indices, cost, dtype_of(core.softmax.index), label)
     # patterns whose fused op reads the same bytes with fewer launches: grouped first, summed once per layer
-    simple: dict[tuple[str, int | None], list] = defaultdict(lambda: [[], None, 0, None])  # indices, anchor, n, dtype
+    # (kind, layer) -> [indices, anchor, instances, dtype node, parts]
+    simple: dict[tuple[str, int | None], list] = defaultdict(lambda: [[], None, 0, None, []])
 
     def collect(kind: str, layer: int | None, anchor: Node, indices, dtype_index: int | None = None) -> None:
         entry = simple[(kind, layer)]
+        indices = list(indices)
         entry[0].extend(indices)
         entry[2] += 1
+        entry[4].append(frozenset(indices))
         if entry[1] is None:
             entry[1] = anchor
             entry[3] = dtype_index
@@ -148,7 +154,8 @@ def find_repairs(model: StepModel) -> list[Repair]:
         if not qkv.packed and qkv.shared_input and len(separate) >= 2:
             collect("qkv", qkv.layer, separate[0], [n.index for n in separate], separate[0].index)
     for rot in decomposed_rotaries(graph):
-        collect("rotary", rot.layer, rot.neg, [n.index for n in rot.nodes + rot.trig])
+        # its Sin/Cos nodes are shared by every layer's rotary: not removed per layer
+        collect("rotary", rot.layer, rot.neg, [n.index for n in rot.nodes])
     for res in residual_norms(graph):
         nodes: list[Node] = [res.add] + (res.decomposed.nodes if res.decomposed is not None else [res.norm])
         collect("skip_rmsnorm", res.layer, res.norm, [n.index for n in nodes])
@@ -164,9 +171,11 @@ def find_repairs(model: StepModel) -> list[Repair]:
             sigmoid = [n.index for n in mlp.activation if n.op_type == "Sigmoid" and launch_list[n.index]]
             if sigmoid:
                 collect("swiglu", mlp.layer, mlp.activation[0], sigmoid)
-    for (kind, layer), (indices, anchor, instances, dtype_index) in simple.items():
+    parts_of: dict[tuple[str, int | None], tuple[frozenset[int], ...]] = {}
+    for (kind, layer), (indices, anchor, instances, dtype_index, parts) in simple.items():
+        parts_of[(kind, layer)] = tuple(parts)
         cost = removed_cost(set(indices))
-        cost.launches = 0 if kind == "swiglu" else instances
+        cost.launches = fused_launches(kind, instances)
         g = groups[(kind, layer)]
         g.removed.update(indices)
         g.cost.add(cost)
@@ -182,6 +191,32 @@ def find_repairs(model: StepModel) -> list[Repair]:
                           compute_dtype=g.dtype, efficiency_kind=g.efficiency_kind, label=g.label)]
         if not (g.cost.bytes or g.cost.flops or g.cost.launches or g.cost.syncs):
             added = []
-        out.append(Repair(kind, layer, g.anchor.display_name, frozenset(g.removed), added, g.instances))
+        out.append(Repair(kind, layer, g.anchor.display_name, frozenset(g.removed), added, g.instances,
+                          parts_of.get((kind, layer), ())))
     out.sort(key=lambda r: (r.order, -1 if r.layer is None else r.layer))
     return out
+
+
+def fused_launches(kind: str, instances: int) -> int:
+    """Launches of the fused ops that replace `instances` patterns of a simple repair kind."""
+    return 0 if kind == "swiglu" else instances
+
+
+def partial(model: StepModel, repair: Repair, taken: set[int]) -> Repair | None:
+    """What is left of a simple repair once other repairs took some of its nodes (None: nothing is)."""
+    parts = [p for p in repair.parts if not (p & taken)]
+    if not parts:
+        return None
+    removed = frozenset().union(*parts)
+    cost = Cost()
+    for i in removed:
+        cost.launches += model.launches[i]
+        nc = model.costs.get(i)
+        if nc is not None:
+            cost.add(nc.cost)
+    cost.launches = fused_launches(repair.kind, len(parts))
+    added = [NodeCost(-1, f"{_FUSED_OP.get(repair.kind, repair.kind)} ({repair.kind} repair, layer {repair.layer})",
+                      _FUSED_OP.get(repair.kind, repair.kind), repair.layer,
+                      repair.added[0].component if repair.added else _COMPONENT.get(repair.kind, "other"), cost,
+                      compute_dtype=repair.added[0].compute_dtype if repair.added else None)]
+    return Repair(repair.kind, repair.layer, repair.anchor, removed, added, len(parts), tuple(parts))

@@ -17,6 +17,8 @@ from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
 from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules, stale_baseline_findings
+from ortgate.engine.pricing import estimate_summary, price_findings
+from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import build_graph
@@ -35,6 +37,7 @@ class LintRequest:
     policy: str | None = None
     optimized: str | None = None
     config: str | None = None
+    cost: CostOverrides | None = None  # `ortgate estimate`'s device / batch / context flags
 
 
 def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
@@ -65,8 +68,14 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
             *(policy.chain if policy else ())]
     if optimized is not None:
         read += [Path(optimized.path), *_external_data(optimized)]
-    return LintInputs(model, optimized, deployment, expect, policy, genai,
-                      files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs = LintInputs(model, optimized, deployment, expect, policy, genai,
+                        files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
+    inputs.cost = resolve_cost(inputs, request.cost)
+    if inputs.throughput is not None and inputs.throughput.calibration is not None:
+        path = inputs.throughput.calibration.path
+        if path is not None:
+            inputs.files_read = (*inputs.files_read, path)
+    return inputs
 
 
 def _external_data(graph) -> list[Path]:
@@ -116,7 +125,10 @@ def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
     raw: list[Finding] = []
     seen: set[str] = set()
     for one in many:
-        for f in run_rules(one, rules, progress):
+        found = run_rules(one, rules, progress)
+        if one.estimate is not None and progress is not None:
+            progress("pricing the findings")
+        for f in price_findings(found, one):
             # The same fact about a shared file (the policy, a base it extends) is reported once, not per model.
             key = repr(f)
             if key not in seen:
@@ -132,6 +144,14 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     findings = apply_gate(raw, config)
     findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
     summary = summarize(inputs)
+    active = [f for f in findings if f.suppressed is None]
+    many = inputs if isinstance(inputs, list) else [inputs]
+    for one, one_summary in zip(many, summary.get("models") or [summary]):
+        # each model's estimate is for its own graph; config findings (no node) count for every model
+        mine = [f for f in active if f.node is None or f.location.file in linted_files(one)]
+        estimate = estimate_summary(one, mine)
+        if estimate is not None:
+            one_summary["estimate"] = estimate
     summary["not_checked"] = unchecked_families(inputs, rules)
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 

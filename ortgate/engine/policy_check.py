@@ -18,6 +18,7 @@ from pathlib import Path
 from ortgate.config.deployment import build_deployment
 from ortgate.config.expectations import Expectations
 from ortgate.config.policy import Policy, check_policy_file
+from ortgate.config.throughput import throughput_policy
 from ortgate.engine.gate import RuleSelector, apply_gate, reference_errors, selected_rules, unchecked_gate_config
 from ortgate.engine.pipeline import run_rules
 from ortgate.errors import InputError
@@ -73,6 +74,10 @@ def check_policy(path: str | Path, *, today: _dt.date | None = None) -> PolicyCh
         except InputError as exc:
             problems.append(_refused(exc))
             deployment = None
+        try:
+            throughput_policy(policy)  # a catalog device, a device for every target, a calibration that reads
+        except InputError as exc:
+            problems.append(_refused(exc))
         problems += _family_problems(policy)
         if deployment is not None and not any(p.refused for p in problems):
             problems += [_from_finding(f) for f in _rule_findings(policy, deployment, config)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from ortgate.engine.baseline import Baseline
 from ortgate.engine.gate import GateConfig, gate_config_from
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
+from ortgate.engine.throughput import run_estimate
 from ortgate.errors import InputError
 from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.rules.context import LintInputs
@@ -29,6 +30,7 @@ class RunOutcome:
     evidence: RunEvidence
     inputs: LintInputs
     config: GateConfig
+    estimate: object | None = None  # the cost model's Estimate for the device the run used (ortgate.cost)
 
 
 @dataclass
@@ -74,7 +76,13 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
         if inputs.optimized is not None and inputs.optimized.label:
             result.summary["optimized"] = inputs.optimized.label
             result.summary["optimized_kept"] = False
-        return RunOutcome(result, evidence, inputs, config)
+        est = None
+        if evidence.measurement is not None:
+            progress.note("estimating the measured device")
+            found = run_estimate(inputs, evidence)
+            if found is not None:
+                evidence.estimate, est = found
+        return RunOutcome(result, evidence, inputs, config, est)
 
     def abandoned(timeout) -> int:
         assert emit is not None

@@ -62,12 +62,24 @@ class Device:
     memory_efficiency: Figure
     compute_efficiency: Figure
     kind_efficiency: Mapping[str, Figure] = field(default_factory=dict)
+    # A last-level cache large enough to hold a small model's weights (CPUs): a step that reads less than it is
+    # served at the cache's bandwidth. None on GPUs, whose caches are far smaller than any model.
+    cache_bytes: Figure = Figure(None, "no cache figure", "default")
+    cache_bandwidth_gb_s: Figure = Figure(None, "no cache figure", "default")
 
     @property
     def bandwidth(self) -> float | None:
         """Bytes per second."""
         v = self.bandwidth_gb_s.value
         return None if v is None else v * 1e9
+
+    def step_bandwidth(self, step_bytes: float) -> float | None:
+        """Bytes per second for a step reading `step_bytes`: the cache's when the whole step fits in it (with room
+        for activations: 80% of it), else memory's."""
+        size, fast = self.cache_bytes.value, self.cache_bandwidth_gb_s.value
+        if size and fast and step_bytes <= 0.8 * size:
+            return max(fast * 1e9, self.bandwidth or 0.0)
+        return self.bandwidth
 
     def peak_flops(self, dtype: str | None) -> float | None:
         """FLOP/s for a compute dtype (None: not in the catalog for this device)."""
@@ -115,6 +127,8 @@ class Device:
             "memory_efficiency": self.memory_efficiency.to_dict(),
             "compute_efficiency": self.compute_efficiency.to_dict(),
             "kind_efficiency": {k: v.to_dict() for k, v in sorted(self.kind_efficiency.items())},
+            "cache_bytes": self.cache_bytes.to_dict(),
+            "cache_bandwidth_gb_s": self.cache_bandwidth_gb_s.to_dict(),
         }
 
 
@@ -146,6 +160,8 @@ class _DeviceEntry:
     memory_efficiency: _FigureEntry | None = None
     compute_efficiency: _FigureEntry | None = None
     kind_efficiency: Mapping[str, _FigureEntry] = field(default_factory=dict)
+    cache_bytes: _FigureEntry | None = None
+    cache_bandwidth_gb_s: _FigureEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +227,9 @@ def _build(name: str, data: _DeviceEntry) -> Device:
         memory_efficiency=fig("memory_efficiency"),
         compute_efficiency=fig("compute_efficiency"),
         kind_efficiency={k: v.figure() for k, v in data.kind_efficiency.items()},
+        cache_bytes=data.cache_bytes.figure() if data.cache_bytes else Figure(None, "no cache figure", "default"),
+        cache_bandwidth_gb_s=(data.cache_bandwidth_gb_s.figure() if data.cache_bandwidth_gb_s
+                              else Figure(None, "no cache figure", "default")),
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ortgate.engine.pipeline import LintResult
-from ortgate.findings import Finding
+from ortgate.findings import Finding, Price
 
 Reporter = Callable[[LintResult], str]
 
@@ -58,3 +58,26 @@ def target(finding: Finding) -> str:
 
 def layer_label(layer: int | None) -> str:
     return f"layer {layer}" if layer is not None else "model / config"
+
+
+def time_text(ms: float) -> str:
+    """'4.21 ms', '18.9 us'."""
+    return f"{ms:.3g} ms" if ms >= 0.1 else f"{ms * 1e3:.3g} us"
+
+
+def price_text(price: Price) -> str:
+    """'~4.21 ms per token (37% of the step) on h100-sxm, estimated'."""
+    return f"~{time_text(price.ms_per_token)} per token ({price.share:.0%} of the step) on {price.device}, estimated"
+
+
+def group_price_text(prices: list[Price]) -> str:
+    """One finding's price, or a group's: each (when equal) and all together."""
+    if len(prices) == 1:
+        return price_text(prices[0])
+    total = sum(p.ms_per_token for p in prices)
+    share = sum(p.share for p in prices)
+    equal = len({round(p.ms_per_token, 9) for p in prices}) == 1
+    each = f"~{time_text(prices[0].ms_per_token)} per token each, " if equal else ""
+    per = "" if equal else " per token"
+    return (f"{each}~{time_text(total)}{per} for all {len(prices)} ({share:.0%} of the step) on {prices[0].device}, "
+            "estimated")

@@ -35,6 +35,7 @@ def finding_dict(f: Finding) -> dict:
             "line": f.suppressed.location.line if f.suppressed.location else None,
         },
         "fingerprint": f.identity(),
+        "price": f.price.to_dict() if f.price is not None else None,
     }
     if f.location.label:  # "file" is MODEL; the finding is about its optimized graph, from a dump not kept
         out["file_label"] = f.location.label

@@ -33,7 +33,7 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     out += _inputs_table(result.summary)
     out += _not_checked(result.summary)
     if active:
-        out += _fix_first(active)
+        out += _fix_first(active, result.summary.get("estimate"))
         out += _by_layer(active)
         out += _findings_table(active, expand)
     else:
@@ -63,7 +63,14 @@ def _inputs_table(summary: dict) -> list[str]:
         if len(h) < width:  # a model without an optimized dump beside one with
             row.insert(1, "—")
         lines.append(_row(row))
-    return lines + [""]
+    lines.append("")
+    from ortgate.engine.pricing import headline
+
+    for s in models:
+        if s.get("estimate"):
+            which = f"{_code(display_path(s['model']))} on " if len(models) > 1 else ""
+            lines += [f"Estimate for {which}{_cell(headline(s['estimate']))}.", ""]
+    return lines
 
 
 def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
@@ -80,20 +87,35 @@ def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
     return header, row
 
 
-def _fix_first(active: list[Finding]) -> list[str]:
+def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]:
     by_rule: dict[str, list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[f.code].append(f)
-    ranked = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), -len(fs), fs[0].code))
-    out = ["### What to fix first", "",
-           "Most severe first, then the rule whose fix clears the most findings.", "",
-           _row(["#", "Rule", "Severity", "Findings", "Where", "Fix"]),
-           _row(["---:", "---", "---", "---:", "---", "---"])]
+    savings = (estimate or {}).get("by_rule", {})
+
+    def saves(code: str) -> float:
+        return float(savings.get(code, {}).get("ms_per_token", 0.0))
+
+    if savings:
+        ranked = sorted(by_rule.values(), key=lambda fs: (-saves(fs[0].code), -max(f.severity for f in fs),
+                                                          -len(fs), fs[0].code))
+        order = (f"Largest estimated saving on {estimate['device']} first (what fixing every finding of the rule "
+                 "saves per token), then the most severe.")
+    else:
+        ranked = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), -len(fs), fs[0].code))
+        order = "Most severe first, then the rule whose fix clears the most findings."
+    header = ["#", "Rule", "Severity", "Findings", "Where"] + (["Saves (estimate)"] if savings else []) + ["Fix"]
+    out = ["### What to fix first", "", order, "", _row(header), _row(["---:", "---", "---", "---:", "---"]
+                                                                      + (["---:"] if savings else []) + ["---"])]
     for i, fs in enumerate(ranked[:MAX_FIX_FIRST], start=1):
         first = fs[0]
         fix = next((f.fix for f in fs if f.fix), None) or "—"
-        out.append(_row([str(i), f"{_code(first.code)} {first.rule}", max(f.severity for f in fs).label,
-                         str(len(fs)), _where_summary(fs), _cell(fix)]))
+        cells = [str(i), f"{_code(first.code)} {first.rule}", max(f.severity for f in fs).label, str(len(fs)),
+                 _where_summary(fs)]
+        if savings:
+            saving = savings.get(first.code)
+            cells.append(f"{saving['ms_per_token']:.3g} ms/token ({saving['share_of_step']:.0%})" if saving else "—")
+        out.append(_row(cells + [_cell(fix)]))
     if len(ranked) > MAX_FIX_FIRST:
         out.append("")
         out.append(f"…and {len(ranked) - MAX_FIX_FIRST} more rules below.")

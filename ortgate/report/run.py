@@ -93,6 +93,8 @@ def _write(console: Console, ev: RunEvidence) -> None:
             _line(console, "speedup", f"{ev.speedup_vs_default:.3f}x policy vs ORT's default session "
                                       f"(p50 {_ms(ev.baseline.stats.p50_ms)} ms / {_ms(ev.measurement.stats.p50_ms)} ms)"
                                       f"{cpu}")
+    if ev.estimate is not None:
+        _estimate(console, ev, cpu)
     if ev.correctness is not None:
         worst = [o for o in ev.correctness.outputs if not o.ok]
         diffs = ", ".join(f"{o.output} {o.max_abs_diff:.2g}" for o in ev.correctness.outputs[:4]
@@ -105,6 +107,22 @@ def _write(console: Console, ev: RunEvidence) -> None:
         _line(console, "ort said", message)
     if ev.profile is not None:
         _profile(console, ev, cpu)
+
+
+def _estimate(console: Console, ev: RunEvidence, cpu: str) -> None:
+    e = ev.estimate or {}
+    if e.get("device") is None:
+        _line(console, "estimate", e.get("note", "no estimate"))
+        return
+    figures = {"calibrated": "calibrated figures", "probe": "figures probed on this machine"}.get(
+        e.get("figures", ""), "catalog figures")
+    expected = e.get("tokens_per_s_expected")
+    measured = e.get("tokens_per_s_measured")
+    ratio = f"; measured {measured:,.1f} tokens/s = {measured / expected:.0%} of the estimate" if expected else ""
+    _line(console, "estimate", f"{e['device']} ({figures}): {expected:,.1f} tokens/s expected "
+                               f"({_ms(e['ms_per_step_expected'])} ms per step), ceiling "
+                               f"{e['tokens_per_s_ceiling']:,.1f} tokens/s{ratio} (an estimate for {e['device']}, "
+                               f"not a measurement){cpu}")
 
 
 def _ms(value: float) -> str:

@@ -131,6 +131,8 @@ def _result(finding: Finding, index: dict[str, int]) -> dict:
         properties["fix"] = finding.fix
     if finding.properties:
         properties["details"] = {str(k): v for k, v in finding.properties}
+    if finding.price is not None:
+        properties["price"] = finding.price.to_dict()
     out["properties"] = properties
     return out
 

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path
+from ortgate.report import display_path, group_price_text
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -103,11 +103,21 @@ def _write_group(console: Console, group: FindingGroup, width: int, options: Tex
     _print_wrapped(console, header, width)
     for line in _wrap(group.message, width, INDENT, message_lines):
         console.print(Text(line))
+    price = _price_line(group)
+    if price:
+        for line in _wrap(price, width, INDENT, None):
+            console.print(Text(line, style="magenta"))
     if show_fix and group.fix:
         fix_limit = None if options.expand else MAX_FIX_LINES
         lines = _wrap(f"fix: {group.fix}", width, INDENT, fix_limit, more=f" … (ortgate explain {f.code})")
         for line in lines:
             console.print(Text(line, style="green"))
+
+
+def _price_line(group: FindingGroup) -> str | None:
+    """What fixing the entry saves (an estimate for the policy's device)."""
+    prices = [f.price for f in group.findings if f.price is not None]
+    return f"saves {group_price_text(prices)}" if prices else None
 
 
 def _wrap(text: str, width: int, indent: str, max_lines: int | None, more: str = " …") -> list[str]:
@@ -164,6 +174,10 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     line.append("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
     width = max(options.width, MIN_WIDTH)
+    if s.get("estimate"):
+        from ortgate.engine.pricing import headline
+
+        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'])}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"

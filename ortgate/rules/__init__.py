@@ -29,6 +29,7 @@ def _register() -> None:
         rotary,
         runtime,
         session,
+        throughput,
         waivers,
     )
 

@@ -109,6 +109,7 @@ FAMILIES = {
     "OGR": "runtime",     # what `ortgate run` saw the real session do
     "OGW": "waivers",     # the policy's waivers
     "OGX": "contract",    # a node breaks its operator's documented contract: ORT refuses the model
+    "OGT": "throughput",  # the policy's throughput targets against the decode cost model's estimate
 }
 
 _REGISTRY: dict[str, Rule] = {}

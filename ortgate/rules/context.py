@@ -11,6 +11,8 @@ from ortgate.config.deployment import Deployment, SessionSetup
 from ortgate.config.expectations import Expectations
 from ortgate.config.genai import GenaiConfig
 from ortgate.config.policy import Policy
+from ortgate.config.throughput import ThroughputPolicy
+from ortgate.cost import CostSetup, Estimate, estimate
 from ortgate.errors import printable
 from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
@@ -35,6 +37,19 @@ class LintInputs:
     # Every file the inputs came from (model, its external data, configs, the policy's extends chain, the dump):
     # what no output may ever replace.
     files_read: tuple[Path, ...] = ()
+    # The device and decode step the cost model prices (None: no device named, nothing is priced).
+    cost: CostSetup | None = None
+    throughput: ThroughputPolicy | None = None
+
+    @property
+    def estimate(self) -> Estimate | None:
+        """The decode step estimate of the executed graph for `cost` (computed once, on first use)."""
+        if self.cost is None:
+            return None
+        found = self.__dict__.get("_estimate")
+        if found is None:
+            found = self.__dict__["_estimate"] = estimate(self.executed, self.cost)
+        return found
 
     @property
     def graphs(self) -> list[Graph]:

@@ -6,7 +6,8 @@ say nothing when there is none (plain `ortgate lint`).
 
 from __future__ import annotations
 
-from ortgate.evidence import EVIDENCE_KEY, DeviceInfo, RunEvidence, device_matches
+from ortgate.config.throughput import ThroughputPolicy
+from ortgate.evidence import EVIDENCE_KEY, RunEvidence
 from ortgate.findings import Location, Severity
 from ortgate.knowledge import compute_ops, memcpy_ops
 from ortgate.rules.base import rule
@@ -346,7 +347,8 @@ def optimization_changed_outputs(ctx: RuleContext):
 
 
 THRESHOLDS = (
-    ("min_tokens_per_second", "tokens per second", lambda run: run.measurement.tokens_per_second, "min"),
+    ("min_tokens_per_s", "tokens per second", lambda run: run.measurement.tokens_per_second, "min"),
+    ("max_ms_per_token", "time per output token (ms, the p50 step)", lambda run: run.measurement.stats.p50_ms, "max"),
     ("max_p50_latency_ms", "p50 latency (ms)", lambda run: run.measurement.stats.p50_ms, "max"),
     ("max_p90_latency_ms", "p90 latency (ms)", lambda run: run.measurement.stats.p90_ms, "max"),
     ("max_p99_latency_ms", "p99 latency (ms)", lambda run: run.measurement.stats.p99_ms, "max"),
@@ -359,11 +361,12 @@ def throughput_target_missed(ctx: RuleContext):
     """The measured throughput or latency misses a target in the policy's `throughput:` block.
 
     ## What it checks
-    `min_tokens_per_second`, `max_p50_latency_ms`, `max_p90_latency_ms`, `max_p99_latency_ms` and
-    `min_speedup_vs_default` (needs `--compare-default`) against the runner's measurement. The targets apply only
-    where `throughput.device` matches the device the run used ("cpu", or a glob on the GPU name such as
-    "NVIDIA H100*"; without `device`, wherever the policy's own provider ran). Elsewhere each target is
-    reported as undecided (not applicable on this machine), never as passed.
+    `min_tokens_per_s`, `max_ms_per_token` (the p50 step), `max_p50_latency_ms`, `max_p90_latency_ms`,
+    `max_p99_latency_ms` and `min_speedup_vs_default` (needs `--compare-default`) against the runner's
+    measurement. The targets apply only where the device the run used is `throughput.device` (a catalog device,
+    matched by the GPU name the run reports, or `cpu`) or matches `throughput.match` (a glob such as
+    "NVIDIA H100*"); without either, wherever the policy's own provider ran. Elsewhere each target is reported as
+    undecided (not applicable on this machine), never as passed.
 
     ## Why it costs throughput
     Static rules predict; this is the measurement. A target in the policy turns "the model got slower" into
@@ -371,7 +374,7 @@ def throughput_target_missed(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}
     ```
 
     ```yaml evidence
@@ -391,7 +394,7 @@ def throughput_target_missed(ctx: RuleContext):
 
     ## Good
     ```yaml
-    throughput: {device: "NVIDIA H100*", min_tokens_per_second: 120}
+    throughput: {device: h100-sxm, min_tokens_per_s: 120}
     ```
 
     ```yaml evidence
@@ -419,7 +422,7 @@ def throughput_target_missed(ctx: RuleContext):
     targets = [t for t in THRESHOLDS if t[0] in block]
     if run is None or not targets:
         return
-    not_applicable = _targets_not_applicable(run, block, ", ".join(t[0] for t in targets))
+    not_applicable = _targets_not_applicable(run, ctx.inputs.throughput, ", ".join(t[0] for t in targets))
     if not_applicable is not None:
         reason, where, properties = not_applicable
         yield ctx.undecided(reason, location=_policy_location(ctx, *where), properties=properties)
@@ -441,16 +444,19 @@ def throughput_target_missed(ctx: RuleContext):
             )
 
 
-def _targets_not_applicable(run: RunEvidence, block: dict, keys: str) -> tuple[str, tuple[str, ...], dict] | None:
+def _targets_not_applicable(run: RunEvidence, tp: ThroughputPolicy | None, keys: str
+                            ) -> tuple[str, tuple[str, ...], dict] | None:
     """Why the throughput targets cannot be judged on this run (the policy key to point at, properties), or None."""
     m = run.measurement
     if m is None:
         return f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}", ("throughput",), {}
-    pattern = block.get("device")
-    if pattern is not None and not device_matches(str(pattern), DeviceInfo(m.device_kind, m.device)):
+    named = tp is not None and (tp.device is not None or tp.match is not None)
+    if named and not tp.matches_reported(m.device):
+        wanted = tp.device.name if tp.device is not None else repr(tp.match)
+        key = "device" if tp.device is not None else "match"
         return ((f"throughput targets ({keys}) are not applicable on this machine: the run used {m.device}, the "
-                f"targets are for device {pattern!r}"), ("throughput", "device"), {"device": m.device})
-    if pattern is None and run.cpu_figures:
+                f"targets are for device {wanted}"), ("throughput", key), {"device": m.device})
+    if not named and run.cpu_figures:
         return ((f"throughput targets ({keys}) are not applicable on this machine: they are for "
                 f"{run.session.provider.requested} and this run measured CPU (--allow-cpu)"), ("throughput",), {})
     return None

@@ -1,0 +1,261 @@
+"""`ortgate estimate`: what one decode step of a model costs on a device, as exported and with every fix.
+
+Bytes, FLOPs, kernel launches and host synchronisations per component and per group of identical layers, the
+ceiling and expected tokens per second, the largest costs and what each kind of fix saves. An estimate for the
+named device from the graph alone (never a weight byte, never a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+from ortgate.cli.output import EXIT_PASS, Output, check_outputs, write
+from ortgate.errors import InputError
+
+FORMATS = ("text", "json")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate a decode step's bytes, FLOPs, launches and tokens/s on a device")
+    p.add_argument("model", nargs="?", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
+    p.add_argument("--policy", help="deployment policy YAML (its throughput: block names the device and the step)")
+    p.add_argument("--device", help="a device of the catalog (overrides the policy's); see --list-devices")
+    p.add_argument("--batch", type=_positive, help="sequences per decode step (overrides the policy's)")
+    p.add_argument("--context", type=_positive, help="positions each step attends to (overrides the policy's)")
+    p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
+    p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--output", metavar="FILE", help="write the estimate to FILE instead of stdout")
+    p.add_argument("--list-devices", action="store_true", help="list the device catalog and exit")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    if args.list_devices:
+        check_outputs([Output(args.output, "device list")] if args.output else [], [])
+        write(devices_text() if args.format == "text" else devices_json(), args.output)
+        return EXIT_PASS
+    if not args.model:
+        raise InputError("estimate: a MODEL is required (see `ortgate estimate --help`)")
+    from ortgate.engine.pipeline import LintRequest, load_inputs
+    from ortgate.engine.throughput import CostOverrides
+
+    outputs = [Output(args.output, "estimate")] if args.output else []
+    check_outputs(outputs, [args.model, args.policy, args.optimized, args.config])
+    request = LintRequest(args.model, args.policy, args.optimized, args.config,
+                          CostOverrides(args.device, args.batch, args.context))
+    inputs = load_inputs(request)
+    check_outputs(outputs, inputs.files_read)
+    est = inputs.estimate
+    if est is None:
+        from ortgate.knowledge.devices import device_names
+
+        raise InputError("estimate: no device to estimate for: pass --device NAME or a policy with throughput.device "
+                         f"(devices: {', '.join(device_names())})")
+    write(render_json(est, inputs) if args.format == "json" else render_text(est, inputs), args.output)
+    return EXIT_PASS
+
+
+# ---- text ---------------------------------------------------------------------------------------------------------
+
+
+def render_text(est, inputs, *, width: int = 120) -> str:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ortgate.cost.estimate import format_bandwidth, format_bytes, format_ms, format_rate
+
+    buffer = io.StringIO()
+    color = sys.stdout.isatty()
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width, highlight=False,
+                      soft_wrap=True)
+    s, d = est.setup, est.device
+    a, w = est.as_exported, est.with_fixes
+    tokens = "token" if s.shape.new_tokens == 1 else "tokens"
+    console.print(f"ortgate estimate: {inputs.executed.path} on {d.name} ({d.label}), batch {s.shape.batch} x "
+                  f"{s.shape.new_tokens} new {tokens}, context {s.shape.context:,}")
+    weights = sorted(a.bytes_by_dtype.items(), key=lambda kv: -kv[1])
+    dtypes = [{"float32": "float"}.get(k, k) for k, _ in weights]
+    console.print(f"figures   {_figures_line(d, dtypes)}")
+    session = [s.provider or f"{d.name}'s usual provider", s.optimization_level or "ORT_ENABLE_ALL"]
+    if est.model.gpu_launches:
+        session.append("CUDA graph " + ("on" if a.cuda_graph else "requested, but blocked" if s.cuda_graph else "off"))
+    if est.model.ort_fusions_applied:
+        session.append("ORT fuses " + ", ".join(est.model.ort_fusions_applied))
+    console.print(f"session   {'; '.join(session)}")
+    console.print()
+
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for title, justify in (("component", "left"), ("bytes/step", "right"), ("GFLOP/step", "right"),
+                           ("launches", "right"), ("syncs", "right"), ("share", "right"), ("| with fixes: bytes", "right"),
+                           ("launches", "right"), ("share", "right")):
+        table.add_column(title, justify=justify)
+    names = [c for c in ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other")
+             if c in a.components or c in w.components]
+    for c in names:
+        ta, tw = a.components.get(c), w.components.get(c)
+        table.add_row(c, *(_cells(ta, a) if ta else ["-"] * 5), *(_short(tw, w) if tw else ["-"] * 3))
+    table.add_row("total", format_bytes(a.totals.bytes), f"{a.totals.flops / 1e9:,.1f}", f"{a.totals.launches:,}",
+                  f"{a.totals.syncs:,}", "100%", format_bytes(w.totals.bytes), f"{w.totals.launches:,}", "100%")
+    console.print(table)
+    console.print()
+    console.print("layers    (groups of identical decoder layers, as exported)")
+    for group in est.layer_groups():
+        t = group.totals
+        nbytes = sum(x.bytes for x in t.values())
+        launches = sum(x.launches for x in t.values())
+        console.print(f"  {_layer_span(group.layers)}: {group.forms or 'layer'}: {format_bytes(nbytes)} and "
+                      f"{launches:,} launches per layer")
+    for f in _moe_lines(est):
+        console.print(f"  {f}")
+    console.print()
+    for label, step in (("as exported", a), ("with fixes ", w)):
+        console.print(f"{label}  {format_rate(step.tokens_per_s_expected)} tokens/s expected "
+                      f"({format_ms(step.expected_s * 1e3)} per step); ceiling {format_rate(step.tokens_per_s_ceiling)}"
+                      f" tokens/s ({format_bytes(step.totals.bytes)} at {format_bandwidth(step.step_bandwidth)}"
+                      f"{', served from the last-level cache' if step.in_cache else ''})")
+    console.print("largest costs")
+    for i, c in enumerate(est.largest_costs(3), 1):
+        console.print(f"  {i}. {c.words} ({c.share:.0%} of the step)")
+    savings = _savings(est)
+    if savings:
+        console.print("what each fix saves (alone)")
+        for kind, n, saving in savings:
+            console.print(f"  {kind:<13} {n:>3} layer{'s' if n != 1 else ' '}  {saving.ms_per_token:.3g} ms per token "
+                          f"({saving.share:.0%} of the step)")
+    if est.uncounted:
+        console.print("not counted")
+        for u in est.uncounted:
+            console.print(f"  {u.component}: {u.what}")
+    console.print(f"Every figure is an estimate for {d.name}, never a measurement.")
+    return buffer.getvalue()
+
+
+def _figures_line(d, dtypes: list[str] = ()) -> str:
+    from ortgate.cost.estimate import format_bandwidth
+
+    parts = [f"bandwidth {format_bandwidth(d.bandwidth or 0)} ({d.bandwidth_gb_s.confidence})"]
+    for dtype in (*dtypes, "bfloat16", "float16", "float"):
+        figure = d.tflops.get(dtype)
+        if figure is not None and figure.value is not None:
+            parts.append(f"{dtype} {figure.value:g} TFLOP/s ({figure.confidence})")
+            break
+    parts.append(f"{d.kernel_us.value:g} us per kernel ({d.kernel_us.confidence})")
+    if d.is_gpu_like and d.graph_kernel_us.value is not None:
+        parts.append(f"{d.graph_kernel_us.value:g} us with CUDA graph ({d.graph_kernel_us.confidence})")
+    if d.memory_efficiency.value is not None:
+        parts.append(f"memory efficiency {d.memory_efficiency.value:g} ({d.memory_efficiency.confidence})")
+    if d.cache_bytes.value:
+        parts.append(f"last-level cache {d.cache_bytes.value / 2**20:,.0f} MiB at "
+                     f"{format_bandwidth((d.cache_bandwidth_gb_s.value or 0) * 1e9)}")
+    return ", ".join(parts)
+
+
+def _cells(t, step) -> list[str]:
+    from ortgate.cost.estimate import format_bytes
+
+    share = step.component_time_s(_name(step, t)) / step.expected_s if step.expected_s else 0.0
+    return [format_bytes(t.bytes), f"{t.flops / 1e9:,.1f}", f"{t.launches:,}", f"{t.syncs:,}", f"{share:.0%}"]
+
+
+def _short(t, step) -> list[str]:
+    from ortgate.cost.estimate import format_bytes
+
+    share = step.component_time_s(_name(step, t)) / step.expected_s if step.expected_s else 0.0
+    return [format_bytes(t.bytes), f"{t.launches:,}", f"{share:.0%}"]
+
+
+def _name(step, totals) -> str:
+    return next(name for name, t in step.components.items() if t is totals)
+
+
+def _layer_span(layers: list[int]) -> str:
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]} ({len(layers)})"
+    shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
+    return f"layers {shown} ({len(layers)})"
+
+
+def _moe_lines(est) -> list[str]:
+    from collections import Counter
+
+    forms = Counter((f.form, f.experts, f.top_k, None if f.experts_read is None else round(f.experts_read, 1))
+                    for f in est.model.moe_forms)
+    out = []
+    for (form, experts, k, read), n in sorted(forms.items(), key=lambda kv: -kv[1]):
+        out.append(f"MoE: {n} layer{'s' if n != 1 else ''} {form}, {experts} experts, top-{k}: "
+                   f"{read if read is not None else '?'} experts read per step")
+    return out
+
+
+def _savings(est):
+    from collections import OrderedDict
+
+    kinds: OrderedDict[str, list] = OrderedDict()
+    for r in est.repairs:
+        kinds.setdefault(r.kind, []).append(r)
+    out = []
+    for kind, repairs in kinds.items():
+        saving = est.saving(repairs)
+        if saving.ms_per_token > 0:
+            out.append((kind, len(repairs), saving))
+    out.sort(key=lambda x: -x[2].ms_per_token)
+    return out
+
+
+# ---- json ---------------------------------------------------------------------------------------------------------
+
+
+def render_json(est, inputs) -> str:
+    data = est.to_dict()
+    data["model"] = inputs.executed.path
+    data["layer_groups"] = [
+        {"layers": g.layers, "form": g.forms,
+         "bytes_per_layer": round(sum(t.bytes for t in g.totals.values())),
+         "kernel_launches_per_layer": sum(t.launches for t in g.totals.values())}
+        for g in est.layer_groups()]
+    data["fix_savings"] = [{"repair": kind, "layers": n, "ms_per_token": round(s.ms_per_token, 4),
+                            "share_of_step": round(s.share, 4)} for kind, n, s in _savings(est)]
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def devices_text() -> str:
+    from ortgate.knowledge.devices import device_names, find_device
+
+    lines = [f"{'device':<12} {'bandwidth':>10} {'bf16/fp16':>10} {'fp32':>7}  label (confidence of the bandwidth)"]
+    for name in device_names():
+        d = find_device(name)
+        assert d is not None
+        bw = f"{d.bandwidth_gb_s.value:,.0f} GB/s" if d.bandwidth_gb_s.value else "probe"
+        half = d.tflops.get("bfloat16") or d.tflops.get("float16")
+        full = d.tflops.get("float")
+        lines.append(f"{name:<12} {bw:>10} {(f'{half.value:g} TF' if half and half.value else '-'):>10} "
+                     f"{(f'{full.value:g} TF' if full and full.value else ('probe' if full else '-')):>7}  "
+                     f"{d.label} ({d.bandwidth_gb_s.confidence})")
+    return "\n".join(lines) + "\n"
+
+
+def devices_json() -> str:
+    from ortgate.knowledge.devices import device_names, find_device
+
+    out = {}
+    for name in device_names():
+        d = find_device(name)
+        assert d is not None
+        out[name] = {"label": d.label, "kind": d.kind, "match": list(d.match), "figures": d.figures()}
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,114 @@
+"""Each finding's price: what fixing it would save on one decode step of the policy's device, from the cost
+model's repairs (an estimate, never a measurement). Rules are matched by name: names outlive renumbering."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from ortgate.cost import Estimate, Repair
+from ortgate.cost.estimate import format_rate
+from ortgate.findings import Finding, Price
+from ortgate.rules.context import LintInputs
+
+# rule name -> the repair kind its fix is
+RULE_REPAIRS = {
+    "moe-not-fused": "moe",
+    "moe-layer-count-mismatch": "moe",
+    "gqa-not-fused": "attention",
+    "attention-layer-count-mismatch": "attention",
+    "qkv-not-packed": "qkv",
+    "rotary-not-fused": "rotary",
+    "rmsnorm-not-fused": "rmsnorm",
+    "skip-rmsnorm-not-fused": "skip_rmsnorm",
+    "gate-up-not-merged": "gate_up",
+    "swiglu-not-fused": "swiglu",
+    "cuda-graph-disabled": "cuda_graph",
+}
+
+
+def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
+    """The repairs fixing `finding` applies: those of its layer, those outside the layers for a node outside them,
+    all of its kind for a finding about the whole graph (a count, a setting)."""
+    kind = RULE_REPAIRS.get(finding.rule)
+    if kind is None:
+        return []
+    if finding.layer is not None:
+        return est.repairs_of(kind, finding.layer)
+    if finding.node is not None:
+        return est.repairs_of(kind, None)
+    return est.repairs_of(kind)
+
+
+def price_findings(findings: list[Finding], inputs: LintInputs) -> list[Finding]:
+    est = inputs.estimate
+    if est is None:
+        return findings
+    device = est.device.name
+    out = []
+    for f in findings:
+        repairs = repairs_for(est, f)
+        if repairs:
+            saving = est.saving(repairs)
+            f = replace(f, price=Price(saving.ms_per_token, saving.share, device))
+        out.append(f)
+    return out
+
+
+def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> dict | None:
+    """The estimate's headline for the reports: device, step, tokens/s as exported and with fixes, and what
+    fixing all of each rule's findings would save."""
+    est = inputs.estimate
+    if est is None:
+        return None
+    by_rule: dict[str, list[Repair]] = defaultdict(list)
+    names: dict[str, str] = {}
+    for f in findings:
+        repairs = repairs_for(est, f)
+        if repairs:
+            by_rule[f.code].extend(r for r in repairs if all(r is not x for x in by_rule[f.code]))
+            names[f.code] = f.rule
+    savings = {}
+    for code, repairs in sorted(by_rule.items()):
+        s = est.saving(repairs)
+        savings[code] = {"rule": names[code], "ms_per_token": round(s.ms_per_token, 4), "share_of_step": round(s.share, 4)}
+    a, w = est.as_exported, est.with_fixes
+    setup = est.setup
+    return {
+        "estimate": True,
+        "device": est.device.name,
+        "figures": _figure_origin(est),
+        "batch_size": setup.shape.batch,
+        "new_tokens": setup.shape.new_tokens,
+        "context_length": setup.shape.context,
+        "as_exported": {"tokens_per_s_expected": _r(a.tokens_per_s_expected),
+                        "tokens_per_s_ceiling": _r(a.tokens_per_s_ceiling),
+                        "ms_per_step_expected": round(a.expected_s * 1e3, 4)},
+        "with_fixes": {"tokens_per_s_expected": _r(w.tokens_per_s_expected),
+                       "tokens_per_s_ceiling": _r(w.tokens_per_s_ceiling),
+                       "ms_per_step_expected": round(w.expected_s * 1e3, 4)},
+        "by_rule": savings,
+        "not_counted": len(est.uncounted),
+    }
+
+
+def _figure_origin(est: Estimate) -> str:
+    figure = est.device.bandwidth_gb_s
+    if figure.confidence == "calibrated":
+        return figure.source
+    if figure.confidence == "probe":
+        return f"probe {figure.value:g} GB/s"
+    return "catalog"
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def headline(summary: dict) -> str:
+    """'h100-sxm (catalog), batch 1, context 4,096: 3.44 tokens/s as exported -> 137 with fixes (ceiling ...)'."""
+    a, w = summary["as_exported"], summary["with_fixes"]
+    return (f"{summary['device']} ({summary['figures']}), batch {summary['batch_size']}, context "
+            f"{summary['context_length']:,}: {format_rate(a['tokens_per_s_expected'])} tokens/s as exported -> "
+            f"{format_rate(w['tokens_per_s_expected'])} with fixes (ceiling {format_rate(a['tokens_per_s_ceiling'])} "
+            f"-> {format_rate(w['tokens_per_s_ceiling'])}), an estimate")
