@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from collections.abc import Sequence
+from typing import Literal
 
 from ortgate.cli.output import EXIT_PASS, Output, check_outputs, write
 from ortgate.errors import InputError
@@ -99,9 +101,10 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     console.print()
 
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for title, justify in (("component", "left"), ("bytes/step", "right"), ("GFLOP/step", "right"),
-                           ("launches", "right"), ("syncs", "right"), ("share", "right"), ("| with fixes: bytes", "right"),
-                           ("launches", "right"), ("share", "right")):
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("component", "left"), ("bytes/step", "right"), ("GFLOP/step", "right"), ("launches", "right"), ("syncs", "right"), ("share", "right"), ("| with fixes: bytes", "right"),
+                           ("launches", "right"), ("share", "right"))
+    for title, justify in columns:
         table.add_column(title, justify=justify)
     names = [c for c in ("attention", "moe", "mlp", "norms", "embedding", "lm_head", "other")
              if c in a.components or c in w.components]
@@ -144,7 +147,7 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     return buffer.getvalue()
 
 
-def _figures_line(d, dtypes: list[str] = ()) -> str:
+def _figures_line(d, dtypes: Sequence[str] = ()) -> str:
     from ortgate.cost.estimate import format_bandwidth
 
     parts = [f"bandwidth {format_bandwidth(d.bandwidth or 0)} ({d.bandwidth_gb_s.confidence})"]

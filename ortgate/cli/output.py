@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ortgate.errors import InputError
 
@@ -26,9 +25,11 @@ def split_list(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@dataclass(frozen=True)
-class Output:
-    """A path ortgate is about to write: a report, a side report, a baseline, a dump, a trace, a folder."""
+class Output(NamedTuple):
+    """A path ortgate is about to write: a report, a side report, a baseline, a dump, a trace, a folder.
+
+    (A NamedTuple, not a dataclass: every command imports this module, and `ortgate --help` must not pay for
+    importing dataclasses.)"""
 
     path: str
     what: str  # said in the error: "report", "SARIF report", "baseline", "optimized dump", ...
@@ -122,6 +123,8 @@ def write_file(output: str | Path, data: bytes) -> None:
             with open(target, "wb") as fh:
                 fh.write(data)
             return
+        import secrets
+
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
         try:

@@ -24,13 +24,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
     rules = catalog()
     if args.format == "json":
-        payload = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family,
+        payload = [{"code": r.code, "name": r.name, "severity": r.severity_label, "family": r.family,
                     "summary": r.summary} for r in rules]
         print(json.dumps(payload, indent=2))
         return EXIT_PASS
     width = max(len(r.name) for r in rules)
     for r in rules:
-        print(f"{r.code}  {r.name:<{width}}  {r.severity.label:<7}  {r.summary}")
+        print(f"{r.code}  {r.name:<{width}}  {r.severity_label:<7}  {r.summary}")
     return EXIT_PASS
 
 
@@ -44,7 +44,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         hint = closest_name(catalog(), args.rule)
         raise InputError(f"unknown rule {args.rule!r}"
                          + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
-    text = f"# {r.code} {r.name} (default severity: {r.severity.label})\n\n{r.doc}\n"
+    text = f"# {r.code} {r.name} (default severity: {r.severity_label})\n\n{r.doc}\n"
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.markdown import Markdown

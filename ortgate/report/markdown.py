@@ -96,7 +96,7 @@ def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]
     def saves(code: str) -> float:
         return float(savings.get(code, {}).get("ms_per_token", 0.0))
 
-    if savings:
+    if estimate and savings:
         ranked = sorted(by_rule.values(), key=lambda fs: (-saves(fs[0].code), -max(f.severity for f in fs),
                                                           -len(fs), fs[0].code))
         order = (f"Largest estimated saving on {estimate['device']} first (what fixing every finding of the rule "

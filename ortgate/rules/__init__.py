@@ -7,10 +7,23 @@ The family modules are imported on first use of the registry, not with this pack
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from ortgate.rules.base import Rule, registered_rules
 from ortgate.rules.catalog import closest_name, lookup
 from ortgate.rules.redirects import RENAMED, SPLIT_FROM
+
+if TYPE_CHECKING:
+    from ortgate.rules.base import Rule
+
+
+def __getattr__(name: str) -> Any:
+    # `Rule` on first use: the registry (ortgate.rules.base, dataclasses, the findings) is not what `ortgate rules`
+    # and `explain` need, and they import this package.
+    if name == "Rule":
+        from ortgate.rules.base import Rule
+
+        return Rule
+    raise AttributeError(f"module 'ortgate.rules' has no attribute {name!r}")
 
 
 @cache
@@ -35,6 +48,8 @@ def _register() -> None:
 
 
 def all_rules() -> list[Rule]:
+    from ortgate.rules.base import registered_rules
+
     _register()
     return registered_rules()
 

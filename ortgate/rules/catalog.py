@@ -8,15 +8,11 @@ no longer matches the registered rules.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Protocol, TypeVar
-
-from ortgate.findings import Severity
+from typing import NamedTuple, Protocol, TypeVar
 
 CATALOG_PATH = Path(__file__).with_name("catalog.json")
 
@@ -32,11 +28,12 @@ class Named(Protocol):
 N = TypeVar("N", bound=Named)
 
 
-@dataclass(frozen=True)
-class RuleEntry:
+class RuleEntry(NamedTuple):
+    """A rule as the catalog holds it (plain data: reading it imports neither the registry nor the findings)."""
+
     code: str
     name: str
-    severity: Severity
+    severity_label: str  # "error" | "warning" | "info"
     family: str
     doc: str
 
@@ -48,8 +45,7 @@ class RuleEntry:
 @cache
 def catalog() -> tuple[RuleEntry, ...]:
     data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
-    return tuple(RuleEntry(r["code"], r["name"], Severity.parse(r["severity"]), r["family"], r["doc"])
-                 for r in data["rules"])
+    return tuple(RuleEntry(r["code"], r["name"], r["severity"], r["family"], r["doc"]) for r in data["rules"])
 
 
 def catalog_text(rules: Iterable) -> str:
@@ -69,5 +65,7 @@ def lookup(items: Iterable[N], key: str) -> N | None:
 
 
 def closest_name(items: Iterable[Named], key: str) -> str | None:
+    import difflib
+
     hint = difflib.get_close_matches(key.lower(), [item.name for item in items], n=1)
     return hint[0] if hint else None

@@ -451,7 +451,7 @@ def _targets_not_applicable(run: RunEvidence, tp: ThroughputPolicy | None, keys:
     if m is None:
         return f"throughput targets ({keys}) were not checked: {run.skipped or 'nothing was measured'}", ("throughput",), {}
     named = tp is not None and (tp.device is not None or tp.match is not None)
-    if named and not tp.matches_reported(m.device):
+    if tp is not None and named and not tp.matches_reported(m.device):
         wanted = tp.device.name if tp.device is not None else repr(tp.match)
         key = "device" if tp.device is not None else "match"
         return ((f"throughput targets ({keys}) are not applicable on this machine: the run used {m.device}, the "
