@@ -742,7 +742,7 @@ def _read_chosen_slices(graph: Graph, model: StepModel, stacks: list[Node], shar
             continue
         nc = model.costed(n.index)
         nc.cost.bytes = init.numel * size * share
-        nc.cost.bytes_by_dtype = {init.dtype: nc.cost.bytes}
+        nc.cost.bytes_by_dtype = {init.dtype or "unknown": nc.cost.bytes}
         nc.cost.flops = 2.0 * rows * init.dims[1] * init.dims[2]
         nc.compute_dtype = init.dtype
 

@@ -18,14 +18,33 @@ from ortgate.fix.verify import VerificationError
 
 
 @dataclass
+class Prediction:
+    """The cost model's expected time of the step the measurement ran, for the device it ran on (an estimate)."""
+
+    device: str
+    figures: str  # where the device's figures come from ("probe": measured on this machine)
+    original_ms: float
+    fixed_ms: float
+    uncounted: list[str] = field(default_factory=list)  # what the model could not count, in either graph
+
+    @property
+    def speedup(self) -> float | None:
+        return self.original_ms / self.fixed_ms if self.fixed_ms > 0 else None
+
+
+@dataclass
 class FixOutcome:
     result: FixResult
     findings_before: list[Finding] = field(default_factory=list)  # the repaired rules' findings on the input
     findings_after: list[Finding] = field(default_factory=list)  # ... and on the output
     unrepaired: list[Finding] = field(default_factory=list)  # findings of rewritten layers still there (a failure)
     measurement: object | None = None  # ortgate.fix.measure.Measurement
-    predicted_speedup: float | None = None
+    prediction: Prediction | None = None  # the cost model's estimate of the measured step, original and fixed
     failure: str | None = None
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.prediction.speedup if self.prediction is not None else None
 
     @property
     def exit_code(self) -> int:
@@ -41,7 +60,8 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
     try:
         config = gate_config_from(None, cli_select=codes, cli_ignore=None, fail_on=None)
         say("linting the input")
-        outcome.findings_before = lint(load_inputs(LintRequest(result.model)), config).findings
+        original_inputs = load_inputs(LintRequest(result.model))
+        outcome.findings_before = lint(original_inputs, config).findings
         if staged.folder is None:
             return outcome
         verification = result.verification
@@ -51,7 +71,8 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
             return outcome
         say("linting the output")
         assert staged.model_file is not None
-        outcome.findings_after = lint(load_inputs(LintRequest(str(staged.model_file))), config).findings
+        fixed_inputs = load_inputs(LintRequest(str(staged.model_file)))
+        outcome.findings_after = lint(fixed_inputs, config).findings
         rewritten_layers = {r.layer for r in result.rewrites}
         outcome.unrepaired = [f for f in outcome.findings_after if f.code == "OGF001" and f.layer in rewritten_layers]
         if outcome.unrepaired:
@@ -69,6 +90,8 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
                     f"unrolled graph this large" if result.original_too_large else None)
             outcome.measurement = measure_pair(staged.original, staged.original_bytes_folder, staged.model_file,
                                                staged.original_graph, skip_original=skip)
+            say("estimating the same step with the cost model")
+            outcome.prediction = predict(original_inputs.executed, fixed_inputs.executed, outcome.measurement)
         staged.commit()
     except VerificationError as exc:
         outcome.failure = f"the fixed model does not run: {exc}; nothing written"
@@ -77,6 +100,24 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
         staged.discard()
         raise
     return outcome
+
+
+def predict(original, fixed, measurement) -> Prediction:
+    """The cost model's expected step time of the original and the fixed graph, for the step `measurement` timed
+    on ORT's CPU provider with ORT's default session options: the `cpu` device with the probe's figures for this
+    machine, as `ortgate run` estimates a CPU run."""
+    from ortgate.cost import CostSetup, StepShape
+    from ortgate.engine.throughput import measured_estimate
+    from ortgate.knowledge.devices import find_device
+    from ortgate.runner.session import CPU
+
+    device = find_device("cpu")
+    assert device is not None
+    setup = CostSetup(device, StepShape(measurement.batch_size, measurement.new_tokens, measurement.context), CPU)
+    before, after = measured_estimate(original, setup), measured_estimate(fixed, setup)
+    uncounted = [f"original: {u.what}" for u in before.uncounted] + [f"fixed: {u.what}" for u in after.uncounted]
+    return Prediction(before.device.name, before.device.bandwidth_gb_s.confidence or "catalog",
+                      before.as_exported.expected_s * 1e3, after.as_exported.expected_s * 1e3, uncounted)
 
 
 def _mismatch(result: FixResult) -> str:

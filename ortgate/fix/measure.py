@@ -32,6 +32,10 @@ class Measurement:
     fixed: Stats
     step: str  # what one run is
     note: str | None = None
+    batch_size: int = 1  # the step's shape, for an estimate of the same step
+    new_tokens: int = 1
+    context: int = 1  # tokens the step attends to: the cached ones and its own
+
 
     @property
     def speedup(self) -> float | None:
@@ -63,7 +67,8 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
             "runs, ORT CPU, ORT_ENABLE_ALL")
     fixed = stats[1]
     assert fixed is not None
-    return Measurement(stats[0], fixed, what, skip_original)
+    return Measurement(stats[0], fixed, what, skip_original, step.batch_size, step.sequence_length,
+                       step.total_sequence_length)
 
 
 def _session(model, folder: Path):
