@@ -3,7 +3,8 @@
 The model is the test generator's dense all-experts loop (tests/models/qwen_moe.py, moe="dense_loop"): its graph is
 built with external-data stubs, then the data file is filled tensor by tensor with seeded normal(0, 0.02) values, so
 the model is a few GB on disk and never whole in this process's memory. `ortgate fix` then runs in a fresh process
-(peak RSS from wait4), once with --no-verify and once with verification (which also lints and measures).
+(peak RSS from wait4), once with --no-verify and once with verification (which also lints, measures, and prints
+the cost model's estimate of the same step beside the measurement).
 
 Target (printed as PASS/FAIL): peak RSS of `ortgate fix --no-verify` below 1.5 GB plus the largest single tensor it
 reads or writes. With verification the report prints the peak too: ORT then holds the original model's weights.
@@ -186,7 +187,7 @@ def main() -> int:
                   f"(budget 1.5 GB + largest tensor {largest / 1e6:.1f} MB = {budget / 1e9:.2f} GB: "
                   f"{'PASS' if within else 'FAIL'})")
             for line in output.splitlines():
-                if line.startswith(("verification on", "measured", "MoE rewrites", "wrote")):
+                if line.startswith(("verification on", "measured", "estimated", "MoE rewrites", "wrote")):
                     print(f"    {line}")
             if label == "verified" and args.sessions > 0:
                 for line in decode_report(out / model.name, args.sessions):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ortgate.cost import StepShape
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.findings import Finding
@@ -60,8 +61,7 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
     try:
         config = gate_config_from(None, cli_select=codes, cli_ignore=None, fail_on=None)
         say("linting the input")
-        original_inputs = load_inputs(LintRequest(result.model))
-        outcome.findings_before = lint(original_inputs, config).findings
+        outcome.findings_before = lint(load_inputs(LintRequest(result.model)), config).findings
         if staged.folder is None:
             return outcome
         verification = result.verification
@@ -81,8 +81,14 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
             staged.discard()
             return outcome
         if measure and request.verify:
-            from ortgate.fix.measure import measure_pair
+            from ortgate.fix.measure import decode_step, measure_pair
 
+            # Estimated first: the CPU probe then runs while no session holds a model's weights.
+            say("estimating the decode step with the cost model")
+            _, _, step = decode_step(staged.original_graph)
+            outcome.prediction = predict(staged.original_graph, fixed_inputs.executed,
+                                         StepShape(step.batch_size, step.sequence_length, step.total_sequence_length))
+            del fixed_inputs
             say("measuring original vs fixed on ONNX Runtime CPU")
             assert staged.original is not None
             nodes = result.nodes_before
@@ -90,8 +96,6 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
                     f"unrolled graph this large" if result.original_too_large else None)
             outcome.measurement = measure_pair(staged.original, staged.original_bytes_folder, staged.model_file,
                                                staged.original_graph, skip_original=skip)
-            say("estimating the same step with the cost model")
-            outcome.prediction = predict(original_inputs.executed, fixed_inputs.executed, outcome.measurement)
         staged.commit()
     except VerificationError as exc:
         outcome.failure = f"the fixed model does not run: {exc}; nothing written"
@@ -102,18 +106,18 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
     return outcome
 
 
-def predict(original, fixed, measurement) -> Prediction:
-    """The cost model's expected step time of the original and the fixed graph, for the step `measurement` timed
+def predict(original, fixed, shape: StepShape) -> Prediction:
+    """The cost model's expected step time of the original and the fixed graph, for the step the measurement times
     on ORT's CPU provider with ORT's default session options: the `cpu` device with the probe's figures for this
     machine, as `ortgate run` estimates a CPU run."""
-    from ortgate.cost import CostSetup, StepShape
+    from ortgate.cost import CostSetup
     from ortgate.engine.throughput import measured_estimate
     from ortgate.knowledge.devices import find_device
     from ortgate.runner.session import CPU
 
     device = find_device("cpu")
     assert device is not None
-    setup = CostSetup(device, StepShape(measurement.batch_size, measurement.new_tokens, measurement.context), CPU)
+    setup = CostSetup(device, shape, CPU)
     before, after = measured_estimate(original, setup), measured_estimate(fixed, setup)
     uncounted = [f"original: {u.what}" for u in before.uncounted] + [f"fixed: {u.what}" for u in after.uncounted]
     return Prediction(before.device.name, before.device.bandwidth_gb_s.confidence or "catalog",

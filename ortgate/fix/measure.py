@@ -44,12 +44,18 @@ class Measurement:
         return self.original.p50_ms / self.fixed.p50_ms
 
 
-def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
-                 settings: RunnerSettings = DECODE, *, skip_original: str | None = None) -> Measurement:
-    """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
+def decode_step(graph: Graph, settings: RunnerSettings = DECODE):
+    """The step measure_pair times: the graph's inputs, their dims, and the step shape they describe."""
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)
+    return signature, dims, step
+
+
+def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
+                 settings: RunnerSettings = DECODE, *, skip_original: str | None = None) -> Measurement:
+    """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
+    signature, dims, step = decode_step(graph, settings)
     feeds = synthesize(signature, dims, step, token_inputs(graph, None))
     stats: list[Stats | None] = [None] if skip_original else []
     runs = [(str(fixed_path), fixed_path.parent)]
