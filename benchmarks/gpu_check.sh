@@ -2,7 +2,8 @@
 # End-to-end check of `ortgate run`'s CUDA path on a machine with an NVIDIA GPU: the provider probe, the
 # policy session on CUDAExecutionProvider with its options verified, IOBinding to device buffers, CUDA graph
 # capture and replay (gpu_graph_id), the default-session baseline and the ORT_DISABLE_ALL output comparison,
-# ORT's profile, nvidia-smi's device name and memory, the harness overhead, and the runner's tests.
+# ORT's profile, nvidia-smi's device name and memory, the harness overhead, the decode cost model's estimate
+# against the measurement (benchmarks/estimate_accuracy.py --provider cuda), and the runner's tests.
 #
 #   bash benchmarks/gpu_check.sh                       # python3 with onnxruntime-gpu, onnx, numpy, pyyaml, jsonschema, rich
 #   PYTHON=/path/to/python OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh
@@ -137,6 +138,16 @@ sed -e 's/enable_cuda_graph: "1"/enable_cuda_graph: "0"/' -e 's/^name: .*/name: 
   "$OUT/gpt-oss-cuda-graph.yaml" > "$OUT/gpt-oss-cuda.yaml"
 "$PYTHON" benchmarks/runner_overhead.py "$FIXTURES/genai-gpt_oss-fp16-cuda" --policy "$OUT/gpt-oss-cuda.yaml" \
   | tee "$OUT/runner_overhead.txt"
+
+step "decode cost model on CUDA: estimate for this GPU (catalog figures) vs measured, dense expert loop vs fused MoE"
+# Reports, never fails the check: the figures are what README's table records. A GPU missing from the device
+# catalog makes the benchmark stop with the name nvidia-smi reported.
+"$PYTHON" benchmarks/estimate_accuracy.py --provider cuda --rounds 3 --workdir "$OUT/estimate_accuracy" \
+  | tee "$OUT/estimate_accuracy.txt" || printf 'gpu_check: estimate_accuracy did not complete (see above)\n'
+"$PYTHON" -m ortgate run "$OUT/estimate_accuracy/fused" --policy "$OUT/estimate_accuracy/cuda.yaml" --timeout 300 \
+  --write-calibration "$OUT/calibration.yaml" --exit-zero > "$OUT/calibration_run.txt" \
+  && grep '^estimate' "$OUT/calibration_run.txt" && cat "$OUT/calibration.yaml" \
+  || printf 'gpu_check: no calibration written (see %s)\n' "$OUT/calibration_run.txt"
 
 step "runner tests with a GPU present (CPU-only expectations skip themselves)"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_runner_inputs.py tests/test_runner_measure.py \

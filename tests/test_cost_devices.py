@@ -9,6 +9,7 @@ import pytest
 from ortgate.knowledge.devices import (
     CONFIDENCES,
     DEVICES_JSON,
+    Figure,
     device_for_reported_name,
     device_names,
     find_device,
@@ -77,3 +78,13 @@ def test_fused_ops_launch_several_kernels_and_views_launch_none():
     assert costs.gpu_launches("Reshape") == 0 and costs.gpu_launches("Shape") == 0
     assert costs.gpu_launches("MatMul") == 1
     assert "NonZero" in costs.host_sync
+
+
+def test_a_step_is_read_at_cache_speed_only_when_it_fits_the_cache_the_probe_measured():
+    mib = 1 << 20
+    cpu = find_device("cpu").with_figures(
+        bandwidth_gb_s=Figure(10.0, "test", "probe"), cache_bandwidth_gb_s=Figure(40.0, "test", "probe"),
+        cache_bytes=Figure(float(32 * mib), "test", "probe"))
+    assert cpu.step_bandwidth(20 * mib) == 40e9  # 80% of the cache left for activations: 25.6 MiB
+    assert cpu.step_bandwidth(30 * mib) == 10e9
+    assert cpu.step_bandwidth(97 * mib) == 10e9

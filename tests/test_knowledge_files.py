@@ -21,6 +21,7 @@ from ortgate.knowledge.fusions import OrtFusions
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
 from ortgate.knowledge.moe_op import _OrtMoeFile
+from ortgate.knowledge.producers import _ProducersFile
 from ortgate.knowledge.providers import _ProviderOptionsFile
 
 KNOWLEDGE = Path(knowledge.__file__).parent
@@ -36,6 +37,7 @@ SCHEMAS = {
     "dim_names.json": _DimNamesFile,
     "devices.json": _DevicesFile,
     "op_costs.json": _OpCostsFile,
+    "producers.json": _ProducersFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}

@@ -212,6 +212,21 @@ def test_the_cpu_probe_measures_this_machine():
     probe = probe_cpu(session_threads(None))
     assert probe.bandwidth_gb_s > 0.1 and probe.cache_bandwidth_gb_s >= probe.bandwidth_gb_s
     assert probe.node_us > 0 and probe.float_tflops > 0 and probe.seconds > 0
+    # The cache a step can be served from is measured, never larger than what the system reports: the reported size
+    # is the socket's, shared with other cores and tenants.
+    if probe.cache_bytes is not None:
+        reported = probe.reported_cache_bytes
+        assert reported is not None and min(16 << 20, reported) <= probe.cache_bytes <= reported
+    if probe.cache_bandwidth_gb_s == probe.bandwidth_gb_s:
+        assert probe.cache_bytes is None or probe.cache_bytes == probe.reported_cache_bytes
+
+
+def test_a_weight_is_served_from_the_cache_only_nearer_cache_speed_than_memory_speed():
+    from ortgate.runner.probe import at_cache_speed
+
+    assert at_cache_speed(25.0, memory=10.0, in_cache=40.0)  # above the geometric midpoint, 20
+    assert not at_cache_speed(15.0, memory=10.0, in_cache=40.0)
+    assert not at_cache_speed(50.0, memory=10.0, in_cache=10.0)  # no faster cache to be served from
 
 
 def test_run_shows_the_estimate_beside_the_measurement_and_writes_a_calibration_a_policy_can_name(tmp_path):

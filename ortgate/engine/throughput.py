@@ -92,8 +92,10 @@ def with_probe(device: Device, threads: int | None, tp: ThroughputPolicy | None 
         "tflops": {"float": Figure(round(probe.float_tflops, 4), source, "probe")},
     }
     if probe.cache_bytes:
-        figures["cache_bytes"] = Figure(float(probe.cache_bytes), "the last-level cache size the system reports",
-                                        "probe")
+        reported = (f" (the system reports {probe.reported_cache_bytes / 2**20:,.0f} MiB)"
+                    if probe.reported_cache_bytes else "")
+        figures["cache_bytes"] = Figure(float(probe.cache_bytes), "the largest weight the probe read at cache speed, "
+                                        f"doubling from 16 MiB{reported}", "probe")
     keep = {k: getattr(device, k) for k in ("bandwidth_gb_s", "kernel_us", "graph_kernel_us")
             if getattr(device, k).value is not None}
     device = device.with_figures(**figures)

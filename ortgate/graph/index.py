@@ -373,6 +373,17 @@ class Graph:
             self._index_graph(g, None, set(initializers) | {i.name for i in self.input_infos})
         self.layer_source = "none"  # set by ortgate.graph.layers.assign_layers, a separate pass
 
+    # ---- what made the model -------------------------------------------------------------------------
+
+    @property
+    def producer_name(self) -> str:
+        """The tool that wrote the model, as it recorded itself (ModelProto.producer_name), or ''."""
+        return printable(self.model.producer_name).strip()
+
+    @property
+    def producer_version(self) -> str:
+        return printable(self.model.producer_version).strip()
+
     # ---- construction -------------------------------------------------------------------------------
 
     def _index_graph(self, g: onnx.GraphProto, path: str | None, visible: set[str]) -> None:

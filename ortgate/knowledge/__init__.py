@@ -8,6 +8,8 @@
   session.disable_cpu_ep_fallback demand, which nodes TensorRT leaves to other providers -> `ort_facts()`.
 - ort_fusions.json: ORT's own optimizer passes and attribute defaults (knowledge.fusions).
 - model_families.json: MoE model-family defaults (knowledge.families).
+- producers.json: the tools that write models (producer_name) and which of their releases write a fused form
+  (knowledge.producers).
 - MoE / QMoE input positions, from the kernel table's formal inputs (knowledge.moe).
 
 Every file is read into frozen dataclasses when this package is imported (knowledge.loader checks each key and

@@ -16,6 +16,7 @@ from ortgate.cost import CostSetup, Estimate, estimate
 from ortgate.errors import printable
 from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
+from ortgate.rules.advice import producer_fix
 
 if TYPE_CHECKING:
     from ortgate.rules.base import Rule
@@ -101,16 +102,21 @@ class RuleContext:
         location: Location | None = None,
         layer: int | None = None,
         fix: str | None = None,
+        fix_form: str | None = None,
         related: Iterable[Node] = (),
         properties: dict[str, Any] | None = None,
     ) -> Finding:
         """A violation of this rule about a graph node (give node and graph) or a config key (give location).
 
-        Its severity is the rule's: a fact of another severity is another rule's."""
+        Its severity is the rule's: a fact of another severity is another rule's. The fix is said for the tool that
+        made the model (rules.advice): never recommending that tool, and, given `fix_form` (a form of
+        knowledge/producers.json), saying which of its releases writes that form."""
         if location is None:
             graph = graph or self.model
             location = Location(graph.path, label=graph.label)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
+        if fix and self.inputs.model is not None:  # policy validation lints with no model
+            fix = producer_fix(self.inputs.model, fix, fix_form)
         role = (graph or self.model).role if node is not None else None
         return Finding(
             code=self.rule.code,

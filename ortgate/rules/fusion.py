@@ -99,7 +99,7 @@ def moe_not_fused(ctx: RuleContext):
             "of one com.microsoft.MoE",
             node=block.router, graph=graph, layer=block.layer,
             related=[*block.routing_nodes, *block.expert_linears],
-            fix=MOE_FIX,
+            fix=MOE_FIX, fix_form="moe_fused",
             properties={
                 "experts": block.experts, "top_k": block.top_k, "routing_form": block.routing_form,
                 "expert_form": block.expert_form, "routed_experts": block.routed_experts_found,

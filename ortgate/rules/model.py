@@ -10,7 +10,7 @@ from ortgate.config.expectations import Expected
 from ortgate.findings import Location, Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import gqa_nodes
-from ortgate.graph.patterns.common import is_op, matmul_weight
+from ortgate.graph.patterns.common import find_down, is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims
 from ortgate.knowledge.contracts import op_contract
@@ -26,7 +26,7 @@ MOE_ROUTING_FIX = (
     f"norm_topk_prob (1 for {', '.join(family_labels(lambda f: bool(f.norm_topk_prob)))}), use_sparse_mixer=1 only "
     f"for {', '.join(family_labels(lambda f: bool(f.use_sparse_mixer)))}, activation_type=swiglu for SiLU-gated "
     "experts with activation_alpha / activation_beta / swiglu_limit as the family's "
-    f"({swiglu_parameters_text()}). onnxruntime-genai's builder writes these from config.json. If the policy is "
+    f"({swiglu_parameters_text()}). Builders write these from config.json (onnxruntime-genai's builder does). If the policy is "
     "wrong, correct model.top_k / norm_topk_prob / activation / family."
 )
 
@@ -127,6 +127,7 @@ def moe_routing_mismatch(ctx: RuleContext):
             f"{op} {attr}={'absent' if have is _ABSENT else have}{_layers(where)} ({len(where)} "
             f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected {want.value}",
             node=where[0], graph=graph, related=where[1:], fix=MOE_ROUTING_FIX,
+            fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is _ABSENT else None,
             properties={"attribute": attr, "found": None if have is _ABSENT else have, "expected": want.value,
                         "nodes": len(where)},
         )
@@ -228,18 +229,13 @@ def _agrees(attr: str, have: Any, want: Any) -> bool:
 
 
 def _o_proj_width(graph: Graph, node: Node) -> int | None:
-    frontier = list(node.outputs[:1])
-    for _ in range(4):
-        nxt: list[str] = []
-        for value in frontier:
-            for c in graph.consumers(value):
-                dims = matmul_weight(graph, c)
-                if dims is not None and c.input(0) == value:
-                    return dims[0]
-                if is_op(c, "Mul", "Reshape", "Cast", "Transpose", "Identity"):
-                    nxt.extend(c.outputs[:1])
-        frontier = nxt
-    return None
+    """The input width of the projection reading the attention's output (o_proj), through reshapes and scales."""
+    if not node.outputs:
+        return None
+    o_proj = find_down(graph, node.outputs[0], lambda c, v: matmul_weight(graph, c) is not None and c.input(0) == v,
+                       lambda c, v: c.outputs[:1] if is_op(c, "Mul", "Reshape", "Cast", "Transpose", "Identity") else [])
+    dims = matmul_weight(graph, o_proj) if o_proj is not None else None
+    return dims[0] if dims else None
 
 
 def gqa_head_size(graph: Graph, node: Node) -> tuple[int | None, str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
-from ortgate.graph.patterns.moe import MoeBlock, fused_moe_nodes, moe_blocks
+from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
 from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
 from ortgate.knowledge.families import swiglu_parameters_text
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
@@ -157,7 +157,7 @@ def _qkv_finding(ctx: RuleContext, found: QkvProjections, repacked: bool):
         f"{kind} {layer_text(found.layer)} reads q, k and v from {len(projections)} separate projections of the "
         f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
         node=projections[0], graph=graph, layer=found.layer,
-        related=[*projections[1:], found.attention], fix=QKV_FIX,
+        related=[*projections[1:], found.attention], fix=QKV_FIX, fix_form="qkv_packed",
         properties={"projections": len(projections), "ort_packs": repacked},
     )
 
@@ -227,46 +227,10 @@ def _fc3_input(node: Node) -> str:
     return node.input(moe_inputs(node.op_type).fc3_experts_weights)
 
 
-def _routing_indices(block: MoeBlock) -> set[int]:
-    routing = {n.index for n in block.routing_nodes}
-    if block.topk is not None:
-        routing.add(block.topk.index)
-    return routing
-
-
-def _routed(graph: Graph, mlp: GatedMlp, routing: set[int]) -> bool:
-    """Whether this gated MLP is a routed expert: its down projection is scaled by a routing weight (one of
-    `routing`, the indices of the block's routing nodes)."""
-    for down in graph.consumers(mlp.product.outputs[0]):
-        if projection_dims(graph, down) is None:
-            continue
-        frontier = list(down.outputs[:1])
-        for _ in range(3):
-            nxt: list[str] = []
-            for value in frontier:
-                for c in graph.consumers(value):
-                    if is_op(c, "Mul"):
-                        other = c.input(1) if c.input(0) == value else c.input(0)
-                        if _reaches(graph, other, routing):
-                            return True
-                    elif is_op(c, "Reshape", "Cast", "Squeeze", "Unsqueeze"):
-                        nxt.extend(c.outputs[:1])
-            frontier = nxt
-    return False
-
-
-def _reaches(graph: Graph, value: str, targets: set[int]) -> bool:
-    for _ in range(6):
-        node = graph.producer(value)
-        if node is None:
-            return False
-        if node.index in targets:
-            return True
-        if not is_op(node, "Slice", "Split", "Gather", "GatherND", "GatherElements", "Unsqueeze", "Squeeze", "Reshape",
-                     "Cast", "Expand", "Transpose", "Div") or not node.inputs:
-            return False
-        value = node.inputs[0]
-    return False
+def _routed(mlp: GatedMlp, routed_linears: set[int]) -> bool:
+    """Whether this gated MLP is one of the block's routed experts (its gate or up projection is one of theirs:
+    the block found them as the FFNs whose output the routing weights)."""
+    return any(n is not None and n.index in routed_linears for n in (mlp.gate, mlp.up))
 
 
 @rule("OGF008", "gate-up-not-merged", Severity.WARNING)
@@ -359,7 +323,8 @@ def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
         linears = {n.index for n in block.expert_linears}
         candidates = [m for m in mlps if (m.layer == block.layer if block.layer is not None
                                           else m.gate is not None and m.gate.index in linears)]
-        routed = [m for m in candidates if _routed(graph, m, _routing_indices(block))]
+        routed_linears = {n.index for n in block.routed_linears}
+        routed = [m for m in candidates if _routed(m, routed_linears)]
         separate = [m for m in routed if m.separate and m.gate is not None and m.up is not None]
         if separate:
             gate, up = separate[0].gate, separate[0].up

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, is_weight
+from ortgate.graph.patterns.common import cached, find_down, find_up, is_view, is_weight
 
 # (domain, op_type) of fused softmax-attention nodes.
 FUSED_ATTENTION_OPS = (
@@ -33,6 +33,7 @@ LINEAR_ATTENTION_OPS = (
 _SCORE_OPS = frozenset({"Add", "Div", "Mul", "Where", "Cast", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
 _PROB_OPS = frozenset({"Cast", "Dropout", "Identity", "Where", "Slice", "Reshape"})
 _REPEAT_KV_OPS = frozenset({"Expand", "Tile"})
+_KV_VIEW_OPS = frozenset({"Reshape", "Transpose", "Cast", "Unsqueeze", "Identity", "Concat"})
 
 
 @dataclass
@@ -91,7 +92,9 @@ def _is_matmul(node: Node) -> bool:
 
 
 def _matmul_above(graph: Graph, value: str) -> Node | None:
-    for _ in range(8):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         node = graph.producer(value)
         if node is None:
             return None
@@ -121,33 +124,17 @@ def _deepest(graph: Graph, values: list[str]) -> str:
 
 
 def _matmul_below(graph: Graph, softmax: Node) -> Node | None:
-    frontier = [softmax.outputs[0]] if softmax.outputs else []
-    for _ in range(4):
-        next_frontier: list[str] = []
-        for value in frontier:
-            for c in graph.consumers(value):
-                if _is_matmul(c) and c.input(0) == value:
-                    return c
-                if c.domain != DEFAULT_DOMAIN:
-                    continue
-                if c.op_type in _PROB_OPS:
-                    next_frontier.extend(o for o in c.outputs[:1] if o)
-        frontier = next_frontier
-    return None
+    if not softmax.outputs:
+        return None
+    return find_down(graph, softmax.outputs[0], lambda c, v: _is_matmul(c) and c.input(0) == v,
+                     lambda c, v: c.outputs[:1] if c.domain == DEFAULT_DOMAIN and c.op_type in _PROB_OPS else [])
 
 
 def kv_expanded(graph: Graph, value: str) -> bool:
-    """Whether K or V reaches the attention MatMul through Expand/Tile (repeat_kv)."""
-    for _ in range(8):
-        node = graph.producer(value)
-        if node is None or not node.inputs:
-            return False
-        if node.op_type in _REPEAT_KV_OPS:
-            return True
-        if node.op_type not in ("Reshape", "Transpose", "Cast", "Unsqueeze", "Identity", "Concat"):
-            return False
-        value = node.inputs[0]
-    return False
+    """Whether K or V reaches the attention MatMul through Expand/Tile (repeat_kv): through reshapes, transposes
+    and the KV-cache Concat (its first input, the past)."""
+    return find_up(graph, value, lambda n: n.op_type in _REPEAT_KV_OPS and bool(n.inputs),
+                   lambda n: n.inputs[:1] if is_view(graph, n, None, _KV_VIEW_OPS) else []) is not None
 
 
 def token_mixer_layers(graph: Graph) -> dict[str, set[int]]:

@@ -1,4 +1,10 @@
-"""Small walks over the graph index shared by the patterns."""
+"""Walks over the graph index shared by the patterns.
+
+One rule for following data: a value seen through ops that only change its shape, layout or element type is still
+that value (`VIEW_OPS`, `is_view`). Every walk is bounded by the graph (each value visited once), never by a
+depth, so a long chain of reshapes and casts (a legacy traced export's routing weight: Mul <- Reshape <- Reshape
+<- Gather <- Flatten <- Unsqueeze <- Cast <- Div <- TopK) is followed to its end.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,12 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 
 T = TypeVar("T")
 
-# Ops that pass a tensor through without changing what it means for pattern matching.
-TRANSPARENT_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+# Ops that change a tensor's shape, layout or element type but not the values it holds, reading it as their data
+# input (input 0). Gather picks entries of its data by index (a routing weight gathered for the tokens of one
+# expert is still that routing weight; a lookup in a constant table is not a view); a Transpose counts only when it
+# moves dims of size 1 (see `is_view`).
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Identity", "Expand", "Gather",
+                      "Transpose"})
 
 
 def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:
@@ -25,42 +35,132 @@ def is_op(node: Node | None, *op_types: str, domain: str = DEFAULT_DOMAIN) -> Ty
     return node is not None and node.domain == domain and node.op_type in op_types
 
 
-def skip_back(graph: Graph, value: str, through: Iterable[str] = TRANSPARENT_OPS, limit: int = 8) -> str:
-    """Follow `value` upstream through pass-through ops; returns the first value not produced by one."""
-    through = frozenset(through)
-    for _ in range(limit):
-        node = graph.producer(value)
-        if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in through or not node.inputs:
-            return value
-        value = node.inputs[0]
-    return value
+def _moves_only_unit_dims(graph: Graph, node: Node) -> bool:
+    """A Transpose whose dims of size other than 1 keep their order: it reshapes, it does not permute data.
+    An undeclared size is taken as not 1, an undeclared input shape as a real permutation."""
+    shape = graph.shape(node.input(0))
+    if shape is None:
+        return False
+    perm = node.attr("perm") or list(reversed(range(len(shape))))
+    if sorted(perm) != list(range(len(shape))):
+        return False
+    kept = [p for p in perm if shape[p] != 1]
+    return kept == sorted(kept)
 
 
-def producer_through(graph: Graph, value: str, through: Iterable[str] = TRANSPARENT_OPS, limit: int = 8) -> Node | None:
-    return graph.producer(skip_back(graph, value, through, limit))
+def is_view(graph: Graph, node: Node | None, value: str | None = None,
+            through: Iterable[str] | None = None) -> bool:
+    """Whether `node` passes `value` (its data input; whatever it is when None) through as a view: an op of the
+    default domain reading it as input 0, of VIEW_OPS (a Transpose only if it moves dims of size 1) or of the ops a
+    caller names in `through` (taken as they are)."""
+    if node is None or node.domain != DEFAULT_DOMAIN or not node.inputs or not node.inputs[0]:
+        return False
+    if node.op_type not in (VIEW_OPS if through is None else through):
+        return False
+    if value is not None and node.inputs[0] != value:
+        return False  # the value is an index, a shape or a repeat count here, not the data
+    if through is None and node.op_type == "Gather" and graph.is_constant(node.inputs[0]):
+        return False  # a lookup in a constant table (an embedding, a cos/sin cache): a new value, not a view
+    return through is not None or node.op_type != "Transpose" or _moves_only_unit_dims(graph, node)
 
 
-def consumers_through(graph: Graph, value: str, through: Iterable[str] = TRANSPARENT_OPS, limit: int = 8) -> list[Node]:
-    """Consumers of `value`, looking past pass-through ops (which are not returned themselves)."""
-    through = frozenset(through)
-    out: list[Node] = []
-    frontier = [value]
+def view_chain(graph: Graph, value: str, through: Iterable[str] | None = None) -> list[str]:
+    """`value` and every value it is a view of, nearest first, up to the first value not produced by a view op."""
+    ops = None if through is None else frozenset(through)
+    chain = [value]
     seen = {value}
-    for _ in range(limit):
-        next_frontier = []
+    while True:
+        node = graph.producer(value)
+        if node is None or not is_view(graph, node, None, ops):
+            return chain
+        value = node.inputs[0]
+        if value in seen:  # only a malformed (cyclic) graph gets here
+            return chain
+        seen.add(value)
+        chain.append(value)
+
+
+def skip_back(graph: Graph, value: str, through: Iterable[str] | None = None) -> str:
+    """Follow `value` upstream through view ops; returns the first value not produced by one."""
+    return view_chain(graph, value, through)[-1]
+
+
+def producer_through(graph: Graph, value: str, through: Iterable[str] | None = None) -> Node | None:
+    return graph.producer(skip_back(graph, value, through))
+
+
+def views_of(graph: Graph, value: str, through: Iterable[str] | None = None) -> set[str]:
+    """`value` and every value downstream that is a view of it."""
+    ops = None if through is None else frozenset(through)
+    seen = {value}
+    frontier = [value]
+    while frontier:
+        v = frontier.pop()
+        for c in graph.consumers(v):
+            if is_view(graph, c, v, ops):
+                for o in c.outputs[:1]:
+                    if o and o not in seen:
+                        seen.add(o)
+                        frontier.append(o)
+    return seen
+
+
+def consumers_through(graph: Graph, value: str, through: Iterable[str] | None = None) -> list[Node]:
+    """Consumers of `value`, looking past view ops (which are not returned themselves)."""
+    ops = None if through is None else frozenset(through)
+    out: dict[int, Node] = {}
+    for v in views_of(graph, value, ops):
+        for c in graph.consumers(v):
+            if not is_view(graph, c, v, ops):
+                out[c.index] = c
+    return sorted(out.values(), key=lambda n: n.index)
+
+
+def find_up(graph: Graph, value: str, match: Callable[[Node], bool],
+            follow: Callable[[Node], Iterable[str]]) -> Node | None:
+    """The nearest node upstream of `value` (breadth first) that `match`es, walking from each node not matched on
+    to the inputs `follow` names (none: that branch ends). Each value is visited once."""
+    seen = {value}
+    frontier = [value]
+    while frontier:
+        nxt: list[str] = []
+        for v in frontier:
+            node = graph.producer(v)
+            if node is None:
+                continue
+            if match(node):
+                return node
+            for i in follow(node):
+                if i and i not in seen:
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return None
+
+
+def find_down(graph: Graph, value: str, match: Callable[[Node, str], bool],
+              follow: Callable[[Node, str], Iterable[str]]) -> Node | None:
+    """The nearest consumer downstream of `value` (breadth first) that `match`es (the node, the value it reads),
+    walking on through the outputs `follow` names for each consumer not matched. Each value is visited once."""
+    seen = {value}
+    frontier = [value]
+    while frontier:
+        nxt: list[str] = []
         for v in frontier:
             for c in graph.consumers(v):
-                if c.domain == DEFAULT_DOMAIN and c.op_type in through:
-                    for o in c.outputs:
-                        if o and o not in seen:
-                            seen.add(o)
-                            next_frontier.append(o)
-                else:
-                    out.append(c)
-        if not next_frontier:
-            break
-        frontier = next_frontier
-    return out
+                if match(c, v):
+                    return c
+                for o in follow(c, v):
+                    if o and o not in seen:
+                        seen.add(o)
+                        nxt.append(o)
+        frontier = nxt
+    return None
+
+
+def data_input(node: Node) -> list[str]:
+    """A view op's data input, as a `follow` list."""
+    return list(node.inputs[:1])
 
 
 def weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
@@ -70,7 +170,9 @@ def weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
     the result is the weight as the MatMul sees it.
     """
     transposed = False
-    for _ in range(6):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         init = graph.initializers.get(value)
         if init is not None:
             dims = init.dims

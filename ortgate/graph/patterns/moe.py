@@ -29,7 +29,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, matmul_weight, weight_dims
+from ortgate.graph.patterns.common import (
+    cached,
+    data_input,
+    find_up,
+    is_view,
+    matmul_weight,
+    producer_through,
+    skip_back,
+    view_chain,
+    weight_dims,
+)
 from ortgate.knowledge.moe import MOE_OPS, moe_inputs
 
 MAX_EXPERTS = 4096
@@ -39,9 +49,9 @@ _LINEAR_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Einsum
 # Ops that move or select rows of x without computing on it: x read through them is still x.
 _X_VIEW_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Expand", "Tile",
                          "Transpose", "Gather", "GatherND", "Slice", "Concat"})
-# Shape-only and pass-through ops between an expert's down projection and the value the routing weights.
-_PASS_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Transpose", "Expand"})
-_ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"}) | _PASS_OPS
+# Ops the weighted expert outputs are summed with (besides view ops: common.VIEW_OPS).
+_ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"})
+_GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})
 _SHAPE_SOURCES = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range", "EyeLike"})
 
 
@@ -165,8 +175,6 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
 
 
 def _producer_linear(graph: Graph, value: str) -> Node | None:
-    from ortgate.graph.patterns.common import producer_through
-
     node = producer_through(graph, value)
     if node is not None and matmul_weight(graph, node) is not None:
         return node
@@ -306,13 +314,7 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
 
 
 def _hidden_root(graph: Graph, value: str) -> str:
-    for _ in range(64):  # a chain of reshapes; each step moves one node up the graph
-        node = graph.producer(value)
-        if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in ("Reshape", "Cast", "Flatten", "Identity",
-                                                                                  "Squeeze", "Unsqueeze") or not node.inputs:
-            return value
-        value = node.inputs[0]
-    return value
+    return skip_back(graph, value)
 
 
 def _x_views(graph: Graph, hidden: str, routing: set[str]) -> set[str]:
@@ -354,27 +356,31 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
         if not projections:
             continue
         stacked = _stack_depth(graph, down, region.values)
-        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down),
+        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, region.values),
                                        stacked=stacked)
     return sorted(routed.values(), key=lambda e: e.down.index if e.down else 0)
 
 
 def _down_above(graph: Graph, value: str) -> Node | None:
-    """The linear whose output `value` is, through pass-through ops and a bias Add."""
-    for _ in range(64):
-        node = graph.producer(value)
-        if node is None or node.domain not in (DEFAULT_DOMAIN, MS_DOMAIN):
-            return None
-        if _is_linear(graph, node):
-            return node
-        if node.op_type in _PASS_OPS and node.inputs:
-            value = node.inputs[0]
-        elif node.op_type == "Add" and len(node.inputs) == 2 and any(weight_dims(graph, i) is not None or graph.is_constant(i)
-                                                                      for i in node.inputs):
-            value = next(i for i in node.inputs if weight_dims(graph, i) is None and not graph.is_constant(i))
-        else:
-            return None
-    return None
+    """The linear whose output `value` is, through view ops and a bias Add."""
+    node = find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
+                   lambda n: _view_or_bias_input(graph, n))
+    return node
+
+
+def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
+    """The value a view op, or the Add of a constant bias, passes on."""
+    if is_view(graph, node):
+        return list(node.inputs[:1])
+    if _bias_add(graph, node):
+        return [next(i for i in node.inputs if weight_dims(graph, i) is None and not graph.is_constant(i))]
+    return []
+
+
+def _bias_add(graph: Graph, node: Node) -> bool:
+    return node.domain == DEFAULT_DOMAIN and node.op_type == "Add" and len(node.inputs) == 2 and any(
+        weight_dims(graph, i) is not None or graph.is_constant(i) for i in node.inputs) and not all(
+        weight_dims(graph, i) is not None or graph.is_constant(i) for i in node.inputs)
 
 
 def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: set[str]) -> list[Node]:
@@ -410,48 +416,43 @@ def _data_inputs(graph: Graph, linear: Node) -> list[str]:
     return out
 
 
+def _gather_above(graph: Graph, value: str) -> Node | None:
+    """The Gather / GatherND / GatherElements `value` is a view of (the nearest one), or None."""
+    return find_up(graph, value, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in _GATHER_OPS and len(n.inputs) > 1,
+                   lambda n: data_input(n) if is_view(graph, n) else [])
+
+
 def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Dims of a stacked [E, ...] constant that `value` gathers experts from (Gather / GatherND, through views)."""
-    for _ in range(16):
-        node = graph.producer(value)
-        if node is None or not node.inputs:
-            return None
-        if node.op_type in ("Gather", "GatherND", "GatherElements"):
-            dims = weight_dims(graph, node.inputs[0])
-            return dims if dims is not None and len(dims) >= 3 else None
-        if node.op_type not in _PASS_OPS:
-            return None
-        value = node.inputs[0]
-    return None
+    node = _gather_above(graph, value)
+    if node is None:
+        return None
+    dims = weight_dims(graph, node.inputs[0])
+    return dims if dims is not None and len(dims) >= 3 else None
 
 
 def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     """Batched form: the expert stack a down projection gathers its weight from by routing-derived indices."""
     for i in down.inputs[:2]:
-        node = graph.producer(i) if i else None
-        while node is not None and node.op_type in _PASS_OPS and node.inputs:
-            node = graph.producer(node.inputs[0])
-        if node is not None and node.op_type in ("Gather", "GatherND") and len(node.inputs) > 1 and node.inputs[1] in routing:
+        node = _gather_above(graph, i) if i else None
+        if node is not None and node.op_type in ("Gather", "GatherND") and node.inputs[1] in routing:
             dims = weight_dims(graph, node.inputs[0])
             if dims is not None and len(dims) >= 3:
                 return dims[0]
     return None
 
 
-def _expert_index(graph: Graph, weight: str, down: Node) -> int | None:
+def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> int | None:
     """The expert a dense-loop contribution belongs to: a constant Gather index of its stacked weight, or the
-    constant column its routing weight is sliced / gathered from."""
+    constant column its routing weight is sliced / gathered from (looked for inside the routing region)."""
     for i in down.inputs[:2]:
         node = graph.producer(i) if i else None
         if node is not None and node.op_type == "Gather" and len(node.inputs) > 1:
             index = graph.scalar(node.inputs[1])
             if isinstance(index, int):
                 return index
-    value = weight
-    for _ in range(16):
-        node = graph.producer(value)
-        if node is None or not node.inputs:
-            return None
+
+    def column(node: Node) -> int | None:
         if node.op_type == "Slice" and len(node.inputs) >= 3:
             start, end = graph.constant_value(node.inputs[1]), graph.constant_value(node.inputs[2])
             if start and end and len(start) == 1 and len(end) == 1 and end[0] == start[0] + 1:
@@ -460,8 +461,11 @@ def _expert_index(graph: Graph, weight: str, down: Node) -> int | None:
             index = graph.scalar(node.inputs[1])
             if isinstance(index, int):
                 return index
-        value = node.inputs[0]
-    return None
+        return None
+
+    found = find_up(graph, weight, lambda n: column(n) is not None,
+                    lambda n: [i for i in n.inputs[:1] if i in routing])
+    return column(found) if found is not None else None
 
 
 def _main_topk(graph: Graph, selection: list[Node], experts: int) -> Node | None:
@@ -534,28 +538,18 @@ def _produced_by(graph: Graph, value: str, op_types: Iterable[str]) -> bool:
 
 
 def _sum_like(graph: Graph, node: Node, nodes: dict[int, Node]) -> bool:
-    for _ in range(4):
-        if node.op_type == "ReduceSum":
-            return True
-        if node.op_type not in ("Add", "Cast", "Reshape", "Unsqueeze", "Expand") or not node.inputs:
-            return False
-        nxt = next((p for p in (graph.producer(i) for i in node.inputs if i) if p is not None and p.index in nodes),
-                   None)
-        if nxt is None:
-            return False
-        node = nxt
-    return False
+    """Whether a routing node is a sum over the top-k weights: a ReduceSum, through views and Adds (an epsilon, or
+    the sum of a few weights written as Adds) within the routing region."""
+    def follow(n: Node) -> list[str]:
+        if is_view(graph, n) or (n.domain == DEFAULT_DOMAIN and n.op_type == "Add"):
+            return [i for i in n.inputs if i and (p := graph.producer(i)) is not None and p.index in nodes]
+        return []
+
+    return find_up(graph, node.outputs[0], lambda n: n.op_type == "ReduceSum" and n.index in nodes, follow) is not None
 
 
-def _derived(graph: Graph, value: str, source: str, limit: int = 8) -> bool:
-    for _ in range(limit):
-        if value == source:
-            return True
-        node = graph.producer(value)
-        if node is None or node.op_type not in _PASS_OPS or not node.inputs:
-            return False
-        value = node.inputs[0]
-    return value == source
+def _derived(graph: Graph, value: str, source: str) -> bool:
+    return source in view_chain(graph, value)
 
 
 def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
@@ -572,7 +566,7 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     while frontier:
         value = frontier.pop()
         for c in graph.consumers(value):
-            if c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS:
+            if not is_view(graph, c, value) and (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS):
                 continue
             others = [i for i in c.inputs if i and i != value]
             if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
@@ -604,15 +598,15 @@ def _weighted(graph: Graph, value: str, region: _Region) -> bool:
 
 
 def _consumers_through(graph: Graph, value: str) -> list[Node]:
+    """Consumers of `value` past view ops and the Add of a constant bias."""
     out = []
     frontier = [value]
     seen = {value}
     while frontier:
         v = frontier.pop()
         for c in graph.consumers(v):
-            if c.domain == DEFAULT_DOMAIN and (c.op_type in _PASS_OPS or (
-                    c.op_type == "Add" and any(weight_dims(graph, i) is not None or graph.is_constant(i) for i in c.inputs))):
-                for o in c.outputs:
+            if is_view(graph, c, v) or _bias_add(graph, c):
+                for o in c.outputs[:1]:
                     if o and o not in seen:
                         seen.add(o)
                         frontier.append(o)
@@ -684,7 +678,7 @@ def _joins_sum(graph: Graph, down: Node, routed_sum: set[str], gates: dict[int, 
     gate: Node | None = None
     frontier = [o for o in down.outputs if o]
     seen = set(frontier)
-    for _ in range(16):
+    while frontier:
         next_frontier = []
         for value in frontier:
             for c in graph.consumers(value):
@@ -698,30 +692,20 @@ def _joins_sum(graph: Graph, down: Node, routed_sum: set[str], gates: dict[int, 
                     if g is None:
                         continue
                     gate = g
-                elif c.op_type not in _PASS_OPS and not (c.op_type == "Add" and any(
-                        weight_dims(graph, i) is not None for i in c.inputs)):
+                elif not is_view(graph, c, value) and not _bias_add(graph, c):
                     continue
-                for o in c.outputs:
+                for o in c.outputs[:1]:
                     if o and o not in seen:
                         seen.add(o)
                         next_frontier.append(o)
         frontier = next_frontier
-        if not frontier:
-            break
     return False, None
 
 
 def _gate_above(graph: Graph, value: str, gates: dict[int, Node]) -> Node | None:
-    for _ in range(8):
-        node = graph.producer(value)
-        if node is None:
-            return None
-        if node.index in gates:
-            return node
-        if node.op_type not in ("Sigmoid", "Cast", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity") or not node.inputs:
-            return None
-        value = node.inputs[0]
-    return None
+    """The shared-expert gate projection `value` is the sigmoid of (through view ops)."""
+    return find_up(graph, value, lambda n: n.index in gates,
+                   lambda n: n.inputs[:1] if is_view(graph, n) or is_view(graph, n, None, ("Sigmoid",)) else [])
 
 
 def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -> str:
@@ -747,16 +731,9 @@ def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> str:
 
 def _selected_rows(graph: Graph, value: str, routing: set[str]) -> bool:
     """x rows picked by routing-derived indices (token dispatch)."""
-    for _ in range(16):
-        node = graph.producer(value)
-        if node is None or not node.inputs:
-            return False
-        if node.op_type in ("Gather", "GatherND", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] in routing:
-            return True
-        if node.op_type not in _X_VIEW_OPS:
-            return False
-        value = node.inputs[0]
-    return False
+    return find_up(graph, value,
+                   lambda n: n.op_type in _GATHER_OPS and len(n.inputs) > 1 and n.inputs[1] in routing,
+                   lambda n: n.inputs[:1] if is_view(graph, n, None, _X_VIEW_OPS) else []) is not None
 
 
 def _weight_operand(graph: Graph, node: Node) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached
+from ortgate.graph.patterns.common import cached, skip_back, view_chain
 from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
 
-# Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output).
+# Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
+# the views that keep every element (a rewrite reads the value whole, so no Gather of some of its entries).
 _VIEW_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand"})
+_CONSTANT_VIEWS = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze"})
 _COMBINE_OPS = frozenset({"Add", "ScatterND", "ScatterElements"})
 
 
@@ -108,47 +110,36 @@ def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
 
 def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Integer values of a small constant (initializer or Constant node, through Cast/Identity), else None."""
-    for _ in range(4):
-        values = graph.constant_value(value)
+    for v in view_chain(graph, value, _CONSTANT_VIEWS):
+        values = graph.constant_value(v)
         if values is not None:
-            return tuple(int(v) for v in values) if all(isinstance(v, (int, float)) for v in values) else None
-        node = graph.producer(value)
-        if node is None or node.op_type not in ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze") or not node.inputs:
-            return None
-        value = node.inputs[0]
+            return tuple(int(x) for x in values) if all(isinstance(x, (int, float)) for x in values) else None
     return None
 
 
 def const_floats(graph: Graph, value: str) -> tuple[float, ...] | None:
-    for _ in range(4):
-        values = graph.constant_value(value)
+    for v in view_chain(graph, value, _CONSTANT_VIEWS):
+        values = graph.constant_value(v)
         if values is not None:
-            return tuple(float(v) for v in values)
-        node = graph.producer(value)
-        if node is None or node.op_type not in ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze") or not node.inputs:
-            return None
-        value = node.inputs[0]
+            return tuple(float(x) for x in values)
     return None
 
 
 def _through_views(graph: Graph, value: str, ops=_VIEW_OPS) -> str:
-    for _ in range(8):
-        node = graph.producer(value)
-        if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in ops or not node.inputs:
-            return value
-        value = node.inputs[0]
-    return value
+    return skip_back(graph, value, ops)
 
 
 def _single_consumer_through_views(graph: Graph, value: str) -> tuple[list[Node], str]:
     """Consumers of `value` past pass-through ops, and the value they read."""
-    for _ in range(8):
+    seen = {value}
+    while True:
         consumers = graph.consumers(value)
-        if len(consumers) == 1 and consumers[0].op_type in _VIEW_OPS and consumers[0].domain == DEFAULT_DOMAIN:
+        if len(consumers) == 1 and consumers[0].op_type in _VIEW_OPS and consumers[0].domain == DEFAULT_DOMAIN \
+                and consumers[0].outputs and consumers[0].outputs[0] not in seen:
             value = consumers[0].outputs[0]
+            seen.add(value)
             continue
         return consumers, value
-    return [], value
 
 
 def _last_axis(graph: Graph, value: str, axis: int | None) -> bool:
@@ -180,10 +171,12 @@ def _shape_length(graph: Graph, value: str) -> int | None:
     return total
 
 
-def _rank_of(graph: Graph, value: str, depth: int = 8) -> int | None:
+def _rank_of(graph: Graph, value: str) -> int | None:
     """The rank of `value`: declared, else through the ops that keep it (elementwise, Softmax, TopK, MatMul of a
     2-D weight) up to a Reshape with a constant shape or a declared value."""
-    for _ in range(depth):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         shape = graph.shape(value)
         if shape is not None:
             return len(shape)
@@ -363,7 +356,9 @@ def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, 
     all three): sigmoid scoring, a correction bias added before ranking, scores reshaped into expert groups."""
     found: list[str] = []
     value = ranked
-    for _ in range(10):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         node = graph.producer(value)
         if node is None or node is block.router:
             break
@@ -451,7 +446,7 @@ def _check_scaling(graph: Graph, weights: str) -> None:
 def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     weights: str = a.__dict__["_weights"]
     indices: str = a.__dict__["_indices"]
-    routing_values = _descendants(graph, {weights, indices}, limit=4000)
+    routing_values = _descendants(graph, {weights, indices})
     contributions = _contributions(graph, a, routing_values)
     if not contributions:
         raise _Refuse("no expert output weighted by the routing weights was found")
@@ -554,11 +549,11 @@ def _sum_over_k(graph: Graph, mul: Node, k: int) -> tuple[str, Node]:
     return total.outputs[0], total
 
 
-def _descendants(graph: Graph, start: set[str], limit: int) -> set[str]:
+def _descendants(graph: Graph, start: set[str]) -> set[str]:
     """Values derived from the routing weights and indices by selection ops only."""
     seen = set(start)
     frontier = list(start)
-    while frontier and len(seen) < limit:
+    while frontier:
         value = frontier.pop()
         for c in graph.consumers(value):
             if c.domain != DEFAULT_DOMAIN or c.op_type not in _ROUTE_OPS:
@@ -633,7 +628,7 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
     NonZero(one_hot(indices).permute(2, 1, 0)[e]), so the constant e lies behind the Gather's index input."""
     frontier = [weight]
     seen = set(frontier)
-    for _ in range(16):
+    for _ in range(16):  # the index arithmetic can lead far from the routing: only the nearest steps are read
         next_frontier = []
         for value in frontier:
             node = graph.producer(value)
@@ -898,7 +893,9 @@ def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[Wei
         transposed = True  # MatMul(x, W): W is [in, out]
     value = node.input(1)
     index = None
-    for _ in range(6):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         if value in graph.initializers:
             init = graph.initializers[value]
             rank = len(init.dims)

@@ -26,7 +26,6 @@ _PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where"})
 _PASS_FIRST = frozenset({"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand",
                          "Tile", "Split", "Slice", "Gather"})
 _NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"})
-_UPSTREAM_BUDGET = 48
 
 
 def projection_dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
@@ -57,18 +56,23 @@ class Upstream:
     split: bool
 
 
-def trace_to_projections(graph: Graph, value: str, budget: int = _UPSTREAM_BUDGET) -> Upstream:
-    """Walk upstream from `value` to the linear projections it is computed from (stopping at each)."""
+def trace_to_projections(graph: Graph, value: str) -> Upstream:
+    """Walk upstream from `value` to the linear projections it is computed from (stopping at each). The walk is
+    bounded by the graph: each value once, and never into another decoder layer than the one `value` is in."""
     inputs = graph.input_names
     norms = norm_by_output(graph)
     rotaries = rotary_by_output(graph)
     found: dict[int, Node] = {}
     split = False
+    start = graph.producer(value)
+    layer = start.layer if start is not None else None
     frontier, seen = [value], {value}
-    while frontier and budget > 0:
+    while frontier:
         v = frontier.pop()
-        budget -= 1
         if not v or v in inputs or graph.is_constant(v):
+            continue
+        producer = graph.producer(v)
+        if layer is not None and producer is not None and producer.layer is not None and producer.layer != layer:
             continue
         if v in norms:
             nxt = [norms[v].input]

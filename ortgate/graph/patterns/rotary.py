@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, is_op
+from ortgate.graph.patterns.common import cached, find_up, is_op
 
 FUSED_ROTARY_OPS = (
     (MS_DOMAIN, "RotaryEmbedding"),
@@ -178,7 +178,9 @@ def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
     nodes = [slicer, neg]
     # Neg -> (Unsqueeze/Reshape/Concat)* -> Mul(., sin): the Concat must also take the other half of x.
     value, concat_ok, mul_sin = neg.outputs[0], False, None
-    for _ in range(4):
+    seen: set[str] = set()
+    while value not in seen:
+        seen.add(value)
         consumers = graph.consumers(value)
         if len(consumers) != 1:
             return None
@@ -214,17 +216,8 @@ def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
 
 
 def _trig_above(graph: Graph, value: str) -> list[Node]:
-    """Sin/Cos nodes a cos/sin operand is computed from (a few hops up), or [] for cached tables."""
-    frontier = [value]
-    for _ in range(6):
-        nxt: list[str] = []
-        for v in frontier:
-            node = graph.producer(v)
-            if node is None:
-                continue
-            if is_op(node, "Sin", "Cos"):
-                return [node]
-            if node.domain == DEFAULT_DOMAIN and node.op_type in _TABLE_OPS:
-                nxt.extend(i for i in node.inputs[:1] if i)
-        frontier = nxt
-    return []
+    """Sin/Cos nodes a cos/sin operand is computed from (through the ops that index, reshape or scale a table),
+    or [] for cached tables."""
+    node = find_up(graph, value, lambda n: is_op(n, "Sin", "Cos"),
+                   lambda n: n.inputs[:1] if n.domain == DEFAULT_DOMAIN and n.op_type in _TABLE_OPS else [])
+    return [node] if node is not None else []

@@ -1,0 +1,117 @@
+"""The tools that write ONNX models (producers.json): how each records itself, and which of its releases write a
+fused form a finding asks for.
+
+    from ortgate.knowledge.producers import producer_of
+    tool = producer_of("onnxruntime-genai")            # ModelProto.producer_name
+    tool.advice("qkv_packed", "")                       # a sentence for the finding's fix
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ortgate.knowledge.loader import KnowledgeError, build, read_json
+
+PRODUCERS_JSON = Path(__file__).with_name("producers.json")
+
+
+def release(text: str) -> tuple[int, ...] | None:
+    """A release number as a comparable tuple ("0.18.0+00d66ef" -> (0, 18, 0)), or None when there is none."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", text or "")
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+@dataclass(frozen=True)
+class ProducedForm:
+    writes: str  # what the tool writes, in a phrase ("one packed qkv_proj MatMul for GroupQueryAttention")
+    since: str | None  # the first release that writes it; None: every checked release does
+    applies_to: str  # which models or builds it holds for
+    turned_off_by: str  # what makes a release that writes it not write it
+    source: str
+
+
+@dataclass(frozen=True)
+class Producer:
+    name: str
+    label: str  # how messages name it
+    producer_names: tuple[str, ...]  # ModelProto.producer_name values it writes
+    mentions: tuple[str, ...]  # how fix texts name it when they recommend it
+    checked: tuple[str, ...]  # the releases whose code the forms were read from
+    version_recorded_since: str | None  # the first release that records producer_version; None: all do
+    version_source: str
+    forms: Mapping[str, ProducedForm] = field(default_factory=dict)
+
+    def mentioned_in(self, text: str) -> bool:
+        low = text.lower()
+        return any(m.lower() in low for m in self.mentions)
+
+    def advice(self, form: str, version: str) -> str | None:
+        """What to say about `form` on a model this tool made with release `version` ('' when not recorded), or
+        None when the data knows nothing of that form."""
+        entry = self.forms.get(form)
+        if entry is None:
+            return None
+        made = release(version)
+        checked = f"{self.checked[0]} to {self.checked[-1]}" if len(self.checked) > 1 else self.checked[0]
+        if made is not None:
+            who = f"This model was made by {self.label} {version}"
+        else:
+            who = f"This model was made by {self.label}, which recorded no release number"
+            if self.version_recorded_since:
+                who += f" (releases before {self.version_recorded_since} record none)"
+        what = f"{entry.writes} {entry.applies_to}"
+        since = release(entry.since) if entry.since else None
+        if since is None:
+            return (f"{who}; every release checked ({checked}) writes {what}: this model was built with "
+                    f"{entry.turned_off_by}.")
+        if made is not None and made >= since:
+            return f"{who}, which writes {what}: this model was built with {entry.turned_off_by}."
+        advice = f"{who}; from {entry.since} on it writes {what}: re-export with {self.name} {entry.since} or later"
+        if made is None:  # an unrecorded release may be recent enough, built with the form turned off
+            advice += f", without {entry.turned_off_by}"
+        return advice + "."
+
+
+@dataclass(frozen=True)
+class _ProducerEntry:
+    label: str
+    producer_names: tuple[str, ...]
+    mentions: tuple[str, ...]
+    checked: tuple[str, ...]
+    version_recorded_since: str | None
+    version_source: str
+    forms: Mapping[str, ProducedForm] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _ProducersFile:
+    schema: Literal[1]
+    about: str
+    reflects: Mapping[str, str]
+    producers: Mapping[str, _ProducerEntry]
+
+
+def _load() -> dict[str, Producer]:
+    data = build(_ProducersFile, read_json(PRODUCERS_JSON), PRODUCERS_JSON.name)
+    out: dict[str, Producer] = {}
+    for name, entry in data.producers.items():
+        for version in (*entry.checked, entry.version_recorded_since, *(f.since for f in entry.forms.values())):
+            if version is not None and release(version) is None:
+                raise KnowledgeError(f"{PRODUCERS_JSON.name}: producers.{name}: {version!r} is not a release number")
+        producer = Producer(name, entry.label, entry.producer_names, entry.mentions, entry.checked,
+                            entry.version_recorded_since, entry.version_source, dict(entry.forms))
+        for spelled in entry.producer_names:
+            out[spelled.lower()] = producer
+    return out
+
+
+_PRODUCERS = _load()
+
+
+def producer_of(producer_name: str) -> Producer | None:
+    """The tool a model's producer_name names, when producers.json knows it."""
+    return _PRODUCERS.get((producer_name or "").strip().lower())
