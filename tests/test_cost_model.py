@@ -158,18 +158,29 @@ def test_symbolic_hidden_sizes_and_unknown_dtypes_are_said_not_guessed():
     import onnx
 
     proto = build_model(ModelSpec(layers=1))
+    known = estimate(build_graph(proto, "known.onnx"), CostSetup(H100, StepShape(1, 1, 128)))
+    kv_bytes = 0
     for vi in proto.graph.input:
         if vi.name.startswith("past_key_values"):
+            _, kv_heads, _, head_dim = (d.dim_value for d in vi.type.tensor_type.shape.dim)
+            assert vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+            kv_bytes += kv_heads * head_dim * 4 * 1 * 128  # one of K or V: heads x head size x fp32 x batch x context
             vi.type.tensor_type.shape.dim[3].dim_param = "head_dim_sym"
     weight = next(t for t in proto.graph.initializer if "qkv_proj" in t.name)
+    assert weight.data_type == onnx.TensorProto.FLOAT
+    weight_bytes = 4 * weight.dims[0] * weight.dims[1]
     weight.data_type = 999  # not a dtype ONNX knows
     g = build_graph(proto, "odd.onnx")
     est = estimate(g, CostSetup(H100, StepShape(1, 1, 128)))
     said = " | ".join(u.what for u in est.uncounted)
     assert "head_dim_sym" in said and "unknown dtype" in said
+    assert {u.component for u in est.uncounted} == {"attention"}  # said per component
+    # Left out, never guessed: exactly the weight and the KV cache are missing from attention, nothing else moved.
+    odd, whole = est.as_exported.components, known.as_exported.components
+    assert odd["attention"].bytes == whole["attention"].bytes - weight_bytes - kv_bytes
+    assert all(odd[c].bytes == whole[c].bytes for c in whole if c != "attention")
     assert est.as_exported.totals.bytes > 0  # what is known is still counted
     assert est.as_exported.tokens_per_s_expected is not None
-    del onnx
 
 
 def test_an_estimate_never_opens_the_weights(tmp_path):
