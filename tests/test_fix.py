@@ -164,6 +164,35 @@ def test_text_report_names_layers_patterns_and_bytes(tmp_path, make_model, capsy
     assert "nodes removed" in text and "expert weight bytes per decode token" in text
     assert "verification on ORT CPU" in text and "PASSED" in text and "max rel diff" in text
     assert "measured (" in text and "speedup" in text
+    assert "estimated by the cost model for cpu (figures probed on this machine), the same step" in text
+    assert "(an estimate, not a measurement)" in text
+
+
+def test_the_cost_models_estimate_of_the_measured_step_stands_beside_the_measurement(tmp_path, make_model):
+    from ortgate.cost import CostSetup, StepShape, estimate
+    from ortgate.engine.throughput import with_probe
+    from ortgate.graph import build_graph
+    from ortgate.knowledge.devices import find_device
+
+    src = make_model(moe="dense_loop", experts=16, top_k=2)
+    out = tmp_path / "out"
+    code, report = fix_json(src, "-o", out, "--select", "moe-not-fused")
+    assert code == 0, report.get("failure")
+    m, p = report["measurement"], report["prediction"]
+    # the runner's decode step: one sequence, one new token after 16 cached ones
+    assert (m["batch_size"], m["new_tokens"], m["context_length"]) == (1, 1, 17)
+    assert p["estimate"] is True and p["device"] == "cpu" and p["figures"] == "probe"
+    # the same step, estimated here through the public cost API with the probe's figures for this machine
+    setup = CostSetup(with_probe(find_device("cpu"), None), StepShape(1, 1, 17), "CPUExecutionProvider")
+    expected = {}
+    for which, path in (("original", src), ("fixed", out / src.name)):
+        graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
+        expected[which] = estimate(graph, setup).as_exported.expected_s * 1e3
+    assert p["original_ms_per_step_expected"] == pytest.approx(expected["original"], rel=1e-5, abs=1e-6)
+    assert p["fixed_ms_per_step_expected"] == pytest.approx(expected["fixed"], rel=1e-5, abs=1e-6)
+    # the dense loop reads all 16 experts per token, the MoE node the 2 it routes to
+    assert p["speedup"] == pytest.approx(expected["original"] / expected["fixed"], rel=1e-3) and p["speedup"] > 1
+    assert m["predicted_speedup"] == pytest.approx(p["speedup"], rel=1e-3)
 
 
 # ---- the ORT release gate ------------------------------------------------------------------------------------------

@@ -108,3 +108,12 @@ def test_version_without_onnxruntime_says_so(without_onnxruntime):
                           cwd=REPO, timeout=120)
     assert done.returncode == 0
     assert "onnxruntime not installed" in done.stdout and "ortgate[cpu]" in done.stdout
+
+
+def test_fix_without_onnxruntime_names_the_extra_and_writes_nothing(without_onnxruntime, tmp_path):
+    out = tmp_path / "fixed"
+    done = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "fix", str(UNFUSED), "-o", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and not out.exists()
+    assert done.stderr.startswith("ortgate: error: `ortgate fix` (it verifies the rewrite on ONNX Runtime")
+    assert done.stderr.count("\n") == 1 and "ortgate[cpu]" in done.stderr and "Traceback" not in done.stderr

@@ -156,8 +156,14 @@ def test_fusion_findings_carry_their_price_in_json_sarif_text_and_markdown(polic
     priced = [r for r in results if r["properties"].get("price")]
     assert priced and all(r["properties"]["price"]["device"] == "h100-sxm" for r in priced)
     _, text, _ = run_cli("lint", UNFUSED, "--policy", p)
-    assert "saves ~" in text and "on h100-sxm, estimated" in text
+    # grouped: each rule's price in the table, the sum of its findings' prices
+    [row] = [line for line in text.splitlines() if line.startswith("OGF001 moe-not-fused")]
+    total = sum(f["price"]["ms_per_token"] for f in moe)
+    assert f"{total:.3g} ms (" in row or f"{total * 1000:.3g} us (" in row, row
+    assert "saves/token (est.)" in text and "saves ~" not in text
     assert "estimate  h100-sxm (catalog), batch 1, context 1,024:" in text
+    _, expanded, _ = run_cli("lint", UNFUSED, "--policy", p, "--expand")
+    assert expanded.count("\n    saves ~") == len([f for f in report["findings"] if f["price"]])
     _, md, _ = run_cli("lint", UNFUSED, "--policy", p, "--format", "markdown")
     table = md.split("### What to fix first", 1)[1].split("###", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]

@@ -11,6 +11,7 @@ from ortgate.cli.output import (
     check_outputs,
     progress,
     progress_wanted,
+    require_onnxruntime,
     split_list,
     write,
 )
@@ -42,6 +43,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
     from ortgate.fix.pipeline import FixRequest
     from ortgate.report.fix import render_fix_json, render_fix_text
 
+    if not (args.no_verify or args.dry_run):
+        require_onnxruntime("`ortgate fix` (it verifies the rewrite on ONNX Runtime; --no-verify skips that)")
     target = None
     if args.policy:
         from ortgate.config.policy import load_policy

@@ -195,3 +195,13 @@ def progress(enabled: bool, delay: float | None = None) -> Iterator:
             state["over"] = True
             if state["shown"]:
                 status.stop()
+
+
+def require_onnxruntime(command: str) -> None:
+    """`ortgate run` and a verified `ortgate fix` build real sessions; the linter alone is installed without ONNX
+    Runtime, so their users are told which extra brings it."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise InputError(f"{command} needs ONNX Runtime, which is not installed here ({exc}): install the build "
+                         "for this machine, pip install 'ortgate[gpu]' (CUDA) or pip install 'ortgate[cpu]'") from None

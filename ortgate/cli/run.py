@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from ortgate.cli.lint import LINT_FORMATS, SIDE_REPORTS, add_baseline_arguments, baseline_outputs, write_baselines
-from ortgate.cli.output import EXIT_PASS, Output, check_outputs, split_list, terminal_options, write
+from ortgate.cli.output import (
+    EXIT_PASS,
+    Output,
+    check_outputs,
+    require_onnxruntime,
+    split_list,
+    terminal_options,
+    write,
+)
 from ortgate.errors import InputError
 
 FORMATS = LINT_FORMATS
@@ -61,17 +69,8 @@ def add_parser(sub) -> None:
                           "group of identical findings across layers")
 
 
-def require_onnxruntime() -> None:
-    """`ortgate run` builds real sessions; the linter alone is installed without ONNX Runtime."""
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        raise InputError(f"`ortgate run` needs ONNX Runtime, which is not installed here ({exc}): install the build "
-                         "for this machine, pip install 'ortgate[gpu]' (CUDA) or pip install 'ortgate[cpu]'") from None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    require_onnxruntime()
+    require_onnxruntime("`ortgate run`")
     from ortgate.engine.baseline import load_baseline
     from ortgate.engine.run import RunGate, run_reference
     from ortgate.runner.collect import RunRequest

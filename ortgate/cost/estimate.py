@@ -259,7 +259,17 @@ class Estimate:
         return Saving(saved * 1e3, saved / expected if expected else 0.0, len(repairs))
 
     def repairs_of(self, kind: str, layer: int | None | str = "any") -> list[Repair]:
-        return [r for r in self.repairs if r.kind == kind and (layer == "any" or r.layer == layer)]
+        # Indexed once: pricing asks for each finding's repairs, and a long model has many of both.
+        index = self.__dict__.get("_repairs_index")
+        if index is None or index[0] != len(self.repairs):
+            by_kind: dict[str, list[Repair]] = {}
+            by_layer: dict[tuple[str, int | str | None], list[Repair]] = {}
+            for r in self.repairs:
+                by_kind.setdefault(r.kind, []).append(r)
+                by_layer.setdefault((r.kind, r.layer), []).append(r)
+            index = self.__dict__["_repairs_index"] = (len(self.repairs), by_kind, by_layer)
+        found = index[1].get(kind, []) if layer == "any" else index[2].get((kind, layer), [])
+        return list(found)
 
     def largest_costs(self, n: int = 3) -> list[CostItem]:
         return largest_costs(self, n)

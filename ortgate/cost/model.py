@@ -679,7 +679,10 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     lin_macs = sum(costs[n.index].cost.flops for n in linears) / (2.0 * tokens) if tokens else 0.0
     per_expert = round(len(linears) / experts) if experts else 0
     routed = per_expert * experts
-    if experts and per_expert and routed <= len(linears):
+    stacks = _gathered_stacks(graph, nodes, known) if form_name == "gather-per-token" else []
+    if experts and block.routed and _split_by_block(graph, model, form, block, linears, stacks, tokens):
+        pass  # the patterns told routed experts from shared ones
+    elif experts and per_expert and routed <= len(linears):
         share = routed / len(linears)
         form.expert_bytes = lin_bytes * share
         form.expert_macs = lin_macs * share / experts
@@ -707,11 +710,74 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     else:
         form.experts_read = float(min(tokens * k, experts)) if k else None
         label = f"the per-token expert gather reads {_experts_text(form.experts_read)} of {experts} experts (no dedup)"
+        if form.experts_read is not None:
+            _read_chosen_slices(graph, model, stacks, form.experts_read / experts, tokens * k)
     for n in nodes:
         nc = costs.get(n.index)
         if nc is not None and nc.cost.bytes:
             nc.label = label
     return form
+
+
+def _gathered_stacks(graph: Graph, nodes: list[Node], known: set[str]) -> list[Node]:
+    """The Gather / GatherND nodes of a batched block that pick expert slices out of an [E, ., .] weight stack."""
+    out = []
+    for n in nodes:
+        if n.op_type in ("Gather", "GatherND") and n.input(1) not in known:
+            init = graph.initializers.get(n.input(0))
+            if init is not None and len(init.dims) == 3:
+                out.append(n)
+    return out
+
+
+def _read_chosen_slices(graph: Graph, model: StepModel, stacks: list[Node], share: float, rows: int) -> None:
+    """A gather of (token, expert) pairs reads the chosen experts' slices of each [E, ., .] stack, not the stack.
+    Set, not scaled: a Gather was already priced by its indices' count (tokens x k rows, which may exceed E),
+    a GatherND by its whole data input. The batched MatMul its slices feed has no constant weight to price it by,
+    so the gather carries the FLOPs of its `rows` (token, expert) pairs through one slice each."""
+    for n in stacks:
+        init = graph.initializers[n.input(0)]
+        size = dtype_bytes(init.dtype)
+        if size is None:
+            continue
+        nc = model.costed(n.index)
+        nc.cost.bytes = init.numel * size * share
+        nc.cost.bytes_by_dtype = {init.dtype or "unknown": nc.cost.bytes}
+        nc.cost.flops = 2.0 * rows * init.dims[1] * init.dims[2]
+        nc.compute_dtype = init.dtype
+
+
+def _split_by_block(graph: Graph, model: StepModel, form: MoeLayerForm, block: MoeBlock, linears: list[Node],
+                    stacks: list[Node], tokens: int) -> bool:
+    """Routed and shared expert bytes and MACs from the block's own expert list (shared experts and their gates
+    are not routed, whatever their count); False when the block's routed linears are not among the costed ones."""
+    costs = model.costs
+    experts = form.experts or 0
+    routed_ids = {n.index for n in block.routed_linears}
+    routed = [n for n in linears if n.index in routed_ids]
+    shared = [n for n in linears if n.index not in routed_ids]
+    if not experts or not (routed or stacks):
+        return False
+    macs = sum(costs[n.index].cost.flops for n in routed) / (2.0 * tokens) if tokens else 0.0
+    if stacks:
+        # batched: every (token, choice) row runs through the expert slices the gathers pick from [E, out, in] stacks
+        stack_bytes = stack_macs = 0.0
+        for n in stacks:
+            init = graph.initializers[n.input(0)]
+            size = dtype_bytes(init.dtype)
+            if size is None:
+                return False
+            stack_bytes += init.numel * size
+            stack_macs += init.dims[1] * init.dims[2]
+        form.expert_bytes = stack_bytes
+        form.expert_macs = stack_macs
+    else:
+        form.expert_bytes = sum(costs[n.index].cost.bytes for n in routed)
+        form.expert_macs = macs / experts
+    form.shared_bytes = sum(costs[n.index].cost.bytes for n in shared)
+    form.shared_macs = sum(costs[n.index].cost.flops for n in shared) / (2.0 * tokens) if tokens else 0.0
+    form.shared_linears = len(shared)
+    return True
 
 
 def _top_k(graph: Graph, block: MoeBlock) -> int | None:

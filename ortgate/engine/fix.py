@@ -10,11 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ortgate.cost import StepShape
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.findings import Finding
 from ortgate.fix.pipeline import FIXES, FixRequest, FixResult, stage_fix
 from ortgate.fix.verify import VerificationError
+
+
+@dataclass
+class Prediction:
+    """The cost model's expected time of the step the measurement ran, for the device it ran on (an estimate)."""
+
+    device: str
+    figures: str  # where the device's figures come from ("probe": measured on this machine)
+    original_ms: float
+    fixed_ms: float
+    uncounted: list[str] = field(default_factory=list)  # what the model could not count, in either graph
+
+    @property
+    def speedup(self) -> float | None:
+        return self.original_ms / self.fixed_ms if self.fixed_ms > 0 else None
 
 
 @dataclass
@@ -24,8 +40,12 @@ class FixOutcome:
     findings_after: list[Finding] = field(default_factory=list)  # ... and on the output
     unrepaired: list[Finding] = field(default_factory=list)  # findings of rewritten layers still there (a failure)
     measurement: object | None = None  # ortgate.fix.measure.Measurement
-    predicted_speedup: float | None = None
+    prediction: Prediction | None = None  # the cost model's estimate of the measured step, original and fixed
     failure: str | None = None
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return self.prediction.speedup if self.prediction is not None else None
 
     @property
     def exit_code(self) -> int:
@@ -51,7 +71,8 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
             return outcome
         say("linting the output")
         assert staged.model_file is not None
-        outcome.findings_after = lint(load_inputs(LintRequest(str(staged.model_file))), config).findings
+        fixed_inputs = load_inputs(LintRequest(str(staged.model_file)))
+        outcome.findings_after = lint(fixed_inputs, config).findings
         rewritten_layers = {r.layer for r in result.rewrites}
         outcome.unrepaired = [f for f in outcome.findings_after if f.code == "OGF001" and f.layer in rewritten_layers]
         if outcome.unrepaired:
@@ -60,8 +81,14 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
             staged.discard()
             return outcome
         if measure and request.verify:
-            from ortgate.fix.measure import measure_pair
+            from ortgate.fix.measure import decode_step, measure_pair
 
+            # Estimated first: the CPU probe then runs while no session holds a model's weights.
+            say("estimating the decode step with the cost model")
+            _, _, step = decode_step(staged.original_graph)
+            outcome.prediction = predict(staged.original_graph, fixed_inputs.executed,
+                                         StepShape(step.batch_size, step.sequence_length, step.total_sequence_length))
+            del fixed_inputs
             say("measuring original vs fixed on ONNX Runtime CPU")
             assert staged.original is not None
             nodes = result.nodes_before
@@ -77,6 +104,24 @@ def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], 
         staged.discard()
         raise
     return outcome
+
+
+def predict(original, fixed, shape: StepShape) -> Prediction:
+    """The cost model's expected step time of the original and the fixed graph, for the step the measurement times
+    on ORT's CPU provider with ORT's default session options: the `cpu` device with the probe's figures for this
+    machine, as `ortgate run` estimates a CPU run."""
+    from ortgate.cost import CostSetup
+    from ortgate.engine.throughput import measured_estimate
+    from ortgate.knowledge.devices import find_device
+    from ortgate.runner.session import CPU
+
+    device = find_device("cpu")
+    assert device is not None
+    setup = CostSetup(device, shape, CPU)
+    before, after = measured_estimate(original, setup), measured_estimate(fixed, setup)
+    uncounted = [f"original: {u.what}" for u in before.uncounted] + [f"fixed: {u.what}" for u in after.uncounted]
+    return Prediction(before.device.name, before.device.bandwidth_gb_s.confidence or "catalog",
+                      before.as_exported.expected_s * 1e3, after.as_exported.expected_s * 1e3, uncounted)
 
 
 def _mismatch(result: FixResult) -> str:

@@ -62,11 +62,16 @@ def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> dict | None
     if est is None:
         return None
     by_rule: dict[str, list[Repair]] = defaultdict(list)
+    taken: dict[str, set[int]] = defaultdict(set)  # ids of the repairs in by_rule[code] (each counted once)
     names: dict[str, str] = {}
     for f in findings:
         repairs = repairs_for(est, f)
         if repairs:
-            by_rule[f.code].extend(r for r in repairs if all(r is not x for x in by_rule[f.code]))
+            ids = taken[f.code]
+            for r in repairs:
+                if id(r) not in ids:
+                    ids.add(id(r))
+                    by_rule[f.code].append(r)
             names[f.code] = f.rule
     savings = {}
     for code, repairs in sorted(by_rule.items()):

@@ -109,11 +109,23 @@ def with_probe(device: Device, threads: int | None, tp: ThroughputPolicy | None 
 # ---- `ortgate run`: the estimate beside the measurement, and the calibration it can write -------------------------
 
 
+def measured_estimate(graph, setup: CostSetup, threads: int | None = None, tp: ThroughputPolicy | None = None):
+    """The cost model's Estimate of `graph` for a step a measurement ran: a `cpu` device without figures of its own
+    gets the probe's, measured on this machine with the session's intra-op threads (`threads`, None: ORT's default)."""
+    from dataclasses import replace
+
+    from ortgate.cost import estimate
+
+    device = setup.device
+    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
+        setup = replace(setup, device=with_probe(device, threads, tp))
+    return estimate(graph, setup)
+
+
 def run_estimate(inputs: LintInputs, evidence) -> tuple[dict, object] | None:
     """The estimate for the device the run used and the graph it ran (ORT's dump when there is one), beside the
     measured p50 step: (plain dict for the report, the Estimate). None when nothing was measured or the device is
     not in the catalog."""
-    from ortgate.cost import estimate
     from ortgate.knowledge.devices import device_for_reported_name
 
     m = evidence.measurement
@@ -133,14 +145,13 @@ def run_estimate(inputs: LintInputs, evidence) -> tuple[dict, object] | None:
     if tp is not None and tp.calibration is not None and tp.device is not None and tp.device.name == device.name:
         device = tp.calibration.apply(device)
         calibrated = True
-    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
-        device = with_probe(device, _threads(inputs), tp)
     context = int(evidence.dims.get("total_sequence_length") or 0) or (
         int(evidence.dims.get("past_sequence_length", 0)) + m.new_tokens) or DEFAULT_CONTEXT
     setup = CostSetup(device, StepShape(m.batch_size, m.new_tokens, context), m.provider,
                       inputs.deployment.primary.effective_optimization_level if inputs.deployment.primary else None,
                       m.cuda_graph, optimized=inputs.optimized is not None)
-    est = estimate(inputs.executed, setup)
+    est = measured_estimate(inputs.executed, setup, _threads(inputs), tp)
+    device = est.device
     step = est.as_exported
     measured_s = m.stats.p50_ms / 1e3
     return ({

@@ -32,6 +32,10 @@ class Measurement:
     fixed: Stats
     step: str  # what one run is
     note: str | None = None
+    batch_size: int = 1  # the step's shape, for an estimate of the same step
+    new_tokens: int = 1
+    context: int = 1  # tokens the step attends to: the cached ones and its own
+
 
     @property
     def speedup(self) -> float | None:
@@ -40,12 +44,18 @@ class Measurement:
         return self.original.p50_ms / self.fixed.p50_ms
 
 
-def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
-                 settings: RunnerSettings = DECODE, *, skip_original: str | None = None) -> Measurement:
-    """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
+def decode_step(graph: Graph, settings: RunnerSettings = DECODE):
+    """The step measure_pair times: the graph's inputs, their dims, and the step shape they describe."""
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)
+    return signature, dims, step
+
+
+def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path, graph: Graph,
+                 settings: RunnerSettings = DECODE, *, skip_original: str | None = None) -> Measurement:
+    """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
+    signature, dims, step = decode_step(graph, settings)
     feeds = synthesize(signature, dims, step, token_inputs(graph, None))
     stats: list[Stats | None] = [None] if skip_original else []
     runs = [(str(fixed_path), fixed_path.parent)]
@@ -63,7 +73,8 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
             "runs, ORT CPU, ORT_ENABLE_ALL")
     fixed = stats[1]
     assert fixed is not None
-    return Measurement(stats[0], fixed, what, skip_original)
+    return Measurement(stats[0], fixed, what, skip_original, step.batch_size, step.sequence_length,
+                       step.total_sequence_length)
 
 
 def _session(model, folder: Path):

@@ -84,7 +84,7 @@ class Initializer:
     rule looks at few of them). Its bytes are never read.
     """
 
-    __slots__ = ("name", "_proto", "_dense", "_dims", "_storage")
+    __slots__ = ("name", "_proto", "_dense", "_dims", "_storage", "_values")
 
     def __init__(self, name: str, proto: onnx.TensorProto, *, dense: bool = True):
         self.name = name
@@ -92,6 +92,7 @@ class Initializer:
         self._dense = dense  # False: the values of a sparse initializer (never decoded as a constant)
         self._dims: tuple[int, ...] | None = None
         self._storage: tuple[bool, str | None] | None = None  # (external, location)
+        self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
 
     @property
     def dtype(self) -> str | None:
@@ -126,9 +127,15 @@ class Initializer:
 
     def small_values(self) -> tuple | None:
         """Flattened values of a small inline initializer; None when external, large or sparse."""
-        if not self._dense or self.external or self.numel > _SMALL_CONSTANT_ELEMENTS:
-            return None
-        return _tensor_summary(self._proto).values
+        values = self._values
+        if values is False:
+            # Patterns ask for the same few constants (slice bounds, gather indices) once per candidate.
+            if not self._dense or self.external or self.numel > _SMALL_CONSTANT_ELEMENTS:
+                values = None
+            else:
+                values = _tensor_summary(self._proto).values
+            self._values = values
+        return cast("tuple | None", values)
 
     def __repr__(self) -> str:
         return f"Initializer({self.name!r}, {self.dtype}, {list(self.dims)}{', external' if self.external else ''})"

@@ -92,8 +92,12 @@ def op_contracts() -> OpContracts:
         return OpContracts.from_json(json.load(f))
 
 
+@cache
 def op_contract(domain: str, op_type: str, opset: int | None) -> OpContract | None:
-    """The contract of (domain, op_type) at the model's opset for that domain; None when the reference has none."""
+    """The contract of (domain, op_type) at the model's opset for that domain; None when the reference has none.
+
+    Memoized: a graph has tens of thousands of nodes but a few dozen (domain, op type, opset) keys, and every
+    contract rule asks for each node's."""
     canonical = _DOMAINS.get(domain)
     if canonical is None:
         return None

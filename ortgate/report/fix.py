@@ -45,6 +45,10 @@ def rewrite_verdict(outcome, rewrite) -> str:
     return f"DIVERGES (max abs diff {probe['max_abs_diff']:.3g})"
 
 
+def _figures(source: str) -> str:
+    return "figures probed on this machine" if source == "probe" else f"{source} figures"
+
+
 def render_fix_text(outcome) -> str:
     r = outcome.result
     lines = [f"ortgate fix {r.model} -> {r.output}" + (" (dry run: nothing written)" if r.dry_run else "")]
@@ -101,13 +105,18 @@ def render_fix_text(outcome) -> str:
         lines.append(f"lint (repaired rules, input -> output): {shown}")
     m = outcome.measurement
     if m is not None:
-        predicted = (f"; predicted by the cost model {outcome.predicted_speedup:.2f}x" if outcome.predicted_speedup
-                     else "")
         if m.original is None:
             lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
         else:
             lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                         f"speedup {m.speedup:.2f}x{predicted}")
+                         f"speedup {m.speedup:.2f}x")
+    p = outcome.prediction
+    if p is not None:
+        speedup = f", speedup {p.speedup:.2f}x" if p.speedup is not None else ""
+        lines.append(f"estimated by the cost model for {p.device} ({_figures(p.figures)}), the same step: original "
+                     f"{p.original_ms:.3f} ms, fixed {p.fixed_ms:.3f} ms{speedup} (an estimate, not a measurement)")
+        for what in p.uncounted:
+            lines.append(f"  not counted: {what}")
     lines.append("")
     if outcome.failure:
         lines.append(f"FAILED: {outcome.failure}")
@@ -176,7 +185,16 @@ def fix_json(outcome) -> dict:
         "measurement": None if m is None else {
             "step": m.step, "original_p50_ms": m.original.p50_ms if m.original else None,
             "fixed_p50_ms": m.fixed.p50_ms, "speedup": m.speedup, "predicted_speedup": outcome.predicted_speedup,
-            "note": m.note,
+            "note": m.note, "batch_size": m.batch_size, "new_tokens": m.new_tokens, "context_length": m.context,
+        },
+        "prediction": None if outcome.prediction is None else {
+            "estimate": True,
+            "device": outcome.prediction.device,
+            "figures": outcome.prediction.figures,
+            "original_ms_per_step_expected": round(outcome.prediction.original_ms, 6),
+            "fixed_ms_per_step_expected": round(outcome.prediction.fixed_ms, 6),
+            "speedup": None if outcome.prediction.speedup is None else round(outcome.prediction.speedup, 4),
+            "uncounted": outcome.prediction.uncounted,
         },
         "failure": outcome.failure,
         "files": r.files,

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, group_price_text
+from ortgate.report import display_path, group_price_text, time_text
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -103,21 +103,15 @@ def _write_group(console: Console, group: FindingGroup, width: int, options: Tex
     _print_wrapped(console, header, width)
     for line in _wrap(group.message, width, INDENT, message_lines):
         console.print(Text(line))
-    price = _price_line(group)
-    if price:
-        for line in _wrap(price, width, INDENT, None):
+    prices = [f.price for f in group.findings if f.price is not None]
+    if prices and options.expand:  # grouped, the rule table carries each rule's price
+        for line in _wrap(f"saves {group_price_text(prices)}", width, INDENT, None):
             console.print(Text(line, style="magenta"))
     if show_fix and group.fix:
         fix_limit = None if options.expand else MAX_FIX_LINES
         lines = _wrap(f"fix: {group.fix}", width, INDENT, fix_limit, more=f" … (ortgate explain {f.code})")
         for line in lines:
             console.print(Text(line, style="green"))
-
-
-def _price_line(group: FindingGroup) -> str | None:
-    """What fixing the entry saves (an estimate for the policy's device)."""
-    prices = [f.price for f in group.findings if f.price is not None]
-    return f"saves {group_price_text(prices)}" if prices else None
 
 
 def _wrap(text: str, width: int, indent: str, max_lines: int | None, more: str = " …") -> list[str]:
@@ -136,7 +130,8 @@ def _print_wrapped(console: Console, text: Text, width: int) -> None:
 
 
 def _write_table(console: Console, active: list[Finding], options: TextOptions) -> None:
-    """One row per rule: severity, how many findings, where (most severe first, then the most findings)."""
+    """One row per rule: severity, how many findings, what fixing them all saves per token (an estimate on the
+    policy's device, when it names one), where (most severe first, then the most findings)."""
     by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[(f.code, f.rule)].append(f)
@@ -146,12 +141,31 @@ def _write_table(console: Console, active: list[Finding], options: TextOptions) 
     table.add_column("rule")
     table.add_column("severity")
     table.add_column("findings", justify="right")
+    priced = any(f.price is not None for f in active)
+    if priced:
+        table.add_column("saves/token (est.)", justify="right")
     table.add_column("where", overflow="fold")
     for (code, name), findings in rows:
         severity = max(f.severity for f in findings)
-        table.add_row(f"{code} {name}", Text(severity.label, style=STYLE[severity]), str(len(findings)),
-                      where(findings))
+        cells: list[str | Text] = [f"{code} {name}", Text(severity.label, style=STYLE[severity]), str(len(findings))]
+        if priced:
+            prices = [f.price for f in findings if f.price is not None]
+            total, share = sum(p.ms_per_token for p in prices), sum(p.share for p in prices)
+            cells.append(Text(f"{time_text(total)} ({share:.0%})" if prices else "", style="magenta"))
+        table.add_row(*cells, where(findings))
     console.print(table)
+
+
+def _estimate_line(estimate: dict) -> str:
+    """'h100-sxm (catalog), batch 1, context 4,096: 3.44 -> 137 tokens/s with fixes (ceiling ...)': the line
+    starts with `estimate`, and every `saves` above is priced on the same device and step."""
+    from ortgate.cost.estimate import format_rate
+
+    a, w = estimate["as_exported"], estimate["with_fixes"]
+    return (f"{estimate['device']} ({estimate['figures']}), batch {estimate['batch_size']}, context "
+            f"{estimate['context_length']:,}: {format_rate(a['tokens_per_s_expected'])} -> "
+            f"{format_rate(w['tokens_per_s_expected'])} tokens/s with fixes (ceiling "
+            f"{format_rate(a['tokens_per_s_ceiling'])} -> {format_rate(w['tokens_per_s_ceiling'])})")
 
 
 def _write_verdict(console: Console, result: LintResult, active: list[Finding], options: TextOptions) -> None:
@@ -175,9 +189,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
     width = max(options.width, MIN_WIDTH)
     if s.get("estimate"):
-        from ortgate.engine.pricing import headline
-
-        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'])}"), width)
+        _print_wrapped(console, Text(f"estimate  {_estimate_line(s['estimate'])}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"

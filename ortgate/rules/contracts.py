@@ -9,11 +9,11 @@ Types and ranks are checked only where the graph declares or implies them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from functools import cache
 
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node
+from ortgate.graph.patterns.common import cached
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.knowledge.contracts import OpContract, op_contract
 from ortgate.rules.base import rule
@@ -25,11 +25,19 @@ CONTRACT_FIX = (
 )
 
 
-def _contracted(graph: Graph) -> Iterator[tuple[Node, OpContract]]:
+def _contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
+    """Every node that has a contract, with it: looked up once per graph, not once per contract rule."""
+    return cached(graph, "op_contracts", _find_contracted)
+
+
+def _find_contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
+    out = []
+    opsets = graph.opsets
     for node in graph.nodes:
-        contract = op_contract(node.domain, node.op_type, graph.opsets.get(node.domain))
+        contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
         if contract is not None:
-            yield node, contract
+            out.append((node, contract))
+    return out
 
 
 def _op(node: Node) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from ortgate.findings import Severity
@@ -316,13 +317,22 @@ def _fused_with_fc3(graph: Graph) -> list[SeparateGateUp]:
 def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
     """Expert loops whose routed experts read gate and up from two projections (each block its own layer's MLPs)."""
     mlps = [m for m in gated_mlps(graph) if m.gate is not None]
+    # Indexed once, so that each block looks only at its own MLPs (not every MLP of the model per block).
+    layer_mlps: dict[int | None, list[int]] = defaultdict(list)
+    gate_mlps: dict[int, list[int]] = defaultdict(list)
+    for position, m in enumerate(mlps):
+        layer_mlps[m.layer].append(position)
+        if m.gate is not None:
+            gate_mlps[m.gate.index].append(position)
     out = []
     for block in moe_blocks(graph):
         if block.fused is not None or block.router is None:
             continue
-        linears = {n.index for n in block.expert_linears}
-        candidates = [m for m in mlps if (m.layer == block.layer if block.layer is not None
-                                          else m.gate is not None and m.gate.index in linears)]
+        if block.layer is not None:
+            positions = layer_mlps.get(block.layer, [])
+        else:
+            positions = sorted({p for n in block.expert_linears for p in gate_mlps.get(n.index, ())})
+        candidates = [mlps[p] for p in positions]
         routed_linears = {n.index for n in block.routed_linears}
         routed = [m for m in candidates if _routed(m, routed_linears)]
         separate = [m for m in routed if m.separate and m.gate is not None and m.up is not None]
