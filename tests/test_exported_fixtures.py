@@ -53,17 +53,33 @@ model:
   activation: swiglu
   rms_norm_eps: 1.0e-5
 """
+LFM2_MOE_MODEL = """\
+model:
+  family: lfm2_moe
+  layers: 3
+  attention_layers: 1
+  moe_layers: 2
+  experts: 4
+  top_k: 2
+  num_heads: 4
+  kv_num_heads: 2
+  head_size: 16
+  hidden_size: 64
+  norm_topk_prob: true
+  activation: swiglu
+  rms_norm_eps: 1.0e-5
+"""
 
 
 def matching_policy(fixture: str) -> str:
-    model = QWEN35_MODEL if "qwen3_5" in fixture else GPT_OSS_MODEL
+    model = QWEN35_MODEL if "qwen3_5" in fixture else LFM2_MOE_MODEL if "lfm2" in fixture else GPT_OSS_MODEL
     provider = "CUDAExecutionProvider" if fixture.endswith("cuda") else "CPUExecutionProvider"
     return (f"name: {fixture}\n{model}session:\n  graph_optimization_level: ORT_ENABLE_ALL\n"
             f"execution_provider:\n  name: {provider}\n")
 
 
 def test_every_builder_fixture_is_here():
-    assert len(GENAI) == 7
+    assert len(GENAI) == 8
 
 
 @pytest.mark.parametrize("fixture", GENAI)
@@ -109,3 +125,18 @@ def test_builder_graphs_optimized_by_ort_have_no_graph_findings(fixture, tmp_pat
     options.log_severity_level = 3
     ort.InferenceSession(str(EXPORTED / fixture / "model.onnx"), options, providers=["CPUExecutionProvider"])
     assert lint_findings(EXPORTED / fixture, optimized=options.optimized_model_filepath, select=GRAPH_RULES) == []
+
+
+def test_lfm2_moe_routing_selected_in_the_graph_feeds_the_fused_moe():
+    """The builder selects LFM2-MoE's experts in the graph (sigmoid + expert bias, TopK, masked scores) and feeds
+    com.microsoft.MoE: each MoE layer is one fused block, the dense first layer none, and nothing is unfused."""
+    import onnx
+
+    from ortgate.graph import build_graph
+    from ortgate.graph.patterns.moe import moe_blocks
+
+    path = EXPORTED / "genai-lfm2_moe-fp32-cpu" / "model.onnx"
+    graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
+    blocks = moe_blocks(graph)
+    assert [(b.layer, b.fused is not None, b.experts, b.top_k) for b in blocks] == [(1, True, 4, 2), (2, True, 4, 2)]
+    assert sum(1 for n in graph.nodes if n.op_type == "TopK") == 2  # the routing ops the builder left in the graph
