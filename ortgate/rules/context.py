@@ -108,13 +108,20 @@ class RuleContext:
     ) -> Finding:
         """A violation of this rule about a graph node (give node and graph) or a config key (give location).
 
-        Its severity is the rule's: a fact of another severity is another rule's. The fix is said for the tool that
-        made the model (rules.advice): never recommending that tool, and, given `fix_form` (a form of
+        Its severity is the rule's: a fact of another severity is another rule's. Its layer is `layer`, else the
+        node's, unless `related` holds nodes of other layers: a finding about several layers (every norm's epsilon,
+        an attribute on every MoE node) is the model's, with no layer. The fix is said for the tool that made the
+        model (rules.advice): never recommending that tool, and, given `fix_form` (a form of
         knowledge/producers.json), saying which of its releases writes that form."""
         if location is None:
             graph = graph or self.model
             location = Location(graph.path, label=graph.label)
+        related = list(related)
         related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
+        if layer is None and node is not None:
+            layer = node.layer
+            if layer is not None and any(n.layer is not None and n.layer != layer for n in related):
+                layer = None
         if fix and self.inputs.model is not None:  # policy validation lints with no model
             fix = producer_fix(self.inputs.model, fix, fix_form)
         role = (graph or self.model).role if node is not None else None
@@ -126,7 +133,7 @@ class RuleContext:
             location=location,
             node=node.display_name if node is not None else None,
             op_type=printable(node.key) if node is not None else None,
-            layer=layer if layer is not None else (node.layer if node is not None else None),
+            layer=layer,
             graph=node.graph if node is not None else None,
             fix=printable(" ".join(fix.split())) if fix else None,
             related_nodes=related_names,

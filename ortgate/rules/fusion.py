@@ -140,6 +140,17 @@ GQA_FIX = (
 )
 
 
+# ContribOperators.md: GroupQueryAttention's packed QKV is num_heads * head_size + 2 * kv_num_heads * head_size wide
+# and key / value are both kv_hidden_size: one head_size. MultiHeadAttention's value is v_hidden_size wide.
+MLA_FIX = (
+    "Export attention as com.microsoft.MultiHeadAttention (its value and output are v_hidden_size wide, apart from "
+    "the q/k hidden size), or as com.microsoft.GroupQueryAttention with V zero-padded per head to the q/k head size "
+    "and the output sliced back (GroupQueryAttention takes one head_size for q, k and v: ORT's "
+    "ContribOperators.md). Both ops scale by 1/sqrt(head size of q/k) unless told: set `scale` when the model's "
+    "differs."
+)
+
+
 @rule("OGF002", "gqa-not-fused", Severity.ERROR)
 def gqa_not_fused(ctx: RuleContext):
     """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
@@ -147,7 +158,9 @@ def gqa_not_fused(ctx: RuleContext):
     ## What it checks
     - Decomposed attention in the executed graph (the optimized dump when given, else the model):
       MatMul(Q, K^T) -> scale -> mask -> Softmax -> MatMul(P, V), usually with K/V repeated to the query
-      head count (Expand/Tile). One finding per layer.
+      head count (Expand/Tile). One finding per layer. Where the graph declares q/k and v head sizes that differ
+      (multi-head latent attention, MLA: DeepSeek-V3), the message says so and that GroupQueryAttention, which has
+      one head_size, runs it only with V zero-padded; the fix then names MultiHeadAttention first.
     - MultiHeadAttention or ONNX `Attention` while the model has fewer kv heads than q heads.
     The number of attention layers against the policy is attention-layer-count-mismatch's to judge, GroupQueryAttention's
     heads against the model config gqa-config-mismatch's, heads that do not group gqa-heads-not-grouped's, and attributes
@@ -192,10 +205,21 @@ def gqa_not_fused(ctx: RuleContext):
     GroupQueryAttentionFusion only packs Q/K/V and rotary into an existing GQA node; it never creates one.
     """
     graph = ctx.executed
-    for kind, node, layer, related in _unfused_attention(ctx, graph):
+    for kind, node, layer, related, heads in _unfused_attention(ctx, graph):
+        if heads is None:
+            yield ctx.finding(
+                f"attention {kind}, instead of com.microsoft.GroupQueryAttention", node=node, graph=graph,
+                layer=layer, related=related, fix=GQA_FIX,
+            )
+            continue
+        qk, v = heads
         yield ctx.finding(
-            f"attention {kind}, instead of com.microsoft.GroupQueryAttention", node=node, graph=graph, layer=layer,
-            related=related, fix=GQA_FIX,
+            f"attention {kind}, instead of a fused attention kernel; its q/k head size ({qk}) differs from its v head "
+            f"size ({v}), as in multi-head latent attention (MLA): GroupQueryAttention has one head_size for q, k and "
+            f"v, so it can run this attention only with V zero-padded to {qk} per head and its output sliced back "
+            f"to {v}; com.microsoft.MultiHeadAttention takes a v_hidden_size of its own",
+            node=node, graph=graph, layer=layer, related=related, fix=MLA_FIX,
+            properties={"qk_head_size": qk, "v_head_size": v, "gqa_expresses_directly": False},
         )
 
 
@@ -212,8 +236,9 @@ def _unfused_attention(ctx: RuleContext, graph: Graph):
     for layer, cores in sorted(cores_by_layer.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         repeated = " with K/V repeated to every query head" if any(c.repeat_kv for c in cores) else ""
         for core in cores if layer is None else cores[:1]:
+            mla = (core.qk_head_size, core.v_head_size) if core.v_head_differs else None
             yield (f"decomposed into MatMul -> Softmax -> MatMul{repeated}{heads}", core.softmax, layer,
-                   [n for c in cores for n in c.nodes])
+                   [n for c in cores for n in c.nodes], mla)
     for node in fused_attention_nodes(graph):
         if node.op_type == "GroupQueryAttention":
             continue
@@ -223,7 +248,7 @@ def _unfused_attention(ctx: RuleContext, graph: Graph):
             kv_fewer = kv_fewer or (q is not None and kv is not None and kv < q)
         if kv_fewer and node.op_type in ("MultiHeadAttention", "Attention"):
             yield ((f"computed by {node.key} while kv heads < q heads: K/V are expanded to every query head, where "
-                   "GroupQueryAttention reads each kv head once per group"), node, node.layer, [])
+                   "GroupQueryAttention reads each kv head once per group"), node, node.layer, [], None)
 
 
 @rule("OGF003", "fusedmatmul-missing", Severity.WARNING)

@@ -122,9 +122,9 @@ def moe_routing_mismatch(ctx: RuleContext):
         if want is not None and have is not None and not _agrees(attr, have, want.value):
             found.setdefault((attr, have), (want, []))[1].append(node)
     for (attr, have), (want, where) in found.items():
-        op = "TopK" if attr == "TopK k" else where[0].key
+        what = attr if attr == "TopK k" else f"{where[0].key} {attr}"
         yield ctx.finding(
-            f"{op} {attr}={'absent' if have is _ABSENT else have}{_layers(where)} ({len(where)} "
+            f"{what}={'absent' if have is _ABSENT else have}{_layers(where)} ({len(where)} "
             f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected {want.value}",
             node=where[0], graph=graph, related=where[1:], fix=MOE_ROUTING_FIX,
             fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is _ABSENT else None,

@@ -46,6 +46,14 @@ class AttentionCore:
     layer: int | None
     repeat_kv: bool = False  # K/V are expanded to the query head count first (GQA done by hand)
     nodes: list[Node] = field(default_factory=list)
+    qk_head_size: int | None = None  # the dim Q and K are contracted over, where the graph declares it
+    v_head_size: int | None = None  # the last dim of V, where declared
+
+    @property
+    def v_head_differs(self) -> bool:
+        """Q/K heads wider or narrower than V heads (multi-head latent attention, MLA): known only when both
+        sizes are declared."""
+        return self.qk_head_size is not None and self.v_head_size is not None and self.qk_head_size != self.v_head_size
 
 
 def fused_attention_nodes(graph: Graph) -> list[Node]:
@@ -81,8 +89,15 @@ def _find_cores(graph: Graph) -> list[AttentionCore]:
         core = AttentionCore(softmax, qk, pv, softmax.layer)
         core.repeat_kv = kv_expanded(graph, qk.input(1)) or kv_expanded(graph, pv.input(1))
         core.nodes = [qk, softmax, pv]
+        core.qk_head_size = _last_dim(graph, qk.input(0))
+        core.v_head_size = _last_dim(graph, pv.input(1))
         cores.append(core)
     return cores
+
+
+def _last_dim(graph: Graph, value: str) -> int | None:
+    shape = graph.shape(value)
+    return shape[-1] if shape and isinstance(shape[-1], int) and shape[-1] > 0 else None
 
 
 def _is_matmul(node: Node) -> bool:
