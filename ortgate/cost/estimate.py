@@ -19,7 +19,6 @@ from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted,
 from ortgate.cost.repairs import Repair, find_repairs, partial
 from ortgate.cost.shapes import StepShape
 from ortgate.graph.index import Graph
-from ortgate.graph.patterns.common import cached
 from ortgate.knowledge import cuda_providers
 from ortgate.knowledge.devices import Device
 
@@ -320,7 +319,11 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
 
 
 def _repairs(model: StepModel) -> list[Repair]:
-    return cached(model.graph, f"cost.repairs.{id(model)}", lambda _g: find_repairs(model))
+    # Kept on the model itself: the graph holds its models weakly, so an id() could name a later model.
+    found = model.__dict__.get("_repairs")
+    if found is None:
+        found = model.__dict__["_repairs"] = find_repairs(model)
+    return found
 
 
 def _node_times(model: StepModel, device: Device) -> tuple[dict[int, tuple[float, float, float]], Totals]:

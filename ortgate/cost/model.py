@@ -14,6 +14,7 @@ a gather-per-token decomposition reads min(T * k, E) experts, without dedup.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -301,7 +302,14 @@ def step_model(graph: Graph, shape: StepShape, *, gpu: bool, provider: str | Non
                optimization_level: str | None = None, optimized: bool = False) -> StepModel:
     """Per-node costs of one step of `graph` (see the module docstring)."""
     key = f"cost.step_model.{shape}.{gpu}.{provider}.{optimization_level}.{optimized}"
-    return cached(graph, key, lambda g: _build(g, shape, gpu, provider, optimization_level, optimized))
+    # The graph holds its model weakly: the model refers to the graph, and a strong reference back would make the
+    # whole index cyclic garbage, freed by the cyclic collector only (which lint pauses), not when its user is done.
+    slot: list[weakref.ref[StepModel]] = cached(graph, key, lambda g: [])
+    model = slot[0]() if slot else None
+    if model is None:
+        model = _build(graph, shape, gpu, provider, optimization_level, optimized)
+        slot[:] = [weakref.ref(model)]
+    return model
 
 
 def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, level: str | None,
