@@ -126,3 +126,17 @@ def test_producers_knowledge_reads_and_rejects_a_bad_release(tmp_path, monkeypat
     monkeypatch.setattr(producers, "PRODUCERS_JSON", bad)
     with pytest.raises(KnowledgeError, match="'soon' is not a release number"):
         producers._load()
+
+
+def test_unfused_moe_from_the_builder_is_told_the_execution_provider_turned_fusion_off(tmp_path):
+    # The builder writes GPT-OSS's experts as standard ops for execution providers without a fused MoE kernel;
+    # such a graph (here a standard-op GPT-OSS, stamped as the builder's) is not told to run the builder.
+    folder = restamp(EXPORTED / "dynamo-gpt_oss", tmp_path, name="onnxruntime-genai", version="0.18.0")
+    found = rule_findings(folder / "model.onnx", "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1]
+    for f in found:
+        assert "onnxruntime-genai's builder emits it" not in f.fix
+        assert "every release checked (0.13.2 to 0.18.0) writes one com.microsoft MoE / QMoE node per MoE layer" in f.fix
+        assert "this model was built with an execution provider other than cpu, cuda, trt-rtx or webgpu" in f.fix
+    anonymous = rule_findings(EXPORTED / "dynamo-gpt_oss" / "model.onnx", "moe-not-fused")
+    assert all("onnxruntime-genai's builder emits it" in f.fix for f in anonymous)
