@@ -56,6 +56,13 @@ EXPECTED: dict[str, dict[str, list]] = {
         "gqa-not-fused": [0, 1], "rmsnorm-fused-by-ort": [0, 1, OUT], "skip-rmsnorm-not-fused": [0, 1, OUT],
         "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    # the same Llama through optimum's --optimize O2 (ORT's transformers optimizer): RMSNorm and SiLU fused
+    # (SimplifiedLayerNormalization, QuickGelu), so no rmsnorm or swiglu finding; attention, rotary, q/k/v and the
+    # residual Adds stay as they were
+    "optimum-llama-past-o2": {
+        "gqa-not-fused": [0, 1], "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
+        "qkv-not-packed": [0, 1],
+    },
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
