@@ -1,5 +1,6 @@
 """The graph rules on torch.onnx (dynamo) exports of MoE families (tests/fixtures/exported/dynamo-*, made by
-make_dynamo_moe_fixtures.py): every unfused structure found in the layer it sits in, and nothing that is not there.
+make_dynamo_moe_fixtures.py), and on optimum's and Olive's exports: every unfused structure found in the layer it
+sits in, and nothing that is not there.
 
 Each table row is what the exported graph holds, read from the model's code (transformers 5.24) and its config
 in BUILD_INFO.json: which layers are MoE, which attention, norm and rotary forms the family computes.
@@ -63,6 +64,13 @@ EXPECTED: dict[str, dict[str, list]] = {
         "gqa-not-fused": [0, 1], "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
         "qkv-not-packed": [0, 1],
     },
+    # Olive's OrtTransformersOptimization (ORT's transformers optimizer, model_type gpt2) on its dynamo export of
+    # Mixtral with batched_mm experts: every RMSNorm fused (SimplifiedLayerNormalization for the first, the residual
+    # Adds into SkipSimplifiedLayerNormalization), so no norm finding; MoE, GQA-expanding attention, rotary and
+    # q/k/v stay as exported
+    "olive-mixtral": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
@@ -81,6 +89,8 @@ MOE_SHAPE = {
     "dynamo-qwen3_moe": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),
     # the legacy exporter's eager loop: tokens dispatched per expert (OneHot / NonZero / Gather), gate, up and down apart
     "optimum-qwen3_moe-past": (4, 2, "softmax_topk", "gather", 4, 12, 0, 0, 0),
+    # transformers' batched_mm: one GatherND of the stacked gate_up and one of the down weights, a batched MatMul each
+    "olive-mixtral": (4, 2, "softmax_topk", "batched", 4, 2, 0, 0, 0),
 }
 
 
@@ -125,6 +135,21 @@ def test_every_unfused_structure_in_its_layer_and_nothing_else(fixture, findings
     assert got == {rule: layers for rule, layers in expected.items() if layers}
 
 
+def test_olive_output_is_what_the_transformers_optimizer_wrote():
+    """olive-mixtral's silence on norms means its norms are fused, not absent: Olive's pass really ran (Olive skips it
+    without a word for a model type it does not map), and every RMSNorm of the model is one fused node."""
+    import onnx
+
+    model = onnx.load(str(EXPORTED / "olive-mixtral" / "model.onnx"), load_external_data=False)
+    assert model.producer_name == "onnxruntime.transformers"
+    assert {p.key: p.value for p in model.metadata_props}.get("olive_version")
+    ops = [n.op_type for n in model.graph.node]
+    layers = json.loads((EXPORTED / "olive-mixtral" / "BUILD_INFO.json").read_text())["hf_config"]["num_hidden_layers"]
+    # 2 norms per layer + the final one; only the first reads no residual (the embedding), the others fuse its Add
+    assert (ops.count("SimplifiedLayerNormalization"), ops.count("SkipSimplifiedLayerNormalization")) == (1, 2 * layers)
+    assert not {"Pow", "Sqrt", "ReduceMean", "Reciprocal"} & set(ops)
+
+
 @pytest.mark.parametrize("fixture", sorted(EXPECTED))
 def test_fixture_runs_on_ort_cpu_as_built(fixture):
     """The fixture is a model ORT executes: its recorded build run and a run here agree."""
@@ -147,7 +172,7 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
 # fixture -> how its rotary pairs components (transformers: rotate_half, or DeepSeek-V3's rope_interleave)
 ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
-    "dynamo-gpt_oss": "half", "dynamo-deepseek_v3": "interleaved",
+    "dynamo-gpt_oss": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
 }
 
 

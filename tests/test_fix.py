@@ -364,6 +364,7 @@ REAL_EXPORTS = {
     "dynamo-mixtral": "dense_loop",  # TopK -> Softmax router
     "dynamo-qwen2_moe": "dense_loop",  # shared expert + sigmoid gate stay outside the node
     "dynamo-olmoe": "batched_matmul",  # experts gathered from stacks by the top-k indices, batched MatMuls
+    "olive-mixtral": "batched_matmul",  # the same expert form after Olive's OrtTransformersOptimization
     # the legacy TorchScript exporter's eager loop: Gather e on the expert axis of Transpose(OneHot(indices)),
     # NonZero of it for the tokens, x[None, tokens], routing_weights[tokens * k + choice], index_add_ as a scatter
     "optimum-qwen3_moe-past": "gather_loop",
