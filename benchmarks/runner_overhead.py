@@ -7,8 +7,8 @@ runner's own binding, and prints the median per-iteration time of each: runner /
 (the runner also saves (b)'s per-run output allocation), runner / (c) is the timing loop's own cost. Tiny models are the hardest case: their step is short, so any
 per-iteration cost of the harness shows.
 
-    /work/venvs/dev/bin/python benchmarks/runner_overhead.py                       # the shipped tiny example
-    /work/venvs/dev/bin/python benchmarks/runner_overhead.py MODEL --policy P.yaml --iterations 500 --rounds 7
+    python benchmarks/runner_overhead.py                       # the shipped tiny example
+    python benchmarks/runner_overhead.py MODEL --policy P.yaml --iterations 500 --rounds 7
 """
 
 from __future__ import annotations

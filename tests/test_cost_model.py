@@ -267,3 +267,25 @@ def test_a_gathered_stack_block_reads_the_chosen_experts_and_its_shared_expert_w
         2 * batch * OLMOE_K * (2 * OLMOE_I * OLMOE_H + OLMOE_H * OLMOE_I), rel=1e-12)
     linears = [n for n in form.nodes if n.name.startswith("se_") and n.op_type == "MatMul"]
     assert sum(model.costs[n.index].cost.bytes for n in linears) == shared
+
+
+@pytest.mark.parametrize("fixture", ["genai-gpt_oss-fp32-cpu", "genai-qwen3_5_moe-fp16-cuda", "genai-lfm2_moe-fp32-cpu"])
+def test_a_kv_cache_whose_head_size_is_symbolic_is_counted_from_the_attention_node(fixture):
+    # onnxruntime-genai names the KV cache's head size `kv_cache_dim`; the config beside the export says what it is.
+    import json
+
+    from ortgate.graph.load import load_model
+
+    folder = EXPORTED / fixture
+    path = str(folder / "model.onnx")
+    g = build_graph(load_model(path), path)
+    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    window = decoder.get("sliding_window") or {}
+    context, batch = 1000, 2
+    model = step_model(g, StepShape(batch, 1, context), gpu=True)
+    assert model.kv and not [u for u in model.uncounted if "KV cache" in u.what]
+    for layer, info in model.kv.items():
+        dtype_bytes = {"float": 4, "float16": 2, "bfloat16": 2}[info["dtype"]]
+        positions = min(context, window["window_size"]) if layer in window.get("layers", ()) else context
+        expected = 2 * decoder["num_key_value_heads"] * decoder["head_size"] * dtype_bytes * batch * positions
+        assert info["bytes"] == expected, (layer, info)

@@ -186,6 +186,11 @@ def test_estimate_prints_components_layers_and_both_forms(tmp_path):
     for word in ("component", "attention", "moe", "lm_head", "total", "as exported", "with fixes", "largest costs",
                  "MoE: 2 layers dense-loop", "what each fix saves", "never a measurement"):
         assert word in out, word
+    saves = {line.split()[0]: line for line in out.split("what each fix saves", 1)[1].splitlines()[1:]
+             if line.startswith("  ")}
+    # CUDA graph is one repair of the whole model; the final norm is outside the two decoder layers
+    assert "model-wide" in saves["cuda_graph"] and "2 layers, 1 outside" in saves["rmsnorm"], saves
+    assert "2 layers" in saves["moe"] and "outside" not in saves["moe"]
     code, out, _ = run_cli("estimate", UNFUSED, "--device", "h100-sxm", "--format", "json")
     data = json.loads(out)
     assert data["estimate"] is True and data["device"] == "h100-sxm"

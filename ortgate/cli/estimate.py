@@ -136,8 +136,8 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     savings = _savings(est)
     if savings:
         console.print("what each fix saves (alone)")
-        for kind, n, saving in savings:
-            console.print(f"  {kind:<13} {n:>3} layer{'s' if n != 1 else ' '}  {saving.ms_per_token:.3g} ms per token "
+        for kind, scope, saving in savings:
+            console.print(f"  {kind:<13} {scope:>20}  {saving.ms_per_token:.3g} ms per token "
                           f"({saving.share:.0%} of the step)")
     if est.uncounted:
         console.print("not counted")
@@ -206,7 +206,17 @@ def _moe_lines(est) -> list[str]:
     return out
 
 
+def _repair_scope(kind: str, repairs: list) -> str:
+    if kind == "cuda_graph":
+        return "model-wide"
+    inside = len({r.layer for r in repairs if r.layer is not None})
+    outside = sum(1 for r in repairs if r.layer is None)
+    parts = [f"{inside} layer{'s' if inside != 1 else ''}"] if inside else []
+    return ", ".join(parts + ([f"{outside} outside"] if outside else []))
+
+
 def _savings(est):
+    """(kind, where it repairs: layers, outside the layers, or model-wide (CUDA graph), saving), largest first."""
     from collections import OrderedDict
 
     kinds: OrderedDict[str, list] = OrderedDict()
@@ -216,7 +226,7 @@ def _savings(est):
     for kind, repairs in kinds.items():
         saving = est.saving(repairs)
         if saving.ms_per_token > 0:
-            out.append((kind, len(repairs), saving))
+            out.append((kind, _repair_scope(kind, repairs), saving))
     out.sort(key=lambda x: -x[2].ms_per_token)
     return out
 

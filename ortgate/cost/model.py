@@ -888,7 +888,7 @@ def _attention(graph: Graph, model: StepModel) -> None:
         past = [p for p in past if p]
         if not past and not native:
             past = kv_inputs.get(node.layer, [])
-        info = _kv_bytes(graph, model, past, window, node.display_name)
+        info = _kv_bytes(graph, model, past, window, node.display_name, _fused_head_size(graph, node))
         if info is None:
             continue
         factor = 1.0
@@ -943,9 +943,34 @@ def _query_heads(graph: Graph, core, info: dict) -> int:
     return info["kv_heads"] or 1
 
 
-def _kv_bytes(graph: Graph, model: StepModel, past: list[str], window: int | None, where: str) -> dict | None:
+def _fused_head_size(graph: Graph, node: Node) -> int | None:
+    """A fused attention node's head size, from its attributes and the widths of its q/k inputs: the KV cache of
+    onnxruntime-genai's exports names it symbolically (`kv_cache_dim`). None when the widths are not known."""
+    heads = node.int_attr("num_heads") or node.int_attr("q_num_heads")
+    if not heads:
+        return None
+    kv_heads: int = node.int_attr("kv_num_heads") or heads
+
+    def width(i: int) -> int | None:
+        shape = graph.shape(node.input(i)) if node.input(i) else None
+        return shape[-1] if shape and len(shape) == 3 and isinstance(shape[-1], int) and shape[-1] > 0 else None
+
+    key = width(1) if node.op_type == "GroupQueryAttention" else None
+    if key and kv_heads and key % kv_heads == 0:
+        return key // kv_heads
+    query = width(0)
+    if query is None:
+        return None
+    packed = node.op_type == "GroupQueryAttention" and not node.input(1)  # [q | k | v] in one input
+    parts = heads + 2 * kv_heads if packed else heads
+    return query // parts if query % parts == 0 else None
+
+
+def _kv_bytes(graph: Graph, model: StepModel, past: list[str], window: int | None, where: str,
+              node_head_size: int | None = None) -> dict | None:
     """K + V bytes one step reads from the cache: 2 x kv_heads x head_size x dtype x B x L_eff, with
-    L_eff = min(context, window) for a sliding window (and min(context, a fixed cache length))."""
+    L_eff = min(context, window) for a sliding window (and min(context, a fixed cache length)). A symbolic head
+    size is the attention node's (`node_head_size`) when it could be read from the node."""
     shape = model.shape
     if not past:
         return None
@@ -963,6 +988,8 @@ def _kv_bytes(graph: Graph, model: StepModel, past: list[str], window: int | Non
             return None
         batch = shape.dim(dims[0])
         heads, seq, hs = dims[1], dims[2], dims[3]
+        if isinstance(hs, str) and node_head_size:
+            hs = node_head_size
         if not isinstance(heads, int) or not isinstance(hs, int) or batch is None:
             unresolved = [str(d) for d in (dims[0], heads, hs) if not isinstance(d, int) and shape.dim(d) is None]
             model.uncounted.append(Uncounted("attention", f"KV cache {name} at {where}: symbolic dims "

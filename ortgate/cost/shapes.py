@@ -3,8 +3,10 @@ new tokens and context length. A dim that cannot be resolved stays unknown: noth
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from ortgate.knowledge.dims import dim_role as knowledge_dim_role
+from ortgate.knowledge.dims import dim_value
 
 # Bytes per element, by dtype as the graph index spells it (onnx TensorProto names, lowercase).
 DTYPE_BYTES: dict[str, float] = {
@@ -20,28 +22,15 @@ def dtype_bytes(dtype: str | None) -> float | None:
     return DTYPE_BYTES.get(dtype or "")
 
 
-# Dim names by role (lowercase), as exporters write them (onnxruntime-genai, torch.onnx, optimum).
-_BATCH = {"batch_size", "batch", "batchsize", "bs", "b", "n", "num_seqs", "batch_dim"}
-_QUERY = {"sequence_length", "seq_len", "seqlen", "sequence", "seq", "s", "q_len", "query_length", "num_tokens",
-          "input_len", "sequence_len"}
-_CONTEXT_PATTERNS = (re.compile(r"past"), re.compile(r"total"), re.compile(r"kv_seq"), re.compile(r"all_seq"),
-                     re.compile(r"^max"), re.compile(r"cache_len"))
+# The roles that mean "positions the step attends over": the cost model prices them all at the step's context.
+_CONTEXT_ROLES = frozenset({"past", "total", "sliding_past", "max"})
 
 
 def dim_role(name: str) -> str | None:
-    """"batch", "query" (new tokens), "context" (cached or total positions), or None."""
-    low = name.strip().lower()
-    if low in _BATCH:
-        return "batch"
-    if low in _QUERY:
-        return "query"
-    if any(p.search(low) for p in _CONTEXT_PATTERNS):
-        return "context"
-    if "batch" in low:
-        return "batch"
-    if "seq" in low:
-        return "query"
-    return None
+    """"batch", "query" (new tokens), "context" (cached or total positions), "head" (a head size), or None:
+    the one classifier of dim names (ortgate.knowledge.dims), with its cache roles read as the step's context."""
+    role = knowledge_dim_role(name)
+    return "context" if role in _CONTEXT_ROLES else role
 
 
 @dataclass(frozen=True)
@@ -62,7 +51,10 @@ class StepShape:
             return dim if dim >= 0 else None
         if not isinstance(dim, str):
             return None
-        role = dim_role(dim)
+        return dim_value(dim, self._named)  # an expression (`batch_size * sequence_length`) from its terms
+
+    def _named(self, name: str) -> int | None:
+        role = dim_role(name)
         if role == "batch":
             return self.batch
         if role == "query":
