@@ -165,6 +165,11 @@ def where(findings: list[Finding], dash: str = "-") -> str:
         parts.append(f"{'layer' if len(layers) == 1 else 'layers'} {ranges(layers, dash)}{count}")
     outside = [f for f in findings if f.layer is None]
     if outside:
-        label = "outside the decoder layers" if any(f.node for f in outside) else "configuration"
+        if any(f.node for f in outside):
+            label = "outside the decoder layers"
+        elif any(f.location.key_path or f.location.line for f in outside):
+            label = "configuration"
+        else:
+            label = "the whole graph"  # a fact about the model's interface or every layer, with no one node
         parts.append(label + (f" ({len(outside)})" if len(outside) > 1 else ""))
     return "; ".join(parts)

@@ -1,13 +1,16 @@
 """Inventory rules (OGM): what the graph holds, counted, against what the policy declares: layer counts, ops it
-requires by explicit count, ops it forbids."""
+requires by explicit count, ops it forbids; and a KV cache the graph returns but cannot be given back."""
 
 from __future__ import annotations
 
+import re
+
 from ortgate.config.expectations import POLICY
 from ortgate.findings import Severity
-from ortgate.graph.index import Graph, op_key, parse_op_key
+from ortgate.graph.index import Graph, ValueInfo, op_key, parse_op_key
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
 from ortgate.graph.patterns.moe import moe_blocks
+from ortgate.knowledge.dims import dim_kind
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
@@ -209,3 +212,77 @@ def forbidden_op(ctx: RuleContext):
                 fix=f"Remove {op_type} from the graph (re-export), or drop it from model.forbidden_ops.",
                 properties={"op": op_key(domain, op_type), "more": more} if more else None,
             )
+
+
+# A graph output holding a KV cache: named for it (present.N.key, present_key_values, present_value) and of rank 4,
+# or a fused attention op's present_key / present_value output.
+_PRESENT_NAME = re.compile(r"(^|[._/])present", re.IGNORECASE)
+# A graph input that carries state from the previous step: a KV cache, a linear-attention or convolution state.
+_STATE_NAME = re.compile(r"past|cache|state|recurrent|conv", re.IGNORECASE)
+
+
+def _cache_outputs(graph: Graph) -> list[str]:
+    by_attention = {name for node in fused_attention_nodes(graph) if node.graph is None
+                    for name in node.outputs[1:3] if name}
+    return [o.name for o in graph.outputs
+            if o.name in by_attention or (_PRESENT_NAME.search(o.name) and o.shape is not None and len(o.shape) == 4)]
+
+
+def _carries_state(info: ValueInfo) -> bool:
+    return bool(_STATE_NAME.search(info.name)) or any(
+        isinstance(d, str) and dim_kind(d) == "kv" for d in (info.shape or ()))
+
+
+@rule("OGM012", "kv-cache-not-fed-back", Severity.ERROR)
+def kv_cache_not_fed_back(ctx: RuleContext):
+    """The graph returns a KV cache (present tensors) but takes none back: every token recomputes the whole sequence.
+
+    ## What it checks
+    The exported graph's outputs that hold a KV cache (rank-4 outputs named `present...`, or a fused attention op's
+    present_key / present_value) against its inputs: at least one input must carry state from the previous step
+    (a past KV cache, named `past...` / `...cache...` or with a dim that grows during decode, or a linear-attention
+    state). A graph with present outputs and no such input was exported for a cache it cannot be given.
+
+    ## Why it costs throughput
+    Without the cache as an input, a decode step cannot attend to what earlier steps computed: the runtime (or
+    onnxruntime-genai, which refuses such a model) has to run the whole sequence again for every new token, every
+    projection and every expert included. The step reads the same weights but computes, and for attention reads,
+    L tokens instead of one: at a context of a few thousand tokens that is orders of magnitude per token, and the
+    present tensors are written for nothing.
+
+    ## Bad
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    decoder (float[B, 2, T, 16] k) => (float[B, 2, T, 16] present_key)
+    {
+      present_key = Identity(k)
+    }
+    ```
+
+    ## Good
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    decoder (float[B, 2, T, 16] k, float[B, 2, P, 16] past_key) => (float[B, 2, S, 16] present_key)
+    {
+      present_key = Concat<axis = 2>(past_key, k)
+    }
+    ```
+
+    ## Fix
+    Re-export with the cache as inputs: optimum's task `text-generation-with-past`, torch.onnx with
+    `past_key_values` among the example inputs and their dims dynamic, Olive's conversion with a with-past task;
+    onnxruntime-genai's builder always writes them. A model meant for prefill only should not return present tensors.
+    """
+    graph = ctx.model
+    present = _cache_outputs(graph)
+    if not present or any(_carries_state(i) for i in graph.inputs):
+        return
+    shown = ", ".join(present[:4]) + (f" and {len(present) - 4} more" if len(present) > 4 else "")
+    yield ctx.finding(
+        f"the graph returns {len(present)} KV-cache tensor{'s' if len(present) != 1 else ''} ({shown}) but takes no "
+        "cache or state input: the cache cannot be fed back, so every generated token recomputes the whole sequence",
+        graph=graph,
+        fix="Re-export with the past KV cache as inputs (optimum: task text-generation-with-past; torch.onnx: "
+            "past_key_values among the inputs, their sequence dims dynamic).",
+        properties={"present_outputs": len(present), "first_outputs": present[:4]},
+    )
