@@ -110,10 +110,14 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def headline(summary: dict) -> str:
-    """'h100-sxm (catalog), batch 1, context 4,096: 3.44 tokens/s as exported -> 137 with fixes (ceiling ...)'."""
+def headline(summary: dict, *, compact: bool = False) -> str:
+    """'h100-sxm (catalog), batch 1, context 4,096: 3.44 tokens/s as exported -> 137 with fixes (ceiling ...), an
+    estimate'; compact, for a line that already says it is the estimate: '...: 3.44 -> 137 tokens/s with fixes
+    (ceiling ...)'."""
     a, w = summary["as_exported"], summary["with_fixes"]
-    return (f"{summary['device']} ({summary['figures']}), batch {summary['batch_size']}, context "
-            f"{summary['context_length']:,}: {format_rate(a['tokens_per_s_expected'])} tokens/s as exported -> "
-            f"{format_rate(w['tokens_per_s_expected'])} with fixes (ceiling {format_rate(a['tokens_per_s_ceiling'])} "
-            f"-> {format_rate(w['tokens_per_s_ceiling'])}), an estimate")
+    step = f"{summary['device']} ({summary['figures']}), batch {summary['batch_size']}, context {summary['context_length']:,}"
+    expected = format_rate(a["tokens_per_s_expected"]), format_rate(w["tokens_per_s_expected"])
+    ceiling = f"(ceiling {format_rate(a['tokens_per_s_ceiling'])} -> {format_rate(w['tokens_per_s_ceiling'])})"
+    if compact:
+        return f"{step}: {expected[0]} -> {expected[1]} tokens/s with fixes {ceiling}"
+    return f"{step}: {expected[0]} tokens/s as exported -> {expected[1]} with fixes {ceiling}, an estimate"

@@ -70,12 +70,16 @@ def price_text(price: Price) -> str:
     return f"~{time_text(price.ms_per_token)} per token ({price.share:.0%} of the step) on {price.device}, estimated"
 
 
+def price_totals(prices: list[Price]) -> tuple[float, float]:
+    """What fixing all these findings saves: ms per token and share of the step."""
+    return sum(p.ms_per_token for p in prices), sum(p.share for p in prices)
+
+
 def group_price_text(prices: list[Price]) -> str:
     """One finding's price, or a group's: each (when equal) and all together."""
     if len(prices) == 1:
         return price_text(prices[0])
-    total = sum(p.ms_per_token for p in prices)
-    share = sum(p.share for p in prices)
+    total, share = price_totals(prices)
     equal = len({round(p.ms_per_token, 9) for p in prices}) == 1
     each = f"~{time_text(prices[0].ms_per_token)} per token each, " if equal else ""
     per = "" if equal else " per token"

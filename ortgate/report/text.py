@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, group_price_text, time_text
+from ortgate.report import display_path, group_price_text, price_totals, time_text
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -150,22 +150,10 @@ def _write_table(console: Console, active: list[Finding], options: TextOptions) 
         cells: list[str | Text] = [f"{code} {name}", Text(severity.label, style=STYLE[severity]), str(len(findings))]
         if priced:
             prices = [f.price for f in findings if f.price is not None]
-            total, share = sum(p.ms_per_token for p in prices), sum(p.share for p in prices)
+            total, share = price_totals(prices)
             cells.append(Text(f"{time_text(total)} ({share:.0%})" if prices else "", style="magenta"))
         table.add_row(*cells, where(findings))
     console.print(table)
-
-
-def _estimate_line(estimate: dict) -> str:
-    """'h100-sxm (catalog), batch 1, context 4,096: 3.44 -> 137 tokens/s with fixes (ceiling ...)': the line
-    starts with `estimate`, and every `saves` above is priced on the same device and step."""
-    from ortgate.cost.estimate import format_rate
-
-    a, w = estimate["as_exported"], estimate["with_fixes"]
-    return (f"{estimate['device']} ({estimate['figures']}), batch {estimate['batch_size']}, context "
-            f"{estimate['context_length']:,}: {format_rate(a['tokens_per_s_expected'])} -> "
-            f"{format_rate(w['tokens_per_s_expected'])} tokens/s with fixes (ceiling "
-            f"{format_rate(a['tokens_per_s_ceiling'])} -> {format_rate(w['tokens_per_s_ceiling'])})")
 
 
 def _write_verdict(console: Console, result: LintResult, active: list[Finding], options: TextOptions) -> None:
@@ -189,7 +177,9 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
     width = max(options.width, MIN_WIDTH)
     if s.get("estimate"):
-        _print_wrapped(console, Text(f"estimate  {_estimate_line(s['estimate'])}"), width)
+        from ortgate.engine.pricing import headline
+
+        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'], compact=True)}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
