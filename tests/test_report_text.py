@@ -151,3 +151,15 @@ def test_the_summary_table_is_rich_on_a_terminal_and_plain_text_otherwise():
     assert "\x1b[" not in plain and "─" not in plain
     assert "OGF004 rule  warning          3  layers 0-2 (3)" in plain
     assert "\x1b[" in colored and "─" in colored
+
+
+def test_where_names_the_whole_graph_for_a_finding_with_no_node_and_configuration_for_a_policy_key():
+    from ortgate.report.groups import where
+
+    model = Finding(code="OGM012", rule="kv-cache-not-fed-back", severity=Severity.ERROR, message="m",
+                    location=Location("model.onnx"))
+    config = Finding(code="OGS002", rule="free-dim-override-missing", severity=Severity.WARNING, message="m",
+                     location=Location("policy.yaml", line=3, key_path="session.free_dimension_overrides"))
+    assert where([model]) == "the whole graph"
+    assert where([config]) == "configuration"
+    assert where([model, model]) == "the whole graph (2)"
