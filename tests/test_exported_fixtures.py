@@ -138,5 +138,5 @@ def test_lfm2_moe_routing_selected_in_the_graph_feeds_the_fused_moe():
     path = EXPORTED / "genai-lfm2_moe-fp32-cpu" / "model.onnx"
     graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
     blocks = moe_blocks(graph)
-    assert [(b.layer, b.fused is not None, b.experts, b.top_k) for b in blocks] == [(1, True, 4, 2), (2, True, 4, 2)]
+    assert [(b.layer, b.fused is not None, b.experts, b.k) for b in blocks] == [(1, True, 4, 2), (2, True, 4, 2)]
     assert sum(1 for n in graph.nodes if n.op_type == "TopK") == 2  # the routing ops the builder left in the graph

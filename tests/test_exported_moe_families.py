@@ -42,6 +42,10 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    "dynamo-gpt_oss_batched": {  # the same family with transformers' batched_mm experts
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
     "dynamo-deepseek_v3": {  # layer 0 is a dense MLP; MLA: q/k/v packing is undecided, not a violation
         "moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
@@ -87,6 +91,8 @@ MOE_SHAPE = {
     "dynamo-olmoe": (8, 2, "softmax_topk", "batched", 8, 2, 0, 0, 0),  # one batched MatMul per GatherND stack
     "dynamo-phimoe": (4, 2, "sparsemixer", "dense", 4, 8, 0, 0, 0),
     "dynamo-gpt_oss": (4, 2, "topk_softmax", "dense", 4, 8, 0, 0, 0),
+    # batched_mm: one Gather of the stacked gate_up (biased) and one of the down weights, a batched MatMul each
+    "dynamo-gpt_oss_batched": (4, 2, "topk_softmax", "batched", 4, 2, 0, 0, 0),
     "dynamo-deepseek_v3": (4, 2, "sigmoid_group_topk", "dense", 4, 8, 1, 3, 0),  # ungated shared expert
     "dynamo-qwen3_moe": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),
     # the legacy exporter's eager loop: tokens dispatched per expert (OneHot / NonZero / Gather), gate, up and down apart
@@ -174,7 +180,7 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
 # fixture -> how its rotary pairs components (transformers: rotate_half, or DeepSeek-V3's rope_interleave)
 ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
-    "dynamo-gpt_oss": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
+    "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
 }
 
 

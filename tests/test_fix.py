@@ -420,6 +420,20 @@ def test_gpt_oss_clamped_swiglu_with_biases_keeps_its_constants(tmp_path):
     assert node.input[3] and node.input[5]  # fc1 and fc2 biases
 
 
+def test_gpt_oss_batched_experts_with_gathered_biases_are_rewritten_and_verified(tmp_path):
+    """GPT-OSS with transformers' batched_mm experts: each (token, choice) row gathers its expert's gate_up and down
+    weights and biases from [E, ., .] / [E, N] stacks; both layers become one MoE node with both biases, verified."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-gpt_oss_batched" / "model.onnx", "-o", out, "--select", "moe-not-fused")
+    assert code == 0 and report["verification"]["passed"] and not report["refusals"]
+    assert [(r["layer"], r["pattern"], r["routing"]) for r in report["rewrites"]] == [
+        (0, "batched_matmul", "topk_softmax"), (1, "batched_matmul", "topk_softmax")]
+    attrs = report["rewrites"][0]["attributes"]
+    assert attrs["swiglu_limit"] == 7.0 and attrs["normalize_routing_weights"] == 1
+    nodes = moe_nodes(out / "model.onnx")
+    assert len(nodes) == 2 and all(n.input[3] and n.input[5] for n in nodes)  # fc1 and fc2 biases
+
+
 # ---- PhiMoE's sparsemixer router ---------------------------------------------------------------------------------
 
 DYNAMO_PHIMOE = EXPORTED / "dynamo-phimoe" / "model.onnx"

@@ -143,7 +143,7 @@ def _infer_from_graph(exp: Expectations, graph: Graph) -> None:
         if experts:
             exp.experts = Expected(experts[-1], GRAPH)
     if exp.top_k is None:
-        ks = sorted({b.top_k for b in blocks if b.top_k})
+        ks = sorted({b.k for b in blocks if b.k})
         if ks:
             exp.top_k = Expected(ks[-1], GRAPH)
     gqa = gqa_nodes(graph)

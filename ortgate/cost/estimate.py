@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, step_model
+from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, expert_bytes_read, step_model
 from ortgate.cost.repairs import Repair, find_repairs, partial
 from ortgate.cost.shapes import StepShape
 from ortgate.graph.index import Graph
@@ -291,7 +291,8 @@ class Estimate:
             "as_exported": self.as_exported.to_dict(),
             "with_fixes": self.with_fixes.to_dict(),
             "moe_layers": [{"layer": f.layer, "form": f.form, "experts": f.experts, "top_k": f.top_k,
-                            "experts_read": None if f.experts_read is None else round(f.experts_read, 2)}
+                            "experts_read": None if f.experts_read is None else round(f.experts_read, 2),
+                            "expert_bytes_read": None if (b := expert_bytes_read(f)) is None else round(b)}
                            for f in self.model.moe_forms],
             "largest_costs": [{"what": c.words, "ms": round(c.ms, 4), "share_of_step": round(c.share, 4)}
                               for c in self.largest_costs()],

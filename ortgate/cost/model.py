@@ -29,7 +29,7 @@ from ortgate.graph.patterns.attention import (
     kv_expanded,
 )
 from ortgate.graph.patterns.common import cached, linear_nodes
-from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, moe_blocks
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, decomposed_rotaries
@@ -607,8 +607,9 @@ def _fused_moe(graph: Graph, model: StepModel, block: MoeBlock, known: set[str],
     assert node is not None
     quantized = node.op_type == "QMoE"
     experts = block.experts
-    k = node.int_attr("k", 1) or 1
-    form = MoeLayerForm(node.layer, "fused-quantized" if quantized else "fused", experts, k, None, node, [node])
+    k = block.k or 1
+    form = MoeLayerForm(node.layer, "fused-quantized" if quantized else block.expert_form.cost_form, experts, k, None,
+                        node, [node])
     if not experts:
         model.uncounted.append(Uncounted("moe", f"{node.display_name}: the expert count (fc1's first dim) is not "
                                                 "known: its expert weights are not counted"))
@@ -665,29 +666,22 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     assert router is not None
     nodes = [n for n in moe_block_nodes(graph, block) if n is not router]
     experts = block.experts or 0
-    k = _top_k(graph, block) or 0
+    k = block.k or 0
     costs = model.costs
     known = host_known(graph)
     linears: list[Node] = []
-    nonzero = stacked = False
     for n in nodes:
-        op = n.op_type
-        if op in _LINEAR_WEIGHT_OPS or op == "MatMulNBits":
+        if n.op_type in _LINEAR_WEIGHT_OPS or n.op_type == "MatMulNBits":
             nc = costs.get(n.index)
             if nc is not None and nc.cost.flops:
                 linears.append(n)
-        elif op == "NonZero":
-            nonzero = True
-        elif op in ("Gather", "GatherND") and n.input(1) not in known:
-            init = graph.initializers.get(n.input(0))
-            stacked = stacked or (init is not None and len(init.dims) == 3)
-    form_name = "gather-loop" if nonzero else ("gather-per-token" if stacked else "dense-loop")
+    form_name = block.expert_form.cost_form
     form = MoeLayerForm(block.layer, form_name, experts or None, k or None, None, router, nodes)
     lin_bytes = sum(costs[n.index].cost.bytes for n in linears)
     lin_macs = sum(costs[n.index].cost.flops for n in linears) / (2.0 * tokens) if tokens else 0.0
     per_expert = round(len(linears) / experts) if experts else 0
     routed = per_expert * experts
-    stacks = _gathered_stacks(graph, nodes, known) if form_name == "gather-per-token" else []
+    stacks = _gathered_stacks(graph, nodes, known) if block.expert_form is ExpertForm.BATCHED else []
     if experts and block.routed and _split_by_block(graph, model, form, block, linears, stacks, tokens):
         pass  # the patterns told routed experts from shared ones
     elif experts and per_expert and routed <= len(linears):
@@ -700,10 +694,10 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     if not experts:
         model.uncounted.append(Uncounted("moe", f"MoE block at {router.display_name}: expert count unknown"))
         return form
-    if form_name == "dense-loop":
+    if block.expert_form is ExpertForm.DENSE:
         form.experts_read = float(experts)
         label = f"the dense expert loop reads all {experts} experts"
-    elif form_name == "gather-loop":
+    elif block.expert_form is ExpertForm.GATHER:
         # every expert's MatMuls run, on the tokens routed to it: an expert no token chose reads nothing
         form.experts_read = float(min(tokens * k, experts)) if k else None
         label = f"the per-expert gather loop reads {_experts_text(form.experts_read)} of {experts} experts (no dedup)"
@@ -788,16 +782,19 @@ def _split_by_block(graph: Graph, model: StepModel, form: MoeLayerForm, block: M
     return True
 
 
-def _top_k(graph: Graph, block: MoeBlock) -> int | None:
-    topk = block.topk
-    if topk is None:
-        topk = next((n for n in block.routing_nodes if n.op_type == "TopK"), None)
-    if topk is None:
+def expert_bytes_read(form: MoeLayerForm) -> float | None:
+    """Bytes of routed expert weights one step of the form reads (its `experts_read` of its E experts)."""
+    if not form.experts or form.experts_read is None:
         return None
-    value = graph.scalar(topk.input(1)) if topk.input(1) else None
-    if value is None:
-        value = topk.int_attr("k")
-    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+    return form.expert_bytes * form.experts_read / form.experts
+
+
+def fused_expert_bytes_read(form: MoeLayerForm, tokens: int) -> float | None:
+    """The same step's expert weight bytes once the layer is one fused MoE node: the distinct experts `tokens`
+    tokens touch (`expected_experts`), as `_fused_moe` prices the node."""
+    if not form.experts:
+        return None
+    return form.expert_bytes * expected_experts(form.experts, form.top_k or 1, tokens) / form.experts
 
 
 def _experts_text(n: float | None) -> str:

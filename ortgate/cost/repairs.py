@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ortgate.cost.model import Cost, NodeCost, StepModel, attention_core_nodes, expected_experts
+from ortgate.cost.model import (
+    Cost,
+    NodeCost,
+    StepModel,
+    attention_core_nodes,
+    expected_experts,
+    fused_expert_bytes_read,
+)
 from ortgate.graph.index import Node
 from ortgate.graph.patterns.attention import attention_cores
 from ortgate.graph.patterns.norms import decomposed_rmsnorms, residual_norms
@@ -119,7 +126,7 @@ def find_repairs(model: StepModel) -> list[Repair]:
         touched = expected_experts(form.experts, k, tokens)
         cost = Cost()
         dtype = next((d for n in form.nodes if n.index in costs for d in costs[n.index].cost.bytes_by_dtype), None)
-        cost.add_bytes(form.expert_bytes * touched / form.experts + form.shared_bytes, dtype)
+        cost.add_bytes((fused_expert_bytes_read(form, tokens) or 0.0) + form.shared_bytes, dtype)
         cost.flops = 2.0 * tokens * (k * form.expert_macs + form.shared_macs)
         cost.launches = moe_launches + form.shared_linears + (2 if form.shared_linears else 0)
         add("moe", form.layer, form.anchor, (n.index for n in form.nodes), cost, graph.dtype(form.anchor.input(0)),

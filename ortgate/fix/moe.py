@@ -17,10 +17,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ortgate.cost import StepShape, step_model
+from ortgate.cost.model import expert_bytes_read, fused_expert_bytes_read
 from ortgate.errors import printable
 from ortgate.fix.weights import DataFile, MemorySink, WeightSource, itemsize
 from ortgate.graph.index import Graph
-from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, view_shape
+from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies
 from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.moe_op import moe_op_facts
 
@@ -141,17 +143,19 @@ def _attributes(a: MoeAnatomy, facts) -> dict:
     return attrs
 
 
+# One decode token: the step the rewrite's bytes are quoted for.
+DECODE_TOKEN = StepShape(batch=1, new_tokens=1)
+
+
 def _price(graph: Graph, r: MoeRewrite) -> None:
-    a = r.anatomy
-    first = a.experts[0]
-    size = itemsize(_dtype_code(graph, first.down.initializer)) or 4
-    per_expert = sum(view_shape(graph, v)[0] * view_shape(graph, v)[1]
-                     for v in (first.gate, first.up, first.down) if v is not None) * size
-    experts = len(a.experts)
-    k = a.k or 1
-    # A dense loop runs every expert on every token; a token-dispatch loop runs only the experts that got rows.
-    r.bytes_before = per_expert * (experts if a.pattern == "dense_loop" else min(k, experts))
-    r.bytes_after = per_expert * min(k, experts)
+    """Expert weight bytes one decode token reads before and after the rewrite, as the cost model prices the block
+    (`ortgate estimate` of the same model) and the fused MoE node that replaces it."""
+    model = step_model(graph, DECODE_TOKEN, gpu=False)
+    form = next((f for f in model.moe_forms if f.anchor is r.anatomy.anchor), None)
+    before = expert_bytes_read(form) if form is not None else None
+    after = fused_expert_bytes_read(form, DECODE_TOKEN.tokens) if form is not None else None
+    r.bytes_before = round(before or 0)
+    r.bytes_after = round(after or 0)
 
 
 def _dtype_code(graph: Graph, initializer: str) -> int:

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
-from ortgate.graph.patterns.moe import ROUTING_FORMS, MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
@@ -101,8 +101,8 @@ def moe_not_fused(ctx: RuleContext):
             related=[*block.routing_nodes, *block.expert_linears],
             fix=MOE_FIX, fix_form="moe_fused",
             properties={
-                "experts": block.experts, "top_k": block.top_k, "routing_form": block.routing_form,
-                "expert_form": block.expert_form, "routed_experts": block.routed_experts_found,
+                "experts": block.experts, "top_k": block.k, "routing_form": block.routing_form.value,
+                "expert_form": block.expert_form.value, "routed_experts": block.routed_experts_found,
                 "expert_projections": len(block.routed_linears), "shared_experts": len(block.shared),
                 "shared_expert_projections": len(block.shared_linears), "shared_expert_gates": len(block.shared_gates),
             },
@@ -113,15 +113,14 @@ def moe_structure(block: MoeBlock) -> str:
     """What an unfused MoE block computes, each kind of node counted on its own."""
     ops = Counter(n.op_type for n in block.routing_nodes)
     listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items()))
-    form = ROUTING_FORMS.get(block.routing_form, block.routing_form)
-    k = f", k={block.top_k}" if block.top_k else ""
+    form = block.routing_form.words
+    k = f", k={block.k}" if block.k else ""
     extras = [w for w, on in (("renormalised", block.normalized), (f"scaled by {block.scaled:g}" if block.scaled else "",
                                                                     bool(block.scaled))) if on]
     routing = f"router {block.router.display_name if block.router else '?'} -> {form}{k}" + (
         f" ({', '.join(extras)})" if extras else "") + f" [{listed}]"
     found = block.routed_experts_found
-    loop = {"dense": "every expert on every token", "gather": "tokens gathered per expert",
-            "batched": "stacked expert weights gathered per token, batched MatMul"}.get(block.expert_form, block.expert_form)
+    loop = block.expert_form.words
     routed = f"{found} routed expert{'s' if found != 1 else ''} ({loop}; {len(block.routed_linears)} projections)"
     parts = [routing, routed]
     if block.shared:

@@ -10,23 +10,29 @@ A block is recognised by what it computes, not by one op:
 The routing region is the forward data flow of the router's logits through nodes whose every input is derived
 from the logits or is a constant / shape computation: it ends where routing meets something else (an expert's
 output it weights, the tokens it picks, a stacked weight it gathers), so it is bounded by the graph's own
-structure, not by a depth. Expert forms:
+structure, not by a depth. Expert forms (`ExpertForm`):
 
     dense    every expert runs on every token, its output weighted by a column of the routing matrix
     gather   tokens are dispatched to each expert (NonZero / Where / Gather of the token rows), legacy traced loops
-    batched  the stacked expert weights are gathered per (token, expert) pair (GatherND) and run as one batched
-             MatMul (transformers' batched_mm)
+    batched  the stacked expert weights (and biases) are gathered per (token, expert) pair (Gather / GatherND) and
+             run as one batched MatMul (transformers' batched_mm)
     fused    com.microsoft MoE / QMoE
 
 Shared experts (an FFN of the same x whose output joins the routed sum unweighted, or scaled by
 sigmoid(x @ w_gate)) and their gates are told apart from routed experts: only the routed ones are weighted by the
 routing.
+
+`moe_blocks` is the one reading of a graph's MoE layers: lint rules, the cost model and `ortgate fix` all read its
+`MoeBlock`s (fix through `moe_anatomy`, the rewrite's detail of a block). Every name a form has elsewhere (its words
+in findings, the cost model's form, the rewrite's pattern) is declared with the form here, so a new form is one
+edit of this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
@@ -53,6 +59,71 @@ _X_VIEW_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "U
 _ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"})
 _GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})
 _SHAPE_SOURCES = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range", "EyeLike"})
+
+
+class ExpertForm(StrEnum):
+    """How an MoE block computes its experts (see the module docstring)."""
+
+    DENSE = "dense"
+    GATHER = "gather"
+    BATCHED = "batched"
+    FUSED = "fused"
+
+    @property
+    def words(self) -> str:
+        """What the form computes, in a finding's words."""
+        return _EXPERT_FORM_NAMES[self][0]
+
+    @property
+    def cost_form(self) -> str:
+        """The cost model's name for the form (a fused QMoE is "fused-quantized")."""
+        return _EXPERT_FORM_NAMES[self][1]
+
+    @property
+    def rewrite_pattern(self) -> str:
+        """The rewrite's name for the unfused form it replaces ("" for a fused block)."""
+        return _EXPERT_FORM_NAMES[self][2]
+
+
+# form -> (words, cost model form, rewrite pattern)
+_EXPERT_FORM_NAMES = {
+    ExpertForm.DENSE: ("every expert on every token", "dense-loop", "dense_loop"),
+    ExpertForm.GATHER: ("tokens gathered per expert", "gather-loop", "gather_loop"),
+    ExpertForm.BATCHED: ("stacked expert weights gathered per token, batched MatMul", "gather-per-token",
+                         "batched_matmul"),
+    ExpertForm.FUSED: ("fused", "fused", ""),
+}
+
+
+class RoutingForm(StrEnum):
+    """How an MoE block turns router logits into k weighted experts."""
+
+    SOFTMAX_TOPK = "softmax_topk"
+    TOPK_SOFTMAX = "topk_softmax"
+    SIGMOID_TOPK = "sigmoid_topk"
+    SIGMOID_GROUP_TOPK = "sigmoid_group_topk"
+    GROUP_TOPK = "group_topk"
+    SPARSEMIXER = "sparsemixer"
+    ARGMAX = "argmax"
+    TOPK = "topk"
+    FUSED = "fused"
+
+    @property
+    def words(self) -> str:
+        return _ROUTING_WORDS[self]
+
+
+_ROUTING_WORDS = {
+    RoutingForm.SOFTMAX_TOPK: "softmax -> top-k",
+    RoutingForm.TOPK_SOFTMAX: "top-k -> softmax",
+    RoutingForm.SIGMOID_TOPK: "sigmoid -> top-k",
+    RoutingForm.SIGMOID_GROUP_TOPK: "sigmoid scores, group-limited top-k",
+    RoutingForm.GROUP_TOPK: "group-limited top-k",
+    RoutingForm.SPARSEMIXER: "sparsemixer (max / masked softmax, no TopK)",
+    RoutingForm.ARGMAX: "arg-max (top-1)",
+    RoutingForm.TOPK: "top-k over the logits",
+    RoutingForm.FUSED: "fused",
+}
 
 
 @dataclass
@@ -83,33 +154,27 @@ class ExpertFfn:
 
 @dataclass
 class MoeBlock:
-    """One MoE layer as found in the graph."""
+    """One MoE layer as found in the graph: the one reading of it that rules, the cost model and fix share."""
 
     router: Node | None  # the projection to expert logits (None for a fused node fed by something else)
     experts: int | None  # E: the router's width (or the fused node's stack)
     layer: int | None
+    expert_form: ExpertForm
+    routing_form: RoutingForm
+    k: int | None = None  # experts per token: the TopK's constant k, the fused node's k, or the picks of a max router
     fused: Node | None = None  # the MoE / QMoE node when fused
     topk: Node | None = None  # the TopK that picks the experts (the last one, for group-limited selection)
     routing_nodes: list[Node] = field(default_factory=list)  # every node of the routing region, TopK included
     expert_linears: list[Node] = field(default_factory=list)  # routed + shared expert linears and shared gates
     selection: list[Node] = field(default_factory=list)  # TopK / ArgMax nodes of the routing region
-    routing_form: str = ""  # see ROUTING_FORMS
     normalized: bool | None = None  # top-k weights divided by their sum
     scaled: float | None = None  # a constant factor on the routing weights (DeepSeek routed_scaling_factor)
-    expert_form: str = ""  # dense | gather | batched | fused
     routed: list[ExpertFfn] = field(default_factory=list)
     shared: list[ExpertFfn] = field(default_factory=list)
     shared_gates: list[Node] = field(default_factory=list)
     combine: Node | None = None  # the node where the routed sum ends (before shared experts join)
     output: str = ""  # the block's output value (routed sum plus shared experts)
     hidden: str = ""  # x: the value the router reads, before reshapes
-    _k: int | None = None
-
-    @property
-    def top_k(self) -> int | None:
-        if self.fused is not None:
-            return self.fused.int_attr("k")
-        return self._k
 
     @property
     def anchor(self) -> Node:
@@ -129,19 +194,6 @@ class MoeBlock:
         return [n for e in self.shared for n in e.linears]
 
 
-ROUTING_FORMS = {
-    "softmax_topk": "softmax -> top-k",
-    "topk_softmax": "top-k -> softmax",
-    "sigmoid_topk": "sigmoid -> top-k",
-    "sigmoid_group_topk": "sigmoid scores, group-limited top-k",
-    "group_topk": "group-limited top-k",
-    "sparsemixer": "sparsemixer (max / masked softmax, no TopK)",
-    "argmax": "arg-max (top-1)",
-    "topk": "top-k over the logits",
-    "fused": "fused",
-}
-
-
 def fused_moe_nodes(graph: Graph) -> list[Node]:
     return sorted((n for op in MOE_OPS for n in graph.by_op(MS_DOMAIN, op)), key=lambda n: n.index)
 
@@ -158,7 +210,8 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
         fc1 = graph.value(node.input(positions.fc1_experts_weights))
         experts = fc1.shape[0] if fc1 and fc1.shape and isinstance(fc1.shape[0], int) else None
         router = _producer_linear(graph, node.input(positions.router_probs))
-        blocks.append(MoeBlock(router, experts, node.layer, fused=node, routing_form="fused", expert_form="fused"))
+        blocks.append(MoeBlock(router, experts, node.layer, ExpertForm.FUSED, RoutingForm.FUSED, node.int_attr("k"),
+                               fused=node))
         if router is not None:
             claimed.add(router.index)
     if any(graph.by_op_type(*SELECTION_OPS)):
@@ -297,7 +350,8 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     routed = _routed_experts(graph, router, region, x_values, aux)
     if not routed:
         return None
-    block = MoeBlock(router, experts, None, selection=selection, hidden=hidden)
+    block = MoeBlock(router, experts, None, _expert_form(graph, routed, region), RoutingForm.TOPK, selection=selection,
+                     hidden=hidden)
     block.routing_nodes = sorted(region.nodes.values(), key=lambda n: n.index)
     block.routed = routed
     block.topk = _main_topk(graph, selection, experts)
@@ -306,7 +360,6 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     block.combine, routed_sum = _routed_sum(graph, routed, region)
     block.shared, block.shared_gates = _shared_experts(graph, router, x_values, routed_linears, routed_sum, region)
     block.output = _block_output(graph, routed_sum, block.shared)
-    block.expert_form = _expert_form(graph, routed, region)
     block.expert_linears = sorted({n.index: n for n in (*block.routed_linears, *block.shared_linears,
                                                           *block.shared_gates)}.values(), key=lambda n: n.index)
     block.layer = router.layer if router.layer is not None else graph.layer_of_nodes([router, *block.routed_linears])
@@ -373,14 +426,24 @@ def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
     if is_view(graph, node):
         return list(node.inputs[:1])
     if _bias_add(graph, node):
-        return [next(i for i in node.inputs if weight_dims(graph, i) is None and not graph.is_constant(i))]
+        return [next(i for i in node.inputs if not _bias_operand(graph, i))]
     return []
 
 
 def _bias_add(graph: Graph, node: Node) -> bool:
     return node.domain == DEFAULT_DOMAIN and node.op_type == "Add" and len(node.inputs) == 2 and any(
-        weight_dims(graph, i) is not None or graph.is_constant(i) for i in node.inputs) and not all(
-        weight_dims(graph, i) is not None or graph.is_constant(i) for i in node.inputs)
+        _bias_operand(graph, i) for i in node.inputs) and not all(_bias_operand(graph, i) for i in node.inputs)
+
+
+def _bias_operand(graph: Graph, value: str) -> bool:
+    """A constant bias, or an expert's bias row gathered from an [E, N] stack by the routing (batched experts)."""
+    if weight_dims(graph, value) is not None or graph.is_constant(value):
+        return True
+    node = graph.producer(value)
+    if node is None or node.domain != DEFAULT_DOMAIN or node.op_type not in ("Gather", "GatherND") or len(node.inputs) < 2:
+        return False
+    dims = weight_dims(graph, node.inputs[0])
+    return dims is not None and len(dims) == 2 and not graph.is_constant(node.inputs[1])
 
 
 def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: set[str]) -> list[Node]:
@@ -498,27 +561,26 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
     topks = [n for n in block.selection if n.op_type == "TopK"]
     ops = {n.op_type for n in nodes.values()}
     if block.topk is not None:
-        k = graph.constant_value(block.topk.input(1))
-        block._k = int(k[0]) if k and len(k) == 1 else None
+        block.k = _topk_k(graph, block.topk)
         before = {n.op_type for n in _ancestors_in(graph, block.topk.input(0), nodes, set())}
         after_values = {block.topk.outputs[0]}
         after = [n for n in nodes.values() if n.index > block.topk.index]
         softmax_after = any(n.op_type == "Softmax" and any(i in after_values or _derived(graph, i, block.topk.outputs[0])
                                                            for i in n.inputs) for n in after)
         if len(topks) > 1:
-            block.routing_form = "sigmoid_group_topk" if "Sigmoid" in before else "group_topk"
+            block.routing_form = RoutingForm.SIGMOID_GROUP_TOPK if "Sigmoid" in before else RoutingForm.GROUP_TOPK
         elif "Softmax" in before:
-            block.routing_form = "softmax_topk"
+            block.routing_form = RoutingForm.SOFTMAX_TOPK
         elif "Sigmoid" in before:
-            block.routing_form = "sigmoid_topk"
+            block.routing_form = RoutingForm.SIGMOID_TOPK
         elif softmax_after:
-            block.routing_form = "topk_softmax"
+            block.routing_form = RoutingForm.TOPK_SOFTMAX
         else:
-            block.routing_form = "topk"
+            block.routing_form = RoutingForm.TOPK
     else:
         argmax = [n for n in block.selection if n.op_type == "ArgMax"]
-        block._k = len(argmax) or None
-        block.routing_form = "sparsemixer" if len(argmax) > 1 and "Softmax" in ops else "argmax"
+        block.k = len(argmax) or None
+        block.routing_form = RoutingForm.SPARSEMIXER if len(argmax) > 1 and "Softmax" in ops else RoutingForm.ARGMAX
     block.normalized = any(n.op_type == "Div" and (d := graph.producer(n.input(1))) is not None
                            and d.index in nodes and _sum_like(graph, d, nodes) for n in nodes.values())
     scale = None
@@ -528,8 +590,17 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
                 v = graph.scalar(i)
                 if isinstance(v, (int, float)) and v not in (0, 1) and not (region.values & {i}):
                     scale = float(v)
-    block.scaled = scale if scale is not None and block.routing_form in ("sigmoid_group_topk", "group_topk",
-                                                                          "sigmoid_topk") else None
+    block.scaled = scale if scale is not None and block.routing_form in (
+        RoutingForm.SIGMOID_GROUP_TOPK, RoutingForm.GROUP_TOPK, RoutingForm.SIGMOID_TOPK) else None
+
+
+def _topk_k(graph: Graph, topk: Node) -> int | None:
+    """k of a TopK: its constant k input (opset >= 10) or its k attribute (opset 1)."""
+    value = graph.constant_value(topk.input(1)) if topk.input(1) else None
+    if value is not None:
+        return int(value[0]) if len(value) == 1 else None
+    k = topk.int_attr("k")
+    return int(k) if k else None
 
 
 def _produced_by(graph: Graph, value: str, op_types: Iterable[str]) -> bool:
@@ -718,15 +789,15 @@ def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -
     return last
 
 
-def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> str:
+def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> ExpertForm:
     if any(e.stacked for e in routed):
-        return "batched"
+        return ExpertForm.BATCHED
     for e in routed:
         for p in e.projections:
             for i in _data_inputs(graph, p):
                 if _selected_rows(graph, i, region.values):
-                    return "gather"
-    return "dense"
+                    return ExpertForm.GATHER
+    return ExpertForm.DENSE
 
 
 def _selected_rows(graph: Graph, value: str, routing: set[str]) -> bool:

@@ -1,10 +1,12 @@
 """What an unfused MoE block computes, read from its graph: the detail a rewrite into com.microsoft.MoE needs.
 
-`moe_blocks` finds a block (its router, TopK, routing and expert nodes). `moe_anatomy` reads the rest from the
-same graph, metadata only: the routing form (softmax then top-k, top-k then softmax, renormalised or not), k, the
+`moe_blocks` reads a block once (its router, TopK, routing and expert nodes, its expert form, routing form and k).
+`moe_anatomies` adds the detail a rewrite needs to each unfused block, from the same graph, metadata only: whether
+the top-k weights are renormalised, the tensors the routing hands the experts (weights, indices, logits), the
 hidden tensor the experts read, where the routed sum ends, and for every expert its index, the gate / up / down
 weights as views of initializers (which initializer, which slice of a stacked one, transposed or not, which
-rows of a merged gate_up), and the activation. A block the op cannot express gets a `refusal` that says why.
+rows of a merged gate_up), and the activation. Forms and k are the block's, never read again here. A block the op
+cannot express gets a `refusal` that says why.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached, skip_back, view_chain
-from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks
 
 # Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
 # the views that keep every element (a rewrite reads the value whole, so no Gather of some of its entries).
@@ -54,12 +56,13 @@ class ExpertAnatomy:
 
 @dataclass
 class MoeAnatomy:
+    """The rewrite's detail of one unfused `MoeBlock`."""
+
     block: MoeBlock
     layer: int | None
-    pattern: str = ""  # dense_loop | gather_loop | ...
-    routing: str = ""  # softmax_topk | topk_softmax
-    k: int | None = None
     normalize: bool = False
+    weights: str = ""  # the [tokens, k] routing weights the experts' outputs are scaled by
+    indices: str = ""  # the [tokens, k] expert indices they are picked by
     hidden: str = ""  # the [tokens, H] (or [B, S, H]) tensor the experts read
     logits: str = ""  # router logits, [.., E]
     output: str = ""  # the routed sum (same shape as `hidden`)
@@ -77,13 +80,26 @@ class MoeAnatomy:
     def anchor(self) -> Node:
         return self.block.anchor
 
+    @property
+    def k(self) -> int | None:
+        return self.block.k
+
+    @property
+    def routing(self) -> RoutingForm:
+        return self.block.routing_form
+
+    @property
+    def pattern(self) -> str:
+        """The unfused form the rewrite replaces: dense_loop | gather_loop | batched_matmul."""
+        return self.block.expert_form.rewrite_pattern
+
 
 def moe_anatomies(graph: Graph) -> list[MoeAnatomy]:
     """One anatomy per unfused MoE block of the main graph (fused blocks have nothing to rewrite)."""
 
     def compute(g: Graph) -> list[MoeAnatomy]:
         return [_anatomy(g, b) for b in moe_blocks(g) if b.fused is None and b.router is not None
-                and (b.topk is not None or b.routing_form == "sparsemixer") and b.router.graph is None]
+                and (b.topk is not None or b.routing_form is RoutingForm.SPARSEMIXER) and b.router.graph is None]
 
     return cached(graph, "moe_anatomies", compute)
 
@@ -209,10 +225,8 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
                       "expert capacity")
     if not topk.attr("largest", 1) or not _last_axis(graph, topk.input(0), topk.attr("axis", -1)):
         raise _Refuse("TopK is not the largest-k over the expert axis")
-    k = const_ints(graph, topk.input(1))
-    if not k or len(k) != 1:
+    if block.k is None:
         raise _Refuse("k of the router's TopK is not a constant")
-    a.k = k[0]
     experts = block.experts
     if not experts:
         raise _Refuse("the router's expert count is unknown")
@@ -222,7 +236,7 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     if scorer is not None and scorer.op_type == "Softmax" and scorer.domain == DEFAULT_DOMAIN:
         if not _last_axis(graph, scorer.input(0), scorer.attr("axis", -1)):
             raise _Refuse("the router's Softmax is not over the expert axis")
-        a.routing = "softmax_topk"
+        read = RoutingForm.SOFTMAX_TOPK
         a.logits = _logits_value(graph, scorer.input(0), block)
         weights, a.normalize = _renormalised(graph, values)
     elif scorer is not None and scorer.op_type == "Sigmoid":
@@ -236,17 +250,19 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
         if softmax is None or not _last_axis(graph, softmax.input(0), softmax.attr("axis", -1)):
             raise _Refuse("top-k over raw logits without a Softmax over the chosen k: the weights are not the "
                           "softmax probabilities com.microsoft.MoE uses")
-        a.routing = "topk_softmax"
+        read = RoutingForm.TOPK_SOFTMAX
         a.logits = _logits_value(graph, ranked, block)
         weights, a.normalize = softmax.outputs[0], True
     else:
         what = scorer.op_type if scorer is not None else "a graph input"
         raise _Refuse(f"the router's TopK ranks the output of {what}, not softmax(logits) or the logits")
+    if read is not block.routing_form:
+        raise _Refuse(f"the routing reads as {read.words} where the block was found as {block.routing_form.words}")
     width = graph.shape(a.logits)
     if width and isinstance(width[-1], int) and width[-1] != experts:
         raise _Refuse(f"router width {width[-1]} differs from the {experts} experts")
-    a.__dict__["_weights"] = weights
-    a.__dict__["_indices"] = topk.outputs[1] if len(topk.outputs) > 1 else ""
+    a.weights = weights
+    a.indices = topk.outputs[1] if len(topk.outputs) > 1 else ""
     _check_scaling(graph, weights)
 
 
@@ -284,13 +300,12 @@ def _read_sparsemixer(graph: Graph, a: MoeAnatomy) -> None:
     indices = _concat_of(graph, [p.outputs[0] for p in picks])
     if combined is None or indices is None:
         raise _Refuse("the sparsemixer's two weights or two picks are not joined into one [tokens, 2] tensor")
-    a.routing, a.k, a.normalize, a.jitter_eps = "sparsemixer", 2, False, bands[0] / 2
+    a.normalize, a.jitter_eps = False, bands[0] / 2
     a.logits = _logits_value(graph, logits, block)
     width = graph.shape(a.logits)
     if width and isinstance(width[-1], int) and block.experts and width[-1] != block.experts:
         raise _Refuse(f"router width {width[-1]} differs from the {block.experts} experts")
-    a.__dict__["_weights"] = combined
-    a.__dict__["_indices"] = indices
+    a.weights, a.indices = combined, indices
 
 
 def _first_pick_masked(graph: Graph, scores: str, logits: str, first: Node) -> bool:
@@ -444,9 +459,7 @@ def _check_scaling(graph: Graph, weights: str) -> None:
 
 
 def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
-    weights: str = a.__dict__["_weights"]
-    indices: str = a.__dict__["_indices"]
-    routing_values = _descendants(graph, {weights, indices})
+    routing_values = _descendants(graph, {a.weights, a.indices})
     contributions = _contributions(graph, a, routing_values)
     if not contributions:
         raise _Refuse("no expert output weighted by the routing weights was found")
@@ -455,6 +468,8 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     activations: set[tuple[str, tuple]] = set()
     combine_nodes: set[int] = set()
     if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
+        if a.block.expert_form is not ExpertForm.BATCHED:
+            raise _Refuse(f"one weighted output for all experts, but the experts were found {a.block.expert_form.words}")
         _read_batched(graph, a, *contributions[0])
         return
     for mul, expert_out, weight in contributions:
@@ -479,7 +494,10 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     hidden = _common_hidden(graph, expert_inputs)
     if hidden is None:
         raise _Refuse("the experts do not read one common hidden state")
-    a.hidden, a.pattern = hidden
+    a.hidden, pattern = hidden
+    if pattern != a.pattern:
+        raise _Refuse(f"the experts read their input as a {pattern.replace('_', ' ')}, but were found "
+                      f"{a.block.expert_form.words}")
     a.output, a.combine = _combine_end(graph, [c[0] for c in contributions])
     _check_shapes(graph, a)
 
@@ -510,7 +528,7 @@ def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weigh
                           f"of width {count} (expert count differs from the router's width)")
     if len(inputs) != 1 or len(activations) != 1:
         raise _Refuse("the batched experts read different tensors or use different activations")
-    a.experts, a.pattern = experts, "batched_matmul"
+    a.experts = experts
     a.activation, a.swiglu = activations.pop()
     a.hidden = _unrepeat(graph, inputs.pop())
     a.output, a.combine = _sum_over_k(graph, mul, a.k or 0)

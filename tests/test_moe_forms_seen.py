@@ -1,0 +1,80 @@
+"""Every MoE form the project recognises, seen again on every committed real export.
+
+Each row is read from the graph's producer and model code (BUILD_INFO.json, the fixtures README), not from ortgate:
+the MoE layers of the graph as (layer, expert form, routing form, k). A fixture or example folder added without a
+row fails, and so does any graph whose MoE layers are no longer all found as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from ortgate.graph import build_graph
+from ortgate.graph.patterns.moe import ExpertForm, RoutingForm, moe_blocks
+from tests.conftest import EXPORTED
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+FUSED = (ExpertForm.FUSED, RoutingForm.FUSED, 2)
+
+
+def _layers(count: int, form: tuple, first: int = 0) -> list[tuple]:
+    return [(layer, *form) for layer in range(first, first + count)]
+
+
+# model file (relative to tests/fixtures/exported or examples) -> its MoE layers: (layer, expert form, routing form, k)
+EXPECTED: dict[str, list[tuple]] = {
+    # onnxruntime-genai builder: com.microsoft.MoE / QMoE in every MoE layer
+    "genai-gpt_oss-fp16-cuda/model.onnx": _layers(2, FUSED),
+    "genai-gpt_oss-fp32-cpu/model.onnx": _layers(2, FUSED),
+    "genai-gpt_oss-int4-cuda/model.onnx": _layers(2, FUSED),
+    "genai-lfm2_moe-fp32-cpu/model.onnx": _layers(2, FUSED, first=1),  # layer 0 is a dense MLP
+    "genai-qwen3_5_moe-fp16-cuda/model.onnx": _layers(4, FUSED),
+    "genai-qwen3_5_moe-fp32-cpu/model.onnx": _layers(4, FUSED),
+    "genai-qwen3_5_moe-int4-cpu/model.onnx": _layers(4, FUSED),
+    "genai-qwen3_5_moe-int4-cuda/model.onnx": _layers(4, FUSED),
+    "genai0.13-qwen3-fp32-cpu/model.onnx": [],  # dense Qwen3
+    # torch.onnx dynamo, the "dense" experts (every expert on every token)
+    "dynamo-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-qwen3_moe/model.optimized.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-qwen3_moe/model.optimized-basic.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-qwen3_moe-ortfusions/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
+    "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
+    "dynamo-deepseek_v3/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
+    "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-gpt_oss_batched/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.TOPK_SOFTMAX, 2)),
+    "olive-mixtral/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
+    # optimum's legacy TorchScript export: transformers' eager loop, tokens dispatched per expert
+    "optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
+    "optimum-llama-past/model.onnx": [],
+    "optimum-llama-past-o2/model.onnx": [],
+    # examples/
+    "qwen3-moe-tiny-fused/model.onnx": _layers(2, FUSED),
+    "qwen3-moe-tiny-fused-cpu/model.onnx": _layers(2, FUSED),
+    "qwen3-moe-tiny-unfused/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+}
+
+
+def _committed() -> dict[str, Path]:
+    found = {str(p.relative_to(EXPORTED)): p for p in EXPORTED.glob("*/*.onnx")}
+    found.update({str(p.relative_to(EXAMPLES)): p for p in EXAMPLES.glob("*/*.onnx")})
+    return found
+
+
+def test_every_committed_export_has_a_row():
+    assert sorted(_committed()) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_moe_layers_of_every_committed_export(name):
+    path = _committed()[name]
+    graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
+    got = [(b.layer, b.expert_form, b.routing_form, b.k) for b in moe_blocks(graph)]
+    assert got == EXPECTED[name]
