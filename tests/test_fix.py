@@ -51,6 +51,8 @@ FORMS = [
     dict(moe="dense_loop"),
     dict(moe="dense_loop", gate_up="separate", router_order="topk_softmax"),
     dict(moe="dense_loop", normalize_routing_weights=0),
+    dict(moe="dense_loop", renormalisation="l1"),  # DBRX: ReduceL1 -> Div
+    dict(moe="gather_loop", renormalisation="clamped_sum"),  # ERNIE-4.5: ReduceSum -> Clip(min) -> Div
     dict(moe="dense_loop", shared_expert=True, naming="none"),
     dict(moe="dense_loop", naming="opaque", experts=8, top_k=2, hidden=32, moe_intermediate=32),
     dict(moe="gather_loop"),

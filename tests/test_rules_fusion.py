@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import EXPORTED
 from tests.helpers import by_rule, lint_findings
 
@@ -28,6 +30,16 @@ def test_dense_expert_loop_is_reported_once_per_layer(make_model):
 def test_gather_loop_routing_is_reported(make_model):
     found = by_rule(lint_findings(make_model(moe="gather_loop"), select=["moe-not-fused"]), "moe-not-fused")
     assert [f.layer for f in found] == [0, 1]
+
+
+@pytest.mark.parametrize("renormalisation", ["sum", "l1", "clamped_sum"])
+def test_every_renormalisation_spelling_is_named(make_model, renormalisation):
+    """Top-k weights divided by their sum (Qwen3), their L1 norm (DBRX: ReduceL1 -> Div) or their sum clamped to a
+    minimum (ERNIE-4.5: ReduceSum -> Clip -> Div) are renormalised; without the Div they are not."""
+    for normalize in (1, 0):
+        model = make_model(moe="dense_loop", renormalisation=renormalisation, normalize_routing_weights=normalize)
+        found = by_rule(lint_findings(model, select=["moe-not-fused"]), "moe-not-fused")
+        assert found and all(("renormalised" in f.message) == bool(normalize) for f in found)
 
 
 def test_fused_moe_passes(make_model):

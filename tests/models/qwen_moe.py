@@ -101,6 +101,9 @@ class ModelSpec:
     swiglu_fusion: int = 1  # fused/qmoe: 0 separate fc3, 1 interleaved, 2 concatenated
     moe_activation: str = "swiglu"
     normalize_routing_weights: int = 1
+    # how the top-k weights are renormalised: "sum" (ReduceSum -> Div, Qwen3), "l1" (ReduceL1 -> Div, DBRX's
+    # torch.norm(p=1)), "clamped_sum" (ReduceSum -> Clip(min) -> Div, ERNIE-4.5's moe_norm_min)
+    renormalisation: str = "sum"
     attention: str = "gqa"  # see ATTENTION_KINDS
     qkv: str = "packed"  # "packed" (one MatMul to [q|k|v]) | "separate" (q_proj, k_proj, v_proj)
     rotary: str = "fused"  # "fused" (com.microsoft RotaryEmbedding) | "gqa" (do_rotary=1) | "decomposed"
@@ -984,7 +987,12 @@ def _top_k_routing(g: _Graph, logits: str, scope: _Scope) -> tuple[str, str]:
     probs = g.op("Softmax", [logits], route_scope, axis=-1)
     values, indices = g.ops("TopK", [probs, k], route_scope, 2, axis=-1)
     if spec.normalize_routing_weights:
-        total = g.op("ReduceSum", [values, g.const([-1])], route_scope, keepdims=1)
+        if spec.renormalisation == "l1":
+            total = g.op("ReduceL1", [values, g.const([-1])], route_scope, keepdims=1)
+        else:
+            total = g.op("ReduceSum", [values, g.const([-1])], route_scope, keepdims=1)
+        if spec.renormalisation == "clamped_sum":
+            total = g.op("Clip", [total, g.float_const(1e-12)], route_scope)
         values = g.op("Div", [values, total], route_scope)
     return values, indices
 

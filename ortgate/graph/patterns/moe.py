@@ -30,7 +30,7 @@ edit of this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -581,8 +581,9 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
         argmax = [n for n in block.selection if n.op_type == "ArgMax"]
         block.k = len(argmax) or None
         block.routing_form = RoutingForm.SPARSEMIXER if len(argmax) > 1 and "Softmax" in ops else RoutingForm.ARGMAX
-    block.normalized = any(n.op_type == "Div" and (d := graph.producer(n.input(1))) is not None
-                           and d.index in nodes and _sum_like(graph, d, nodes) for n in nodes.values())
+    block.normalized = any(n.op_type == "Div" and n.domain == DEFAULT_DOMAIN and sum_of_weights(
+        graph, n.input(1), lambda r: r.index in nodes, lambda v: (p := graph.producer(v)) is not None and p.index in nodes)
+        is not None for n in nodes.values())
     scale = None
     for n in nodes.values():
         if n.op_type == "Mul" and len(n.inputs) == 2:
@@ -608,15 +609,32 @@ def _produced_by(graph: Graph, value: str, op_types: Iterable[str]) -> bool:
     return producer is not None and producer.op_type in op_types
 
 
-def _sum_like(graph: Graph, node: Node, nodes: dict[int, Node]) -> bool:
-    """Whether a routing node is a sum over the top-k weights: a ReduceSum, through views and Adds (an epsilon, or
-    the sum of a few weights written as Adds) within the routing region."""
+# Reductions a renormalisation divides the top-k weights by: their sum, or their L1 norm (equal for weights >= 0).
+RENORM_REDUCTIONS = frozenset({"ReduceSum", "ReduceL1"})
+# Ops between that reduction and the Div that keep it the sum: an epsilon added, a clamp from below (Clip, Max).
+_RENORM_GUARDS = frozenset({"Add", "Clip", "Max"})
+
+
+def sum_of_weights(graph: Graph, divisor: str, reduction: Callable[[Node], bool],
+                   inner: Callable[[str], bool] = lambda v: True) -> Node | None:
+    """The ReduceSum / ReduceL1 a divisor is, recognised by what it computes (Qwen3 and Mixtral divide by the sum,
+    DBRX by the L1 norm, ERNIE by the sum clamped to a minimum): through views, the Add of an epsilon, a Clip or a
+    Max of a constant, and Adds of a few weights (the sum written out). `reduction` says which reduction counts (it
+    reads the weights divided); `inner` which values the walk may follow."""
     def follow(n: Node) -> list[str]:
-        if is_view(graph, n) or (n.domain == DEFAULT_DOMAIN and n.op_type == "Add"):
-            return [i for i in n.inputs if i and (p := graph.producer(i)) is not None and p.index in nodes]
+        if n.domain != DEFAULT_DOMAIN:
+            return []
+        if is_view(graph, n):
+            return [i for i in n.inputs[:1] if inner(i)]
+        if n.op_type == "Clip":
+            bounds = [i for i in n.inputs[1:] if i]
+            return [n.inputs[0]] if inner(n.inputs[0]) and all(graph.is_constant(i) for i in bounds) else []
+        if n.op_type in _RENORM_GUARDS:
+            return [i for i in n.inputs if i and not graph.is_constant(i) and inner(i)]
         return []
 
-    return find_up(graph, node.outputs[0], lambda n: n.op_type == "ReduceSum" and n.index in nodes, follow) is not None
+    return find_up(graph, divisor, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in RENORM_REDUCTIONS
+                   and reduction(n), follow)
 
 
 def _derived(graph: Graph, value: str, source: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached, skip_back, view_chain
-from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks
+from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
 
 # Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
 # the views that keep every element (a rewrite reads the value whole, so no Gather of some of its entries).
@@ -430,16 +430,13 @@ def _logits_value(graph: Graph, value: str, block: MoeBlock) -> str:
 
 
 def _renormalised(graph: Graph, values: str) -> tuple[str, bool]:
-    """The top-k weights, and whether they are divided by their sum (Qwen3 norm_topk_prob)."""
+    """The top-k weights, and whether they are divided by their sum or L1 norm (Qwen3 norm_topk_prob, DBRX's
+    ReduceL1, ERNIE's sum clamped to a minimum: `sum_of_weights`)."""
     consumers, seen = _single_consumer_through_views(graph, values)
-    sums = [c for c in consumers if c.op_type == "ReduceSum"]
-    divs = [c for c in consumers if c.op_type == "Div" and c.input(0) == seen]
-    if len(sums) == 1 and len(divs) == 1 and divs[0].input(1) in sums[0].outputs:
-        return divs[0].outputs[0], True
-    if len(sums) == 1 and len(divs) == 1:
-        total = graph.producer(divs[0].input(1))
-        if total is not None and total.op_type in _VIEW_OPS | {"Add"} and sums[0].outputs[0] in total.inputs:
-            return divs[0].outputs[0], True  # sum + epsilon, or a Cast of the sum
+    divs = [c for c in consumers if c.op_type == "Div" and c.domain == DEFAULT_DOMAIN and c.input(0) == seen]
+    for div in divs:
+        if sum_of_weights(graph, div.input(1), lambda r: r.input(0) == seen) is not None:
+            return div.outputs[0], True
     return values, False
 
 
