@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
@@ -61,7 +61,17 @@ _GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})
 _SHAPE_SOURCES = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Range", "EyeLike"})
 
 
-class ExpertForm(StrEnum):
+class _Form(str, Enum):
+    """A form's value is its name in JSON and text (as a StrEnum, which Python 3.10 lacks)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class ExpertForm(_Form):
     """How an MoE block computes its experts (see the module docstring)."""
 
     DENSE = "dense"
@@ -95,7 +105,7 @@ _EXPERT_FORM_NAMES = {
 }
 
 
-class RoutingForm(StrEnum):
+class RoutingForm(_Form):
     """How an MoE block turns router logits into k weighted experts."""
 
     SOFTMAX_TOPK = "softmax_topk"
