@@ -436,6 +436,20 @@ def test_gpt_oss_batched_experts_with_gathered_biases_are_rewritten_and_verified
     assert len(nodes) == 2 and all(n.input[3] and n.input[5] for n in nodes)  # fc1 and fc2 biases
 
 
+def test_moe_behind_a_quantized_router_is_rewritten_and_verified(tmp_path):
+    """quantize_dynamic's router (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale)) is a projection to
+    the expert logits like any other: the float experts become one MoE node fed the dequantized logits, the
+    quantized router stays, and the rewrite verifies."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "quantdyn-olmoe" / "model.onnx", "-o", out, "--select", "moe-not-fused")
+    assert code == 0 and report["verification"]["passed"] and not report["refusals"]
+    assert [(r["layer"], r["pattern"], r["experts"], r["k"]) for r in report["rewrites"]] == [
+        (0, "batched_matmul", 8, 2), (1, "batched_matmul", 8, 2)]
+    fixed = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert sum(n.op_type == "MoE" for n in fixed.graph.node) == 2
+    assert sum(n.op_type == "MatMulInteger" for n in fixed.graph.node) == 11  # every quantized projection kept
+
+
 # ---- PhiMoE's sparsemixer router ---------------------------------------------------------------------------------
 
 DYNAMO_PHIMOE = EXPORTED / "dynamo-phimoe" / "model.onnx"

@@ -51,6 +51,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-gpt_oss_batched/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.TOPK_SOFTMAX, 2)),
     "olive-mixtral/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
+    # ORT's quantize_dynamic of dynamo-olmoe: routers are MatMulInteger -> Cast -> Mul(scale), experts stay batched
+    "quantdyn-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     # optimum's legacy TorchScript export: transformers' eager loop, tokens dispatched per expert
     "optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "optimum-llama-past/model.onnx": [],

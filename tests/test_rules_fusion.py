@@ -70,6 +70,15 @@ def test_an_unfused_graph_with_the_declared_moe_layers_has_no_count_finding(make
     assert sorted(f.rule for f in found) == ["moe-not-fused", "moe-not-fused"]
 
 
+def test_moe_behind_a_quantized_router_is_seen_and_counted(write_policy):
+    """quantize_dynamic's routers (MatMulInteger -> Cast -> Mul(scale) -> Softmax -> TopK) are projections like any
+    other: each layer's MoE is reported unfused, and the policy's count of MoE layers holds."""
+    policy = write_policy("name: p\nmodel:\n  moe_layers: 2\n")
+    found = lint_findings(EXPORTED / "quantdyn-olmoe" / "model.onnx", policy, select=["moe-not-fused"])
+    assert [(f.rule, f.layer) for f in found] == [("moe-not-fused", 0), ("moe-not-fused", 1)]
+    assert "8 experts" in found[0].message and "k=2" in found[0].message
+
+
 def test_moe_layers_inferred_from_the_graph_never_judge_the_graph(make_model):
     # Without a policy the expected count comes from the graph itself: no count finding.
     assert lint_findings(make_model(layers=2), select=["moe-not-fused"]) == []

@@ -241,7 +241,10 @@ class ModelSpec:
         return 2 * self.moe_intermediate if fused else self.moe_intermediate
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        values = dataclasses.asdict(self)
+        if values["renormalisation"] == "sum":
+            del values["renormalisation"]  # its default: models built before the field existed stay byte-identical
+        return json.dumps(values, sort_keys=True)
 
 
 def spec_from_model(model: onnx.ModelProto) -> ModelSpec | None:

@@ -214,6 +214,40 @@ def matmul_weight(graph: Graph, node: Node) -> tuple[int, ...] | None:
     return None
 
 
+def quantized_weight(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """The [in, out] dims of a MatMulInteger whose second operand is a constant (quantized) weight."""
+    if node.domain == DEFAULT_DOMAIN and node.op_type == "MatMulInteger":
+        dims = weight_dims(graph, node.input(1))
+        return dims if dims is not None and len(dims) == 2 else None
+    return None
+
+
+def dequantized_output(graph: Graph, node: Node) -> str:
+    """The real-valued projection a linear computes: its output, or for a MatMulInteger (quantize_dynamic's form)
+    the Mul by the scale that dequantizes its int32 output, after the Cast to float."""
+    out = node.outputs[0] if node.outputs else ""
+    if node.op_type != "MatMulInteger":
+        return out
+    casts = [c for c in graph.consumers(out) if c.domain == DEFAULT_DOMAIN and c.op_type == "Cast"]
+    if len(casts) != 1 or len(graph.consumers(out)) != 1:
+        return out
+    muls = [c for c in graph.consumers(casts[0].outputs[0]) if c.domain == DEFAULT_DOMAIN and c.op_type == "Mul"]
+    if len(muls) != 1 or len(graph.consumers(casts[0].outputs[0])) != 1:
+        return out
+    return muls[0].outputs[0]
+
+
+def dequantized_input(graph: Graph, node: Node) -> str:
+    """The real-valued input a linear reads: input 0, or for a MatMulInteger the value DynamicQuantizeLinear
+    quantized into it."""
+    value = node.input(0)
+    if node.op_type == "MatMulInteger":
+        quant = graph.producer(value)
+        if quant is not None and quant.op_type == "DynamicQuantizeLinear" and quant.domain == DEFAULT_DOMAIN:
+            return quant.input(0)
+    return value
+
+
 LINEAR_OPS = (("ai.onnx", "MatMul"), ("ai.onnx", "Gemm"), ("com.microsoft", "MatMulNBits"))
 
 

@@ -38,10 +38,13 @@ from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
     cached,
     data_input,
+    dequantized_input,
+    dequantized_output,
     find_up,
     is_view,
     matmul_weight,
     producer_through,
+    quantized_weight,
     skip_back,
     view_chain,
     weight_dims,
@@ -245,9 +248,11 @@ def _producer_linear(graph: Graph, value: str) -> Node | None:
 
 
 def _router_candidates(graph: Graph) -> list[tuple[Node, int]]:
+    """Projections of x to a few logits: MatMul, Gemm, MatMulNBits, or a MatMulInteger of a quantized weight (its
+    logits are the dequantizing Mul after it: `dequantized_output`)."""
     out = []
-    for node in sorted(graph.by_op_type("MatMul", "Gemm", "MatMulNBits"), key=lambda n: n.index):
-        dims = matmul_weight(graph, node)
+    for node in sorted(graph.by_op_type("MatMul", "Gemm", "MatMulNBits", "MatMulInteger"), key=lambda n: n.index):
+        dims = matmul_weight(graph, node) or quantized_weight(graph, node)
         if dims and len(dims) == 2 and 2 <= dims[-1] <= MAX_EXPERTS:
             out.append((node, dims[-1]))
     return out
@@ -309,7 +314,7 @@ class _Region:
 
 
 def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
-    start = [o for o in router.outputs if o]
+    start = [dequantized_output(graph, router)] if router.op_type == "MatMulInteger" else [o for o in router.outputs if o]
     values = set(start)
     nodes: dict[int, Node] = {}
     boundary: dict[int, Node] = {}
@@ -324,7 +329,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
             return False  # its output is a shape (aux), not routing
-        if matmul_weight(graph, c) is not None or c.op_type in ("MoE", "QMoE") or c.graph is not None:
+        if matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None or c.op_type in (
+                "MoE", "QMoE") or c.graph is not None:
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
         return all(i in values or aux(i) for i in data if i)
@@ -355,7 +361,7 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
                        key=lambda n: n.index)
     if not selection:
         return None
-    hidden = _hidden_root(graph, router.input(0))
+    hidden = _hidden_root(graph, dequantized_input(graph, router))
     x_values = _x_views(graph, hidden, region.values)
     routed = _routed_experts(graph, router, region, x_values, aux)
     if not routed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, skip_back, view_chain
+from ortgate.graph.patterns.common import cached, dequantized_output, skip_back, view_chain
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
 
 # Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
@@ -416,7 +416,9 @@ def _is_router_output(graph: Graph, value: str, block: MoeBlock) -> bool:
     # Add of a constant bias after the router projection (GPT-OSS router bias): still the logits.
     if node is not None and node.op_type == "Add" and any(graph.is_constant(i) for i in node.inputs):
         start = next(i for i in node.inputs if not graph.is_constant(i))
-    return graph.producer(_through_views(graph, start)) is block.router
+    start = _through_views(graph, start)
+    # a quantized router (MatMulInteger): its logits are the Mul that dequantizes its output
+    return graph.producer(start) is block.router or start == dequantized_output(graph, block.router)
 
 
 def _logits_value(graph: Graph, value: str, block: MoeBlock) -> str:
