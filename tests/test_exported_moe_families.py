@@ -46,6 +46,9 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    "dynamo-dbrx": {  # LayerNorm (no RMSNorm findings); w1 / v1 / w2 apart; Wqkv packed, then clamped
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "gate-up-not-merged": [0, 1],
+    },
     "dynamo-deepseek_v3": {  # layer 0 is a dense MLP; MLA: q/k/v packing is undecided, not a violation
         "moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
@@ -93,6 +96,7 @@ MOE_SHAPE = {
     "dynamo-gpt_oss": (4, 2, "topk_softmax", "dense", 4, 8, 0, 0, 0),
     # batched_mm: one Gather of the stacked gate_up (biased) and one of the down weights, a batched MatMul each
     "dynamo-gpt_oss_batched": (4, 2, "topk_softmax", "batched", 4, 2, 0, 0, 0),
+    "dynamo-dbrx": (4, 2, "softmax_topk", "dense", 4, 12, 0, 0, 0),  # w1, v1 and w2 per expert
     "dynamo-deepseek_v3": (4, 2, "sigmoid_group_topk", "dense", 4, 8, 1, 3, 0),  # ungated shared expert
     "dynamo-qwen3_moe": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),
     # the legacy exporter's eager loop: tokens dispatched per expert (OneHot / NonZero / Gather), gate, up and down apart
@@ -180,7 +184,7 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
 # fixture -> how its rotary pairs components (transformers: rotate_half, or DeepSeek-V3's rope_interleave)
 ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
-    "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
+    "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-dbrx": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
 }
 
 

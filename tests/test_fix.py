@@ -436,6 +436,14 @@ def test_gpt_oss_batched_experts_with_gathered_biases_are_rewritten_and_verified
     assert len(nodes) == 2 and all(n.input[3] and n.input[5] for n in nodes)  # fc1 and fc2 biases
 
 
+def test_dbrx_l1_renormalised_routing_is_rewritten_with_normalized_weights(tmp_path):
+    """DBRX divides its top-k softmax weights by their L1 norm (torch.norm p=1: ReduceL1 -> Div): the same weights
+    as dividing by their sum, so the node renormalises (normalize_routing_weights=1) and verifies."""
+    code, report = fix_json(EXPORTED / "dynamo-dbrx" / "model.onnx", "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0 and report["verification"]["passed"] and not report["refusals"]
+    assert [(r["layer"], r["attributes"]["normalize_routing_weights"]) for r in report["rewrites"]] == [(0, 1), (1, 1)]
+
+
 def test_moe_behind_a_quantized_router_is_rewritten_and_verified(tmp_path):
     """quantize_dynamic's router (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale)) is a projection to
     the expert logits like any other: the float experts become one MoE node fed the dequantized logits, the

@@ -46,6 +46,7 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
+    "dynamo-dbrx/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # ReduceL1 renormalised
     "dynamo-deepseek_v3/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
     # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
     "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
