@@ -64,11 +64,21 @@ class DeploymentFact:
 
 
 @dataclass(frozen=True)
+class AddedKeys:
+    """Session config keys a release after the catalog's introduced (by prefix)."""
+
+    prefix: str
+    since: str
+    source: str
+
+
+@dataclass(frozen=True)
 class _FactsFile:
     schema: Literal[1]
     about: str
     reflects: str
     facts: Mapping[str, DeploymentFact]
+    session_keys_added: tuple[AddedKeys, ...] = ()
 
 
 _FACTS = build(_FactsFile, read_json(DEPLOYMENT_FACTS_JSON), DEPLOYMENT_FACTS_JSON.name)
@@ -76,3 +86,13 @@ _FACTS = build(_FactsFile, read_json(DEPLOYMENT_FACTS_JSON), DEPLOYMENT_FACTS_JS
 
 def deployment_fact(key: str) -> DeploymentFact:
     return _FACTS.facts[key]
+
+
+def session_key_added(key: str) -> AddedKeys | None:
+    """The release that introduced a session config key the catalog (ort_facts.json) does not know, or None."""
+    return next((a for a in _FACTS.session_keys_added if key.startswith(a.prefix)), None)
+
+
+def at_least(version: str | None, since: str) -> bool:
+    v, s = release(version), release(since)
+    return v is not None and s is not None and _pad(v) >= _pad(s)
