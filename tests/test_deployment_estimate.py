@@ -4,6 +4,7 @@ time to the first token, and what batching buys (ortgate/cost/memory.py, ortgate
 from __future__ import annotations
 
 import json
+import sys
 
 import onnx
 import pytest
@@ -183,3 +184,18 @@ def test_a_decode_step_of_the_estimate_is_unchanged_by_the_sweep():
                                                 inputs.cost.provider, inputs.cost.optimization_level,
                                                 inputs.cost.cuda_graph))
     assert p.step_s == pytest.approx(alone.as_exported.expected_s)
+
+
+def test_the_published_figures_table_in_the_docs_is_what_the_benchmark_prints(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("published_figures", REPO / "benchmarks" / "published_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["published_figures"] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["published_figures"]
+    doc = module.DOC.read_text(encoding="utf-8")
+    shown = doc.split(module.BEGIN, 1)[1].split(module.END, 1)[0].strip()
+    assert shown == module.table(tmp_path).strip(), "run python benchmarks/published_figures.py --write"
