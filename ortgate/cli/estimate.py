@@ -209,8 +209,8 @@ def deployment_lines(inputs) -> list[str]:
         from ortgate.cost.estimate import format_bytes
 
         for pt in points:
-            read = f"{pt.experts_read:.1f}" if pt.experts_read is not None else "-"
-            out.append(f"{pt.batch:>7,} {read:>12} {format_bytes(pt.bytes):>11} {pt.step_s * 1e3:>9.3f} "
+            experts = f"{pt.experts_read:.1f}" if pt.experts_read is not None else "-"
+            out.append(f"{pt.batch:>7,} {experts:>12} {format_bytes(pt.bytes):>11} {pt.step_s * 1e3:>9.3f} "
                        f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13}  "
                        f"{pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
         if est.model.moe_forms:

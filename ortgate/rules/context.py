@@ -75,7 +75,7 @@ class LintInputs:
             else:
                 length = max(shape.context, (self.prompt_length or 0) + shape.new_tokens)
                 source = ("throughput.context_length" if self.throughput is not None
-                          and "context_length" in self.throughput.locations else "the estimate's context")
+                          and "context_length" in self.throughput.locations else "the estimate's context: --context, else 2048")
             full = genai.data["model"].get("context_length") if genai is not None else None
             found = self.__dict__["_memory"] = memory_estimate(
                 self.executed, est.model, est.device, batch=shape.batch, kv_length=length, kv_source=source,

@@ -78,7 +78,7 @@ def genai_cuda_graph_unsupported(ctx: RuleContext):
     """
     version, where = declared_release(ctx, "onnxruntime-genai")
     fact = deployment_fact("genai_cuda_graph_unsupported")
-    if version is None or version not in fact.applies_to:
+    if version is None or where is None or version not in fact.applies_to:
         return
     for setup in _cuda_setups(ctx):
         if not cuda_graph_enabled(setup):
