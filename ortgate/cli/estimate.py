@@ -185,8 +185,10 @@ def deployment_lines(inputs) -> list[str]:
             out.append(f"  {p.name.replace('_', ' '):<13} {format_gib(p.bytes):>11}  {p.how}")
         if mem.at_full_context:
             fits = mem.length_fitting(inputs.throughput.memory_share if inputs.throughput is not None else 0.9)
-            out.append(f"  search.max_length {mem.kv_length:,} is the model's whole context (onnxruntime-genai#2251)"
-                       + (f"; {fits:,} fits" if fits else ""))
+            said = ("; it fits at this batch" if fits and fits >= mem.kv_length else
+                    f"; a max_length of {fits:,} fits" if fits else "; no max_length fits")
+            out.append(f"  search.max_length {mem.kv_length:,} is the model's whole context, pre-allocated for every "
+                       f"sequence: {format_gib(mem.part('kv_cache'))} (onnxruntime-genai#2251){said}")
         for u in mem.uncounted[:4]:
             out.append(f"  not sized: {u}")
         out.append("  not counted (ortgate cannot see them): " + "; ".join(mem.not_counted))
