@@ -24,7 +24,10 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     p.add_argument("--policy", help="deployment policy YAML (its throughput: block names the device and the step)")
     p.add_argument("--device", help="a device of the catalog (overrides the policy's); see --list-devices")
-    p.add_argument("--batch", type=_positive, help="sequences per decode step (overrides the policy's)")
+    p.add_argument("--batch", type=_positive_list, metavar="N[,N...]",
+                   help="sequences per decode step (overrides the policy's); a list (1,8,32,128) sweeps the batches")
+    p.add_argument("--prompt", type=_positive, metavar="TOKENS",
+                   help="prompt tokens per sequence: estimate the prefill (time to first token) too")
     p.add_argument("--context", type=_positive, help="positions each step attends to (overrides the policy's)")
     p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
     p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
@@ -43,6 +46,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_list(text: str) -> tuple[int, ...]:
+    items = [x.strip() for x in text.split(",")]
+    if not items or any(not x for x in items):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return tuple(_positive(x) for x in items)
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     if args.list_devices:
         check_outputs([Output(args.output, "device list")] if args.output else [], [])
@@ -56,7 +66,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     outputs = [Output(args.output, "estimate")] if args.output else []
     check_outputs(outputs, [args.model, args.policy, args.optimized, args.config])
     request = LintRequest(args.model, args.policy, args.optimized, args.config,
-                          CostOverrides(args.device, args.batch, args.context))
+                          CostOverrides(args.device, args.batch[0] if args.batch else None, args.context, args.prompt,
+                                        tuple(args.batch) if args.batch and len(args.batch) > 1 else ()))
     inputs = load_inputs(request)
     check_outputs(outputs, inputs.files_read)
     est = inputs.estimate
@@ -143,8 +154,72 @@ def render_text(est, inputs, *, width: int = 120) -> str:
         console.print("not counted")
         for u in est.uncounted:
             console.print(f"  {u.component}: {u.what}")
+    for line in deployment_lines(inputs):
+        console.print(line)
     console.print(f"Every figure is an estimate for {d.name}, never a measurement.")
     return buffer.getvalue()
+
+
+def deployment_lines(inputs) -> list[str]:
+    """Memory fit, the prompt phase and the batch sweep, in plain lines (what `ortgate estimate` adds)."""
+    from ortgate.cost.estimate import format_ms, format_rate
+    from ortgate.cost.memory import format_gib
+    from ortgate.cost.sweep import batch_sweep, moe_crossover
+
+    est = inputs.estimate
+    out: list[str] = []
+    mem = inputs.memory
+    if mem is not None:
+        out.append("")
+        cap = mem.capacity
+        if cap:
+            share = inputs.throughput.memory_share if inputs.throughput is not None else 0.9
+            verdict = ("does not fit" if mem.total > cap else
+                       f"above the {share:.0%} warning share" if mem.share and mem.share > share else "fits")
+            out.append(f"memory    {format_gib(mem.total)} of {format_gib(cap)} on {mem.device.name} "
+                       f"({mem.share:.0%}, memory figure {mem.device.memory_gib.confidence}): {verdict}")
+        else:
+            out.append(f"memory    {format_gib(mem.total)}; {mem.device.name} has no memory figure "
+                       "(calibration.memory_gib gives one): fit not judged")
+        for p in mem.parts:
+            out.append(f"  {p.name.replace('_', ' '):<13} {format_gib(p.bytes):>11}  {p.how}")
+        if mem.at_full_context:
+            fits = mem.length_fitting(inputs.throughput.memory_share if inputs.throughput is not None else 0.9)
+            said = ("; it fits at this batch" if fits and fits >= mem.kv_length else
+                    f"; a max_length of {fits:,} fits" if fits else "; no max_length fits")
+            out.append(f"  search.max_length {mem.kv_length:,} is the model's whole context, pre-allocated for every "
+                       f"sequence: {format_gib(mem.part('kv_cache'))} (onnxruntime-genai#2251){said}")
+        for u in mem.uncounted[:4]:
+            out.append(f"  not sized: {u}")
+        out.append("  not counted (ortgate cannot see them): " + "; ".join(mem.not_counted))
+    pre = inputs.prefill
+    if pre is not None:
+        s = pre.setup.shape
+        step = pre.as_exported
+        out.append("")
+        out.append(f"prefill   {s.new_tokens:,} prompt tokens x batch {s.batch}: time to first token "
+                   f"{format_ms(step.expected_s * 1e3)} expected (ceiling {format_ms(step.ceiling_s * 1e3)}), "
+                   f"beside {format_ms(est.as_exported.expected_s * 1e3)} per decode step")
+        read = [f.experts_read for f in pre.model.moe_forms if f.experts_read is not None]
+        if read:
+            out.append(f"  MoE: {sum(read) / len(read):.1f} experts read per layer over the prompt")
+    if inputs.batch_sizes:
+        points = batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))
+        out.append("")
+        out.append(f"{'batch':>7} {'experts read':>12} {'bytes/step':>11} {'ms/step':>9} {'tok/s/seq':>10} "
+                   f"{'tok/s/device':>13}  bound (MoE)")
+        from ortgate.cost.estimate import format_bytes
+
+        for pt in points:
+            experts = f"{pt.experts_read:.1f}" if pt.experts_read is not None else "-"
+            out.append(f"{pt.batch:>7,} {experts:>12} {format_bytes(pt.bytes):>11} {pt.step_s * 1e3:>9.3f} "
+                       f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13}  "
+                       f"{pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
+        if est.model.moe_forms:
+            cross = moe_crossover(inputs.executed, est.setup)
+            out.append("  the MoE layers stop being bandwidth-bound at batch "
+                       + (f"{cross:,}" if cross else "beyond 65,536 (not found)"))
+    return out
 
 
 def _figures_line(d, dtypes: Sequence[str] = ()) -> str:
@@ -242,15 +317,41 @@ def render_json(est, inputs) -> str:
          "bytes_per_layer": round(sum(t.bytes for t in g.totals.values())),
          "kernel_launches_per_layer": sum(t.launches for t in g.totals.values())}
         for g in est.layer_groups()]
+    data.update(deployment_data(inputs))
     data["fix_savings"] = [{"repair": kind, "layers": n, "ms_per_token": round(s.ms_per_token, 4),
                             "share_of_step": round(s.share, 4)} for kind, n, s in _savings(est)]
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+def deployment_data(inputs) -> dict:
+    from ortgate.cost.sweep import batch_sweep, moe_crossover
+
+    est = inputs.estimate
+    out: dict = {}
+    mem = inputs.memory
+    if mem is not None:
+        out["memory"] = mem.to_dict()
+    pre = inputs.prefill
+    if pre is not None:
+        out["prefill"] = {"estimate": True, "prompt_length": pre.setup.shape.new_tokens,
+                          "batch_size": pre.setup.shape.batch,
+                          "ms_to_first_token_expected": round(pre.as_exported.expected_s * 1e3, 6),
+                          "ms_to_first_token_ceiling": round(pre.as_exported.ceiling_s * 1e3, 6),
+                          "bytes": round(pre.as_exported.totals.bytes), "flops": round(pre.as_exported.totals.flops),
+                          "experts_read": [None if f.experts_read is None else round(f.experts_read, 2)
+                                           for f in pre.model.moe_forms]}
+    if inputs.batch_sizes:
+        out["batches"] = [p.to_dict() for p in batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))]
+        out["moe_compute_bound_from_batch"] = moe_crossover(inputs.executed, est.setup) if est.model.moe_forms \
+            else None
+    return out
+
+
 def devices_text() -> str:
     from ortgate.knowledge.devices import device_names, find_device
 
-    lines = [f"{'device':<12} {'bandwidth':>10} {'bf16/fp16':>10} {'fp32':>7}  label (confidence of the bandwidth)"]
+    header = f"{'device':<12} {'bandwidth':>10} {'bf16/fp16':>10} {'fp32':>7} {'memory':>8}  label (confidence of the "
+    lines = [header + "bandwidth)"]
     for name in device_names():
         d = find_device(name)
         assert d is not None
@@ -258,7 +359,8 @@ def devices_text() -> str:
         half = d.tflops.get("bfloat16") or d.tflops.get("float16")
         full = d.tflops.get("float")
         lines.append(f"{name:<12} {bw:>10} {(f'{half.value:g} TF' if half and half.value else '-'):>10} "
-                     f"{(f'{full.value:g} TF' if full and full.value else ('probe' if full else '-')):>7}  "
+                     f"{(f'{full.value:g} TF' if full and full.value else ('probe' if full else '-')):>7} "
+                     f"{(f'{d.memory_gib.value:g} GiB' if d.memory_gib.value else '-'):>8}  "
                      f"{d.label} ({d.bandwidth_gb_s.confidence})")
     return "\n".join(lines) + "\n"
 

@@ -6,6 +6,10 @@
       max_ms_per_token: 8            # each sequence's time per output token (the step time), at most
       batch_size: 1                  # sequences per step (default: runner.batch_size, else 1)
       context_length: 4096           # positions each step attends to (default: runner.past_sequence_length + 1)
+      batch_sizes: [1, 8, 32]        # batches `ortgate estimate` sweeps
+      prompt_length: 2048            # prompt tokens per sequence: the prefill (time to first token) estimate
+      max_ttft_ms: 400               # time to first token, at most (needs prompt_length)
+      max_memory_share: 0.9          # warn above this share of the device's memory (default 0.9)
       calibration: h100-calibration.yaml   # figures measured by `ortgate run --write-calibration`
       # or inline: calibration: {memory_efficiency: 0.55, kernel_us: 4.0}
       max_p50_latency_ms: 9          # measured by `ortgate run` only (also p90 / p99, min_speedup_vs_default)
@@ -31,7 +35,8 @@ from ortgate.knowledge.devices import Device, Figure, device_names, find_device,
 
 DEFAULT_CONTEXT = 2048
 # Targets `ortgate lint` judges statically, and those only a measurement can judge.
-STATIC_TARGETS = ("min_tokens_per_s", "max_ms_per_token")
+STATIC_TARGETS = ("min_tokens_per_s", "max_ms_per_token", "max_ttft_ms")
+DEFAULT_MEMORY_SHARE = 0.9
 MEASURED_TARGETS = ("max_p50_latency_ms", "max_p90_latency_ms", "max_p99_latency_ms", "min_speedup_vs_default")
 TARGETS = STATIC_TARGETS + MEASURED_TARGETS
 # Calibration keys -> the Device figure they replace.
@@ -45,6 +50,7 @@ CALIBRATION_FIGURES = {
     "moe_efficiency": "kind_efficiency.moe",
     "cache_bytes": "cache_bytes",
     "cache_bandwidth_gb_s": "cache_bandwidth_gb_s",
+    "memory_gib": "memory_gib",
 }
 CALIBRATION_KEYS = tuple(CALIBRATION_FIGURES) + ("tflops",)
 MAX_CALIBRATION_BYTES = 1 << 20
@@ -93,6 +99,10 @@ class ThroughputPolicy:
     calibration: Calibration | None
     match: str | None
     block_location: Location
+    batch_sizes: tuple[int, ...] = ()
+    prompt_length: int | None = None
+    memory_share: float = DEFAULT_MEMORY_SHARE
+    memory_share_given: bool = False
 
     @property
     def static_targets(self) -> dict[str, float]:
@@ -158,9 +168,24 @@ def throughput_policy(policy: Policy | None) -> ThroughputPolicy | None:
         where = policy.where("throughput", "calibration")
         raise InputError(f"throughput.calibration: the file was measured for device {calibration.device!r}, "
                          f"the policy's device is {device.name!r}", where.file, line=where.line)
-    return ThroughputPolicy(device, policy.where("throughput", "device") if name is not None else None, targets,
-                            locations, batch, new_tokens, context, calibration, block.get("match"),
-                            policy.where("throughput"))
+    prompt = block.get("prompt_length")
+    if "max_ttft_ms" in targets and prompt is None:
+        where = policy.where("throughput", "max_ttft_ms")
+        raise InputError("throughput.max_ttft_ms: a time-to-first-token target needs throughput.prompt_length, the "
+                         "prompt it is for", where.file, line=where.line)
+    share = block.get("max_memory_share")
+    tp = ThroughputPolicy(device, policy.where("throughput", "device") if name is not None else None, targets,
+                          locations, batch, new_tokens, context, calibration, block.get("match"),
+                          policy.where("throughput"), tuple(int(b) for b in block.get("batch_sizes") or ()),
+                          int(prompt) if prompt is not None else None,
+                          float(share) if share is not None else DEFAULT_MEMORY_SHARE, share is not None)
+    checked = tp.device_with_figures()
+    if share is not None and checked is not None and checked.memory_gib.value is None:
+        where = policy.where("throughput", "max_memory_share")
+        raise InputError(f"throughput.max_memory_share: device {checked.name!r} has no memory figure in the catalog "
+                         "(give calibration.memory_gib, the memory of the machine it is for)", where.file,
+                         line=where.line)
+    return tp
 
 
 def _calibration(policy: Policy, value: Any) -> Calibration | None:

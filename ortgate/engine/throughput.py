@@ -22,6 +22,8 @@ class CostOverrides:
     device: str | None = None
     batch: int | None = None
     context: int | None = None
+    prompt: int | None = None  # prompt tokens per sequence (the prefill estimate)
+    batches: tuple[int, ...] = ()  # batches to sweep (`--batch 1,8,32`)
 
 
 def device_named(name: str, source: str = "--device") -> Device:
@@ -39,6 +41,8 @@ def resolve_cost(inputs: LintInputs, overrides: CostOverrides | None = None) -> 
     overrides = overrides or CostOverrides()
     tp = throughput_policy(inputs.policy)
     inputs.throughput = tp
+    inputs.prompt_length = overrides.prompt or (tp.prompt_length if tp is not None else None)
+    inputs.batch_sizes = overrides.batches or (tp.batch_sizes if tp is not None else ())
     if overrides.device is not None:
         device = device_named(overrides.device)
     elif tp is not None and tp.device is not None:

@@ -125,6 +125,19 @@ class Initializer:
         """The external data file the model names (never opened)."""
         return (self._storage or self._decode_storage())[1]
 
+    @property
+    def external_length(self) -> int | None:
+        """The byte length the external-data entry declares (the file is never opened), or None."""
+        if not self.external:
+            return None
+        for entry in self._proto.external_data:
+            if entry.key == "length":
+                try:
+                    return max(0, int(entry.value))
+                except ValueError:
+                    return None
+        return None
+
     def small_values(self) -> tuple | None:
         """Flattened values of a small inline initializer; None when external, large or sparse."""
         values = self._values

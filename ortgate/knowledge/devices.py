@@ -66,6 +66,13 @@ class Device:
     # served at the cache's bandwidth. None on GPUs, whose caches are far smaller than any model.
     cache_bytes: Figure = Figure(None, "no cache figure", "default")
     cache_bandwidth_gb_s: Figure = Figure(None, "no cache figure", "default")
+    # Memory capacity in GiB (None: not in the catalog, as for the cpu device, whose memory is the machine's).
+    memory_gib: Figure = Figure(None, "no memory figure", "default")
+
+    @property
+    def memory_bytes(self) -> float | None:
+        v = self.memory_gib.value
+        return None if v is None else v * 2**30
 
     @property
     def bandwidth(self) -> float | None:
@@ -129,6 +136,7 @@ class Device:
             "kind_efficiency": {k: v.to_dict() for k, v in sorted(self.kind_efficiency.items())},
             "cache_bytes": self.cache_bytes.to_dict(),
             "cache_bandwidth_gb_s": self.cache_bandwidth_gb_s.to_dict(),
+            "memory_gib": self.memory_gib.to_dict(),
         }
 
 
@@ -162,6 +170,7 @@ class _DeviceEntry:
     kind_efficiency: Mapping[str, _FigureEntry] = field(default_factory=dict)
     cache_bytes: _FigureEntry | None = None
     cache_bandwidth_gb_s: _FigureEntry | None = None
+    memory_gib: _FigureEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +239,7 @@ def _build(name: str, data: _DeviceEntry) -> Device:
         cache_bytes=data.cache_bytes.figure() if data.cache_bytes else Figure(None, "no cache figure", "default"),
         cache_bandwidth_gb_s=(data.cache_bandwidth_gb_s.figure() if data.cache_bandwidth_gb_s
                               else Figure(None, "no cache figure", "default")),
+        memory_gib=data.memory_gib.figure() if data.memory_gib else Figure(None, "no memory figure", "default"),
     )
 
 

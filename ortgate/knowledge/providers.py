@@ -61,6 +61,8 @@ class ProviderOption:
     python_api: bool = True  # False: the Python API rejects the key (C/C++ API only)
     validated_by: str = "ort"  # "ort", or the backend that checks the value instead (ORT passes it on unchecked)
     note: str | None = None
+    deprecated_since: str | None = None  # the ORT release that deprecated it
+    deprecated_note: str | None = None
 
     @property
     def default_string(self) -> str:
@@ -195,6 +197,8 @@ class _OptionEntry:
     python_api: bool = True
     validated_by: str = "ort"
     note: str | None = None
+    deprecated_since: str | None = None
+    deprecated_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,8 @@ def _catalog(name: str, prov: _ProviderEntry, data: _ProviderOptionsFile) -> Pro
     options = {
         key: ProviderOption(provider=name, key=key, type=o.type, default=o.default, description=o.description,
                             values=o.values, min=o.min, max=o.max, bool_values=bools, python_api=o.python_api,
-                            validated_by=o.validated_by, note=o.note)
+                            validated_by=o.validated_by, note=o.note, deprecated_since=o.deprecated_since,
+                            deprecated_note=o.deprecated_note)
         for key, o in prov.options.items()
     }
     catalog = ProviderCatalog(

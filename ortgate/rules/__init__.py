@@ -39,6 +39,7 @@ def _register() -> None:
         placement,
         projections,
         provider,
+        reported,
         rotary,
         runtime,
         session,

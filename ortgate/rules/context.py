@@ -12,7 +12,8 @@ from ortgate.config.expectations import Expectations
 from ortgate.config.genai import GenaiConfig
 from ortgate.config.policy import Policy
 from ortgate.config.throughput import ThroughputPolicy
-from ortgate.cost import CostSetup, Estimate, estimate
+from ortgate.cost import CostSetup, Estimate, StepShape, estimate
+from ortgate.cost.memory import MemoryEstimate, memory_estimate
 from ortgate.errors import printable
 from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
@@ -41,6 +42,47 @@ class LintInputs:
     # The device and decode step the cost model prices (None: no device named, nothing is priced).
     cost: CostSetup | None = None
     throughput: ThroughputPolicy | None = None
+    prompt_length: int | None = None  # prompt tokens per sequence the prefill estimate is for (None: none)
+    batch_sizes: tuple[int, ...] = ()  # batches `ortgate estimate` sweeps
+
+    @property
+    def prefill(self) -> Estimate | None:
+        """The prompt phase (time to first token): one step of `prompt_length` new tokens per sequence over a
+        context of the prompt, for `cost`'s batch. None without a device or a prompt length."""
+        if self.cost is None or not self.prompt_length:
+            return None
+        found = self.__dict__.get("_prefill")
+        if found is None:
+            shape = StepShape(self.cost.shape.batch, self.prompt_length, self.prompt_length)
+            found = self.__dict__["_prefill"] = estimate(self.executed, replace(self.cost, shape=shape))
+        return found
+
+    @property
+    def memory(self) -> MemoryEstimate | None:
+        """The memory the deployment needs on `cost`'s device (None: no device named)."""
+        est = self.estimate
+        if est is None:
+            return None
+        found = self.__dict__.get("_memory")
+        if found is None:
+            shape = est.setup.shape
+            genai = self.genai
+            shared = bool(genai is not None and genai.past_present_share_buffer and genai.max_length)
+            if shared:
+                assert genai is not None and genai.max_length is not None
+                length = genai.max_length
+                source = "genai_config.json search.max_length, pre-allocated by past_present_share_buffer"
+            else:
+                length = max(shape.context, (self.prompt_length or 0) + shape.new_tokens)
+                source = ("throughput.context_length" if self.throughput is not None
+                          and "context_length" in self.throughput.locations else "the estimate's context: --context, else 2048")
+            full = genai.data["model"].get("context_length") if genai is not None else None
+            found = self.__dict__["_memory"] = memory_estimate(
+                self.executed, est.model, est.device, batch=shape.batch, kv_length=length, kv_source=source,
+                shared_buffer=shared, longest_step=max(self.prompt_length or 0, shape.new_tokens),
+                full_context=full if isinstance(full, int) and not isinstance(full, bool) else None,
+                stored=self.model)
+        return found
 
     @property
     def estimate(self) -> Estimate | None:

@@ -610,7 +610,9 @@ def unknown_session_config_key(ctx: RuleContext):
     Keys under the policy's `session.config_entries` and the config entries of genai_config.json's
     session_options (every key genai does not map to a SessionOptions field), against the keys ORT defines
     (onnxruntime_session_options_config_keys.h and the strings of the 1.31.1 binary) and the provider-scoped
-    `ep.<provider>.<option>` form, with the nearest known key as a suggestion.
+    `ep.<provider>.<option>` form, with the nearest known key as a suggestion. Keys a later release introduced
+    (`session.moe.offload.*` of 1.32, knowledge/deployment_facts.json) are named with that release, and pass when
+    the policy's `execution_provider.onnxruntime_version` is that release or later.
 
     ## Why it costs throughput
     `add_session_config_entry` accepts any key and ORT never reports unused ones: a misspelt
@@ -633,9 +635,26 @@ def unknown_session_config_key(ctx: RuleContext):
     Use the key as ORT spells it (the finding suggests the nearest one). Keys ortgate does not know but your
     ORT build does: waive the finding with the build's version in the reason.
     """
+    from ortgate.knowledge.deployment_facts import at_least, session_key_added
+
+    declared = ctx.inputs.policy.get("execution_provider", "onnxruntime_version") if ctx.inputs.policy else None
     for setup in ctx.deployment.setups:
         for key, setting in sorted(setup.config_entries.items()):
             if is_known_session_config_key(key):
+                continue
+            added = session_key_added(key)
+            if added is not None:
+                if at_least(str(declared) if declared is not None else None, added.since):
+                    continue  # the declared release reads it
+                yield ctx.finding(
+                    f"{setup.label}: session config key {key!r} was added in ONNX Runtime {added.since} "
+                    f"({added.source}); ORT {ort_facts().ort_version} and the releases before {added.since} store "
+                    "it and never read it" + (f" (the policy declares {declared})" if declared else ""),
+                    location=setting.location,
+                    fix=f"Run ONNX Runtime {added.since} or later (and declare it in "
+                        "execution_provider.onnxruntime_version), or remove the key.",
+                    properties={"key": key, "added_in": added.since},
+                )
                 continue
             hint = suggest_session_config_key(key)
             yield ctx.finding(

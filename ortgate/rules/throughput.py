@@ -25,6 +25,7 @@ class TargetVerdict:
     expected_s: float
     fixed_expected_s: float
     fixed_ceiling_s: float
+    est: Estimate | None = None  # the estimate judged (the prefill's for max_ttft_ms)
 
 
 def _verdicts(ctx: RuleContext) -> tuple[list[TargetVerdict], Estimate | None]:
@@ -34,14 +35,20 @@ def _verdicts(ctx: RuleContext) -> tuple[list[TargetVerdict], Estimate | None]:
     out = []
     tokens = est.setup.shape.tokens
     for key, target in tp.static_targets.items():
+        judged = ctx.inputs.prefill if key == "max_ttft_ms" else est
+        if judged is None:
+            continue
         budget = tokens / target if key == "min_tokens_per_s" else target / 1e3
-        out.append(TargetVerdict(key, target, budget, est.as_exported.ceiling_s, est.as_exported.expected_s,
-                                 est.with_fixes.expected_s, est.with_fixes.ceiling_s))
+        out.append(TargetVerdict(key, target, budget, judged.as_exported.ceiling_s, judged.as_exported.expected_s,
+                                 judged.with_fixes.expected_s, judged.with_fixes.ceiling_s, judged))
     return out, est
 
 
 def _asked(v: TargetVerdict, est: Estimate) -> str:
     s = est.setup
+    if v.key == "max_ttft_ms":
+        return (f"the policy allows at most {v.target:g} ms to the first token on {est.device.name} (a prompt of "
+                f"{s.shape.new_tokens:,} tokens x batch {s.shape.batch})")
     step = f"batch {s.shape.batch} x {s.shape.new_tokens} new token{'s' if s.shape.new_tokens != 1 else ''}"
     if v.key == "min_tokens_per_s":
         return (f"the policy asks for at least {v.target:g} tokens/s on {est.device.name} ({step}, context "
@@ -51,6 +58,8 @@ def _asked(v: TargetVerdict, est: Estimate) -> str:
 
 
 def _rate(est: Estimate, seconds: float) -> str:
+    if est.setup.shape.new_tokens > 1 and est.setup.shape.new_tokens == est.setup.shape.context:
+        return f"{format_ms(seconds * 1e3)} to the first token"
     tokens = est.setup.shape.tokens
     return f"{format_rate(tokens / seconds if seconds > 0 else None)} tokens/s ({format_ms(seconds * 1e3)} per step)"
 
@@ -58,8 +67,10 @@ def _rate(est: Estimate, seconds: float) -> str:
 def _costs_and_fixes(est: Estimate) -> str:
     costs = "; ".join(f"({i}) {c.words}" for i, c in enumerate(est.largest_costs(3), 1))
     fixed = est.with_fixes
-    return (f"Largest costs: {costs}. With every fix: {_rate(est, fixed.expected_s)} expected, ceiling "
-            f"{format_rate(fixed.tokens_per_s_ceiling)} tokens/s")
+    ceiling = (_rate(est, fixed.ceiling_s) if est.setup.shape.new_tokens > 1
+               and est.setup.shape.new_tokens == est.setup.shape.context
+               else f"{format_rate(fixed.tokens_per_s_ceiling)} tokens/s")
+    return f"Largest costs: {costs}. With every fix: {_rate(est, fixed.expected_s)} expected, ceiling {ceiling}"
 
 
 def _properties(v: TargetVerdict, est: Estimate) -> dict:
@@ -75,7 +86,8 @@ def throughput_below_policy(ctx: RuleContext):
 
     ## What it checks
     `throughput.min_tokens_per_s` and `throughput.max_ms_per_token` against the hard ceiling of one decode step of
-    the graph ORT will run, on `throughput.device` at the policy's `batch_size` and `context_length`: the bytes a
+    the graph ORT will run (and `throughput.max_ttft_ms` against the ceiling of the prompt phase: one step of
+    `prompt_length` tokens per sequence, every expert the prompt's tokens touch, attention over the prompt), on `throughput.device` at the policy's `batch_size` and `context_length`: the bytes a
     step must read (weights actually used, the experts a step touches, the KV cache) at the device's peak
     bandwidth, or its FLOPs at peak throughput, with no overhead at all (`ortgate estimate` shows the figures).
     No real run beats that floor, so this fails only a graph that could never meet the target. The message gives
@@ -111,7 +123,8 @@ def throughput_below_policy(ctx: RuleContext):
     for v in verdicts:
         if v.budget_s >= v.ceiling_s:
             continue
-        assert est is not None and ctx.inputs.throughput is not None
+        assert v.est is not None and ctx.inputs.throughput is not None
+        est = v.est
         step = est.as_exported
         yield ctx.finding(
             f"{_asked(v, est)}; as exported the graph cannot beat {_rate(est, v.ceiling_s)}, its ceiling "
@@ -129,7 +142,7 @@ def throughput_below_estimate(ctx: RuleContext):
 
     ## What it checks
     `throughput.min_tokens_per_s` and `throughput.max_ms_per_token` against the expected step time on
-    `throughput.device`: each node's roofline time at the device's default (or calibrated) memory and compute
+    `throughput.device` (and `throughput.max_ttft_ms` against the expected prompt phase of `prompt_length` tokens): each node's roofline time at the device's default (or calibrated) memory and compute
     efficiencies, plus kernel launches x per-kernel time (larger without CUDA graph) and host synchronisations x
     per-sync time. Reported when the target is above the estimate but below the hard ceiling (above the ceiling,
     `throughput-below-policy` fails instead). A warning: the efficiencies are the catalog's unless calibrated.
@@ -157,10 +170,13 @@ def throughput_below_estimate(ctx: RuleContext):
     for v in verdicts:
         if v.budget_s < v.ceiling_s or v.budget_s >= v.expected_s:
             continue
-        assert est is not None and ctx.inputs.throughput is not None
+        assert v.est is not None and ctx.inputs.throughput is not None
+        est = v.est
+        ceiling = (f"ceiling {_rate(est, v.ceiling_s)}" if v.key == "max_ttft_ms" else
+                   f"ceiling {format_rate(est.as_exported.tokens_per_s_ceiling)} tokens/s")
         yield ctx.finding(
             f"{_asked(v, est)}; the estimate for the graph as exported is {_rate(est, v.expected_s)} "
-            f"(ceiling {format_rate(est.as_exported.tokens_per_s_ceiling)} tokens/s). {_costs_and_fixes(est)}",
+            f"({ceiling}). {_costs_and_fixes(est)}",
             location=ctx.inputs.throughput.where(v.key),
             fix="Fix the highest-priced findings first. " + CALIBRATE,
             properties=_properties(v, est),
@@ -218,3 +234,154 @@ def throughput_not_judged(ctx: RuleContext):
             "targets were judged on the rest",
             location=tp.block_location, properties={"uncounted": len(est.uncounted)},
         )
+
+
+# ---- memory fit ---------------------------------------------------------------------------------------------------
+
+
+def _memory(ctx: RuleContext):
+    mem = ctx.inputs.memory
+    if mem is None or mem.capacity is None:
+        return None
+    return mem
+
+
+def _memory_words(mem) -> str:
+    from ortgate.cost.memory import format_gib
+
+    parts = ", ".join(f"{p.name.replace('_', ' ')} {format_gib(p.bytes)}" for p in mem.parts)
+    return (f"{format_gib(mem.total)} estimated on {mem.device.name} ({format_gib(mem.capacity)}, "
+            f"{mem.device.memory_gib.confidence}) at batch {mem.batch}: {parts}; the KV cache holds "
+            f"{mem.kv_length:,} positions ({mem.kv_source})")
+
+
+def _full_context_words(mem, share: float) -> str:
+    from ortgate.cost.memory import format_gib
+    from ortgate.knowledge.deployment_facts import deployment_fact
+
+    if not mem.at_full_context:
+        return ""
+    fact = deployment_fact("kv_buffer_full_context")
+    fits = mem.length_fitting(share)
+    fitting = (f"; a search.max_length of {fits:,} keeps the total within {share:.0%} of the device"
+               if fits else "; no max_length fits: the weights alone leave no room")
+    return (f" search.max_length {mem.kv_length:,} is the model's whole context (model.context_length): the shared "
+            f"buffer pre-allocates {format_gib(mem.part('kv_cache'))} of KV cache whatever the prompt "
+            f"({fact.source}){fitting}.")
+
+
+def _memory_location(ctx: RuleContext, mem):
+    from ortgate.findings import Location
+
+    genai = ctx.inputs.genai
+    if mem.shared_buffer and genai is not None:
+        return Location(str(genai.path), line=genai.line_of("search", "max_length"))
+    tp = ctx.inputs.throughput
+    return tp.where("device") if tp is not None else None
+
+
+def _memory_properties(mem) -> dict:
+    return {"estimate": True, "device": mem.device.name, "total_bytes": round(mem.total),
+            "capacity_bytes": round(mem.capacity), "share": round(mem.share, 4), "kv_length": mem.kv_length,
+            "batch_size": mem.batch, **{f"{p.name}_bytes": round(p.bytes) for p in mem.parts}}
+
+
+@rule("OGT004", "memory-exceeds-device", Severity.ERROR)
+def memory_exceeds_device(ctx: RuleContext):
+    """The deployment needs more memory than its device has: weights, KV cache and workspace added up.
+
+    ## What it checks
+    The memory a session of the graph needs on `throughput.device` (or `--device`), added up from the graph
+    alone: every initializer once, as stored (dims x dtype; int4 packing and quantization scales included, a tied
+    embedding once); the KV cache per layer at the deployment's length (`search.max_length` of genai_config.json
+    when `past_present_share_buffer` pre-allocates one buffer of it, else the policy's `context_length`, with past
+    and present both alive: twice) times the batch; linear-attention states; and a bound on activations (the
+    logits plus 4 live copies of the widest activation). Fails when the total exceeds the device's memory (the
+    catalog's figure, or `calibration.memory_gib`). What ortgate cannot see (the CUDA context, the allocator's
+    arena growth, other processes) is not added in, so a total below the device can still fail: see
+    `memory-near-device`. When genai's `max_length` is the model's whole context the message says what that
+    costs and which `max_length` fits.
+
+    ## Why it costs throughput
+    A deployment that does not fit never serves a token: the session fails at creation or at the first long
+    prompt. The builder's exports pre-allocated 128K positions of KV cache per sequence (onnxruntime-genai#2251)
+    and users hit out-of-memory at batch 1 on 24 GB cards.
+
+    ## Bad
+    ```yaml
+    # the two-layer example model (float16 KV, 256 B per position) at batch 4096 and 131,072 positions: 256 GiB of
+    # KV cache (past and present) on an 80 GiB H100
+    throughput: {device: h100-sxm, batch_size: 4096, context_length: 131072}
+    ```
+
+    ## Good
+    ```yaml
+    throughput: {device: h100-sxm, batch_size: 64, context_length: 4096}
+    ```
+
+    ## Fix
+    Lower the batch or the KV length (genai's `search.max_length`, the policy's `context_length`), quantize the
+    weights or the KV cache, or pick a device with more memory (`ortgate estimate --list-devices`).
+    """
+    mem = _memory(ctx)
+    if mem is None or mem.total <= mem.capacity:
+        return
+    share = ctx.inputs.throughput.memory_share if ctx.inputs.throughput is not None else 0.9
+    fits = mem.length_fitting(share)
+    hint = "" if mem.at_full_context else (
+        f" A KV length of {fits:,} keeps the total within {share:.0%} of the device." if fits else
+        " The weights alone leave no room for a KV cache at this batch.")
+    yield ctx.finding(
+        f"the deployment does not fit: {_memory_words(mem)}.{_full_context_words(mem, share)}{hint} Not counted, "
+        f"since ortgate cannot see them: {'; '.join(mem.not_counted[:2])}",
+        location=_memory_location(ctx, mem),
+        fix="Lower the batch or the KV length (search.max_length / throughput.context_length), quantize, or use a "
+            "device with more memory.",
+        properties=_memory_properties(mem),
+    )
+
+
+@rule("OGT005", "memory-near-device", Severity.WARNING)
+def memory_near_device(ctx: RuleContext):
+    """The deployment's estimated memory is above the policy's share of the device (default 90%) but within it.
+
+    ## What it checks
+    The same total as `memory-exceeds-device` (weights as stored, the KV cache at the deployment's length times
+    the batch, linear-attention states, a bound on activations), against `throughput.max_memory_share` of the
+    device's memory (default 0.9). The share is headroom for what ortgate cannot see: the CUDA context and the
+    math libraries' workspaces, the allocator's arena growth (powers of two by default), other processes.
+
+    ## Why it costs throughput
+    A session that fits with no headroom fails on the first longer prompt, a larger arena extension, or a second
+    process on the device: an out-of-memory in production instead of a warning in review.
+
+    ## Bad
+    ```yaml
+    # the example model at batch 2048 x 131,072 positions: 128 GiB of KV cache, 91% of an H200's 141 GiB
+    throughput: {device: h200, batch_size: 2048, context_length: 131072}
+    ```
+
+    ## Good
+    ```yaml
+    throughput: {device: h200, batch_size: 2048, context_length: 131072, max_memory_share: 0.95}
+    ```
+
+    ## Fix
+    Lower the batch or the KV length, or raise `throughput.max_memory_share` once a run on the device shows the
+    headroom is enough.
+    """
+    mem = _memory(ctx)
+    if mem is None or mem.total > mem.capacity:
+        return
+    tp = ctx.inputs.throughput
+    share = tp.memory_share if tp is not None else 0.9
+    if mem.share is None or mem.share <= share:
+        return
+    yield ctx.finding(
+        f"{mem.share:.0%} of the device's memory, above the policy's {share:.0%}: {_memory_words(mem)}."
+        f"{_full_context_words(mem, share)} The rest of the device is what ortgate cannot see: "
+        f"{'; '.join(mem.not_counted)}",
+        location=_memory_location(ctx, mem),
+        fix="Lower the batch or the KV length, or raise throughput.max_memory_share after a run on the device.",
+        properties={**_memory_properties(mem), "max_memory_share": share},
+    )
