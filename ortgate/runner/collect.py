@@ -21,6 +21,7 @@ from ortgate.evidence import Measurement, RunEvidence, SessionEvidence
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
 from ortgate.graph.load import load_model
+from ortgate.graph.patterns.decoder import cacheless_decoder
 from ortgate.rules.context import LintInputs
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import RunnerSettings
@@ -171,7 +172,8 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
 
     effective = session.get_provider_options().get(ran_on[0], {})
     evidence.measurement, policy_outputs, output_types = _measure(
-        "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence)
+        "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence,
+        prefill=cacheless_decoder(inputs.model) is not None)
     del session, built
 
     if request.compare_default:
@@ -251,7 +253,7 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
 
 def _measure(label: str, session, provider: str, effective: dict[str, str], feeds, settings: RunnerSettings,
              deadline, progress: RunProgress, memory, evidence: RunEvidence,
-             iterations: int | None = None) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
+             iterations: int | None = None, prefill: bool = False) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
     from ortgate.runner.measure import (
         BoundSession,
         device_info,
@@ -299,7 +301,7 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
         batch_size=step.batch_size, new_tokens=step.sequence_length, warmup=warmup, stats=stats,
         tokens_per_second=tokens_per_second(step.batch_size, step.sequence_length, stats),
         io_binding=True, cuda_graph=plan.cuda_graph, peak_memory_bytes=peak, memory_source=source,
-        latencies_ms=[round(x * 1000.0, 4) for x in latencies],
+        latencies_ms=[round(x * 1000.0, 4) for x in latencies], prefill=prefill,
     )
     return measurement, bound.outputs(), bound.output_types()
 
