@@ -51,7 +51,7 @@ def test_the_advice_names_the_exporter_that_made_the_model():
     dynamo = kv_cache_export_advice(_graph("dynamo-qwen3_moe"))
     torchscript = kv_cache_export_advice(_graph("optimum-llama-past"))  # pytorch, without the dynamo metadata
     optimizer = kv_cache_export_advice(_graph("olive-mixtral"))
-    assert dynamo.startswith("This model was made by torch.onnx.export(dynamo=True)") and "use_cache=True" in dynamo
+    assert dynamo.startswith("This model was made by torch.onnx.export(dynamo=True)") and "export_for_generation" in dynamo
     assert "TorchScript" in torchscript and "--task text-generation-with-past" in torchscript
     assert "transformers optimizer" in optimizer
     unknown = build_graph(build_model(ModelSpec(naming="opaque")), "m")

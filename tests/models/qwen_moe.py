@@ -244,7 +244,15 @@ class ModelSpec:
         return 2 * self.moe_intermediate if fused else self.moe_intermediate
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        values = dataclasses.asdict(self)
+        for key in _OMITTED_AT_DEFAULT:  # later knobs: models built without them keep the bytes they had
+            if values[key] == _DEFAULTS[key]:
+                del values[key]
+        return json.dumps(values, sort_keys=True)
+
+
+_OMITTED_AT_DEFAULT = ("residual", "residual_alpha")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
 
 
 def spec_from_model(model: onnx.ModelProto) -> ModelSpec | None:
