@@ -102,6 +102,8 @@ class Measurement:
     peak_memory_bytes: int | None = None
     memory_source: str | None = None  # what peak_memory_bytes is: "process peak RSS growth (CPU)", ...
     latencies_ms: list[float] = field(default_factory=list)
+    # The graph has no KV cache: the step ran the whole sequence it was given, a prefill, not a decode step
+    prefill: bool = False
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     request, run = given.write(folder)
     inputs = load_inputs(request)
     if run is not None:
-        inputs.evidence[EVIDENCE_KEY] = run
+        inputs = inputs.with_evidence(EVIDENCE_KEY, run)
     baseline = None
     if given.baseline is not None:
         path = folder / "baseline.json"

@@ -250,7 +250,9 @@ def olmoe_with_shared_expert(gather: str):
 @pytest.mark.parametrize("batch", [1, 16])
 def test_a_gathered_stack_block_reads_the_chosen_experts_and_its_shared_expert_whole(gather, batch):
     g = olmoe_with_shared_expert(gather)
-    model = step_model(g, StepShape(batch, 1, 16), gpu=False)
+    # the export has no KV cache: at context 1 a step is one token per sequence (at a longer context it recomputes
+    # every position, and its top-k picks cover every expert)
+    model = step_model(g, StepShape(batch, 1, 1), gpu=False)
     form = next(f for f in model.moe_forms if f.layer == 0)
     fp32 = 4
     stacks = OLMOE_E * (2 * OLMOE_I * OLMOE_H + OLMOE_H * OLMOE_I) * fp32  # fc1 [E, 2I, H] and fc2 [E, H, I]

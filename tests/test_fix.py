@@ -114,6 +114,36 @@ def test_dynamo_qwen3_moe_export_is_rewritten_verified_and_lints_clean(tmp_path)
     assert DYNAMO_QWEN3_MOE.stat().st_size == 951036
 
 
+FIXED_RUN_POLICY = """name: cpu-fixed
+extends: builtin:cpu
+model: {attention_layers: 2, moe_layers: 2}
+throughput:
+  device: cpu
+  calibration: {bandwidth_gb_s: 4.77, kernel_us: 0.5, graph_kernel_us: 0.5, memory_efficiency: 1.0}
+runner: {warmup: 1, iterations: 2}
+"""
+
+
+def test_fix_then_run_reports_each_layer_of_ort_s_dump(tmp_path, write_policy):
+    """ORT's dump of a fixed model keeps the names of the MoE nodes fix wrote (/model/layers.N/moe/MoE) and drops
+    every other node's metadata: the layers still come out one per decoder layer, in `run` and in `lint
+    --optimized`, and the policy's layer counts hold."""
+    from tests.helpers import run_cli_json
+
+    out = tmp_path / "out"
+    code, report = fix_json(DYNAMO_QWEN3_MOE, "-o", out)
+    assert code == 0, report.get("failure")
+    policy, dump = write_policy(FIXED_RUN_POLICY), tmp_path / "fixed.optimized.onnx"
+    _, ran = run_cli_json("run", out, "--policy", policy, "--dump", dump)
+    _, linted = run_cli_json("lint", out, "--policy", policy, "--optimized", dump)
+    for report in (ran, linted):
+        active = [f for f in report["findings"] if not f["suppressed"]]
+        assert not [f for f in active if f["code"] in ("OGM008", "OGM009")], [f["message"] for f in active]
+        dump_findings = [f for f in active if f["file"] == str(dump)]
+        for rule in ("rotary-not-fused", "qkv-not-packed"):
+            assert sorted(f["layer"] for f in dump_findings if f["rule"] == rule) == [0, 1], rule
+
+
 def _routing_node(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
     return next(n for n in model.graph.node if n.op_type == op_type and "/moe/" in n.name)
 

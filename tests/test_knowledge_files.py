@@ -12,6 +12,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 import ortgate.knowledge as knowledge
 from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
+from ortgate.knowledge.cache_exports import _CacheExportsFile
 from ortgate.knowledge.contracts import OpContracts
 from ortgate.knowledge.deployment_facts import _FactsFile
 from ortgate.knowledge.devices import _DevicesFile, _OpCostsFile
@@ -40,6 +41,7 @@ SCHEMAS = {
     "op_costs.json": _OpCostsFile,
     "producers.json": _ProducersFile,
     "deployment_facts.json": _FactsFile,
+    "cache_exports.json": _CacheExportsFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}

@@ -28,8 +28,14 @@ def layers_by_position(spec: dict, naming: str) -> tuple[str, list[tuple[str, in
 
 @pytest.mark.parametrize("naming", ["opaque", "none"])
 @pytest.mark.parametrize("spec", [{}, UNFUSED, dict(layers=4, layer_types=HYBRID, shared_expert=True),
-                                  dict(moe="gather_loop", gate_up="separate"), dict(control_flow=True)],
-                         ids=["fused", "unfused", "hybrid", "gather-loop", "control-flow"])
+                                  dict(moe="gather_loop", gate_up="separate"), dict(control_flow=True),
+                                  dict(residual="post", layers=3), dict(UNFUSED, residual="post", layers=3),
+                                  dict(residual="post", residual_alpha=3.5565588200778455, layers=3),
+                                  dict(UNFUSED, residual="post", residual_alpha=3.5565588200778455),
+                                  dict(residual="sandwich", layers=3), dict(UNFUSED, residual="sandwich")],
+                         ids=["fused", "unfused", "hybrid", "gather-loop", "control-flow", "post-norm",
+                              "post-norm-unfused", "post-norm-scaled", "post-norm-scaled-unfused", "sandwich-norm",
+                              "sandwich-norm-unfused"])
 def test_structure_finds_the_layers_names_would_give(spec, naming):
     named_source, named = layers_by_position(spec, "genai")
     source, found = layers_by_position(spec, naming)
@@ -89,6 +95,69 @@ def test_ort_dump_without_metadata_is_attributed_by_structure():
     # the final norm reads a gamma named model.layers.0.* yet is outside every layer
     final_pow = dump.producer(dump.producer(dump.producer("logits").input(0)).input(1))
     assert final_pow is not None and final_pow.layer is None
+
+
+@pytest.mark.parametrize("residual", ["post", "sandwich"])
+def test_generated_residual_forms_run_on_ort(residual):
+    import numpy as np
+    import onnxruntime as ort
+
+    from tests.models.qwen_moe import make_feeds
+
+    model = build_model(ModelSpec(residual=residual, residual_alpha=2.0, naming="none"))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits = session.run(["logits"], make_feeds(model))[0]
+    assert np.isfinite(logits).all()
+
+
+MINIMAX = EXPORTED / "dynamo-minimax"
+
+
+def _truth_and_dump(folder, reference: bool):
+    exported = build_graph(onnx.load(str(folder / "model.onnx")), "model")
+    dump = build_graph(onnx.load(str(folder / "model.optimized.onnx")), "dump", role="optimized",
+                       reference=exported if reference else None)
+    return exported, dump
+
+
+def test_post_norm_dump_is_attributed_by_its_residual_stream():
+    """MiniMax takes the residual after the norm (n = norm(h); n * alpha + attn(n)): no addition reads the
+    embedding itself, so the walk goes through the norm and the scale to reach the stream's first step."""
+    exported, dump = _truth_and_dump(MINIMAX, reference=False)
+    assert (exported.layer_source, dump.layer_source) == ("names", "structure")
+    truth = {n.name: n.layer for n in exported.nodes}
+    judged = [n for n in dump.nodes if n.name in truth and n.op_type in JUDGED_OPS | {"FusedMatMul", "Add"}]
+    assert len(judged) > 60
+    assert [(n.name, n.layer, truth[n.name]) for n in judged if n.layer != truth[n.name]] == []
+    lm_head = dump.producer("logits")
+    final_gamma = dump.producer(lm_head.input(0))
+    assert (lm_head.layer, final_gamma.layer, dump.layer_count) == (None, None, 2)
+
+
+@pytest.mark.parametrize("folder", ["dynamo-minimax", "dynamo-qwen3_moe"])
+def test_dump_nodes_keep_the_layer_their_name_has_in_the_model(folder):
+    exported, dump = _truth_and_dump(EXPORTED / folder, reference=True)
+    assert dump.layer_source == "model"
+    truth = {n.name: n.layer for n in exported.nodes}
+    kept = [n for n in dump.nodes if n.name in truth]
+    assert len(kept) > 0.8 * len(dump.nodes)
+    assert [(n.name, n.layer, truth[n.name]) for n in kept if n.layer != truth[n.name]] == []
+    # nodes ORT made (a fused MatMul, a Split from Gather/Slice) take their layer from the original's name or
+    # the stream: every layer still holds its attention softmax and its router
+    assert sorted(n.layer for n in dump.by_op_type("TopK")) == [0, 1]
+
+
+def test_a_few_layer_names_among_opaque_ones_do_not_decide_the_layers():
+    """`ortgate fix` names its com.microsoft.MoE nodes /model/layers.N/moe/MoE; ORT's dump of the fixed model
+    keeps those names and drops every other node's metadata. Two named nodes must not put the rest in layer 0."""
+    model = onnx.load(str(EXPORTED / "dynamo-qwen3_moe" / "model.optimized.onnx"))
+    topks = [n for n in model.graph.node if n.op_type == "TopK"]
+    for layer, node in enumerate(topks):
+        node.name = f"/model/layers.{layer}/moe/router/TopK"
+    graph = build_graph(model, "dump", role="optimized")
+    assert graph.layer_source == "structure"
+    assert sorted(n.layer for n in graph.by_op_type("TopK")) == [0, 1]
+    assert sorted({n.layer for n in graph.by_op_type("Softmax")} - {None}) == [0, 1]
 
 
 def _tiny(nodes, initializers, inputs, outputs):

@@ -33,7 +33,7 @@ WHERE = Location("policy.yaml", 3, "execution_provider.name")
 
 def run_rule(rule: str, session: SessionEvidence, write_policy, policy_text=CUDA_POLICY, **evidence):
     inputs = load_inputs(LintRequest(str(MODEL), str(write_policy(policy_text))))
-    inputs.evidence[EVIDENCE_KEY] = RunEvidence(str(MODEL), "policy.yaml", session, **evidence)
+    inputs = inputs.with_evidence(EVIDENCE_KEY, RunEvidence(str(MODEL), "policy.yaml", session, **evidence))
     return run_rules(inputs, [find_rule(rule)])
 
 

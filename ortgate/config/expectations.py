@@ -45,6 +45,7 @@ class Expected:
 @dataclass
 class Expectations:
     family: Expected | None = None
+    kind: Expected | None = None  # "decoder" (generates token by token) | "encoder"
     layers: Expected | None = None
     moe_layers: Expected | None = None
     attention_layers: Expected | None = None
@@ -78,7 +79,7 @@ class Expectations:
 
 
 _SIMPLE_POLICY_KEYS = (
-    "family", "layers", "moe_layers", "attention_layers", "experts", "top_k", "num_heads", "kv_num_heads",
+    "family", "kind", "layers", "moe_layers", "attention_layers", "experts", "top_k", "num_heads", "kv_num_heads",
     "head_size", "hidden_size", "moe_intermediate_size", "norm_topk_prob", "activation", "rms_norm_eps",
     "tensor_parallel",
 )
@@ -111,6 +112,9 @@ def resolve_expectations(policy: Policy | None, genai: GenaiConfig | None, graph
             if getattr(exp, key) is None and value is not None:
                 line = genai.line_of("model", "decoder", genai_key)
                 setattr(exp, key, Expected(value, GENAI, Location(str(genai.path), line, f"model.decoder.{genai_key}")))
+        if exp.kind is None:  # onnxruntime-genai runs decoders only: its config declares one
+            exp.kind = Expected("decoder", GENAI, Location(str(genai.path), genai.line_of("model", "decoder"),
+                                                           "model.decoder"))
         if exp.family is None and genai.model_type:
             exp.family = Expected(genai.model_type, GENAI, Location(str(genai.path), genai.line_of("model", "type"), "model.type"))
         if exp.attention_layers is None and genai.layer_types:

@@ -9,6 +9,9 @@ embedding, lm_head, other) and a decoder layer.
 MoE layers are read by form, using what the MoE patterns find: a fused MoE/QMoE reads the expected distinct
 experts a step touches, E * (1 - (1 - k/E)^T) for T = batch x new tokens; a dense all-experts loop reads all E;
 a gather-per-token decomposition reads min(T * k, E) experts, without dedup.
+
+A decoder without a KV cache (token ids in, logits out, no past or present tensors) cannot decode one token: its
+step runs over the whole context, so T is batch x context for its projections, FLOPs and experts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ortgate.graph.patterns.attention import (
     kv_expanded,
 )
 from ortgate.graph.patterns.common import cached, linear_nodes
+from ortgate.graph.patterns.decoder import cacheless_decoder
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, moe_blocks
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
@@ -131,6 +135,14 @@ class StepModel:
     control_flow: int
     gpu_launches: bool  # launches counted per GPU kernel (else per CPU dispatch)
     ort_fusions_applied: list[str] = field(default_factory=list)
+    # A decoder without a KV cache recomputes the whole sequence at every step: the positions a step processes
+    # (batch x context), where a cached step processes batch x new tokens. None: the graph has a cache.
+    recomputed_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Token positions one step runs the weights over."""
+        return self.recomputed_tokens if self.recomputed_tokens is not None else self.shape.tokens
 
     def component(self, index: int) -> str:
         return self.components.get(index, "other")
@@ -319,7 +331,11 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
     table = op_costs()
     launches = [0] * len(graph.nodes)
     model = StepModel(graph, shape, launches, {}, components, [], [], {}, {}, 0, gpu)
-    tokens = shape.tokens
+    if cacheless_decoder(graph) is not None:
+        model.recomputed_tokens = shape.batch * max(shape.context, shape.new_tokens)
+        model.uncounted.append(Uncounted("attention", "no KV cache: each step recomputes all "
+                                         f"{shape.context:,} positions; attention over them is not counted"))
+    tokens = model.tokens
     # per (domain, op_type): (launches, host sync op, what the loop does with it)
     kinds: dict[tuple[str, str], tuple[int, bool, int]] = {}
     unknown_dtype_weights: dict[str, list[str]] = defaultdict(list)
@@ -594,7 +610,7 @@ def _closure(graph: Graph, start: str, layer: int | None, limit: int = 200_000) 
 
 
 def _moe(graph: Graph, model: StepModel, known: set[str]) -> None:
-    tokens = model.shape.tokens
+    tokens = model.tokens
     for block in moe_blocks(graph):
         if block.fused is not None:
             model.moe_forms.append(_fused_moe(graph, model, block, known, tokens))

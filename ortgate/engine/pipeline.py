@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortgate.config.deployment import build_deployment
-from ortgate.config.expectations import decoder_layer_count, resolve_expectations
+from ortgate.config.deployment import Deployment, build_deployment
+from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
@@ -21,7 +21,7 @@ from ortgate.engine.pricing import estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
-from ortgate.graph import build_graph
+from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
 from ortgate.graph.load import load_model
 from ortgate.rules import Rule
@@ -56,7 +56,7 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
         note(f"loading {request.optimized}")
         proto = load_model(request.optimized)
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
-        optimized = build_graph(proto, str(request.optimized), role="optimized")
+        optimized = build_graph(proto, str(request.optimized), role="optimized", reference=model)
         del proto
         mismatch = optimization_mismatch(model, optimized)
         if mismatch is not None:
@@ -68,14 +68,26 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
             *(policy.chain if policy else ())]
     if optimized is not None:
         read += [Path(optimized.path), *_external_data(optimized)]
-    inputs = LintInputs(model, optimized, deployment, expect, policy, genai,
-                        files_read=tuple(dict.fromkeys(p for p in read if p is not None)))
-    inputs.cost = resolve_cost(inputs, request.cost)
-    if inputs.throughput is not None and inputs.throughput.calibration is not None:
-        path = inputs.throughput.calibration.path
-        if path is not None:
-            inputs.files_read = (*inputs.files_read, path)
-    return inputs
+    files_read = [p for p in read if p is not None]
+    return build_inputs(model, optimized, deployment, expect, policy, genai, files_read, request.cost)
+
+
+def build_inputs(model: Graph, optimized: Graph | None, deployment: Deployment, expect: Expectations,
+                 policy: Policy | None, genai: GenaiConfig | None, files_read: Iterable[Path],
+                 cost: CostOverrides | None = None, *, priced: bool = True) -> LintInputs:
+    """The one place a LintInputs is made: the files read, the throughput block and the cost setup for the graph
+    ORT executes (the dump, priced as optimized, when there is one). `priced=False`: no cost setup (policy
+    validation prices nothing and never probes the CPU)."""
+    throughput, setup = (resolve_cost(policy, deployment, optimized=optimized is not None, overrides=cost)
+                         if priced else (None, None))
+    read = list(files_read)
+    if throughput is not None and throughput.calibration is not None and throughput.calibration.path is not None:
+        read.append(throughput.calibration.path)
+    overrides = cost or CostOverrides()
+    prompt = overrides.prompt or (throughput.prompt_length if throughput is not None else None)
+    batches = overrides.batches or (throughput.batch_sizes if throughput is not None else ())
+    return LintInputs(model, optimized, deployment, expect, policy, genai, files_read=tuple(dict.fromkeys(read)),
+                      cost=setup, throughput=throughput, prompt_length=prompt, batch_sizes=tuple(batches))
 
 
 def _external_data(graph) -> list[Path]:

@@ -20,12 +20,11 @@ from ortgate.config.expectations import Expectations
 from ortgate.config.policy import Policy, check_policy_file
 from ortgate.config.throughput import throughput_policy
 from ortgate.engine.gate import RuleSelector, apply_gate, reference_errors, selected_rules, unchecked_gate_config
-from ortgate.engine.pipeline import run_rules
+from ortgate.engine.pipeline import build_inputs, run_rules
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Severity
 from ortgate.knowledge.families import family_names, model_family
 from ortgate.rules import find_rule
-from ortgate.rules.context import LintInputs
 
 # The rules that judge a policy's declared session without reading a model: validate runs them as lint does.
 POLICY_RULES = ("unknown-provider-option", "provider-option-c-api-only", "provider-option-unverified",
@@ -91,8 +90,8 @@ def _rule_findings(policy: Policy, deployment, config) -> list[Finding]:
     codes = [r.code for name in POLICY_RULES if (r := find_rule(name)) is not None and r.code in rules]
     # Only these ran: waiver-unused must not call a waiver of another rule unused.
     config = dataclasses.replace(config, select=[RuleSelector(code, "policy validate") for code in codes])
-    inputs = LintInputs(model=None, optimized=None, deployment=deployment,  # type: ignore[arg-type]
-                        expect=Expectations(), policy=policy)
+    inputs = build_inputs(None, None, deployment, Expectations(), policy, None, (),  # type: ignore[arg-type]
+                          priced=False)
     findings = apply_gate(run_rules(inputs, selected_rules(config)), config)
     return [f for f in findings if f.suppressed is None]
 

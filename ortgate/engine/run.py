@@ -68,9 +68,10 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
     if before_writing is not None:
         before_writing(inputs)
     evidence = start_evidence(inputs)
+    latest = [inputs]  # the inputs the run has so far: with ORT's dump once the policy session wrote it
 
     def judged() -> RunOutcome:
-        inputs.evidence[EVIDENCE_KEY] = evidence
+        inputs = latest[0].with_evidence(EVIDENCE_KEY, evidence)
         progress.note("running the rules")
         result = lint(inputs, config)
         if inputs.optimized is not None and inputs.optimized.label:
@@ -92,5 +93,6 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
     on_hard_exit = abandoned if emit is not None else None
     with ExitStack() as stack, Deadline(settings.timeout_s, hard_exit=hard_exit, on_hard_exit=on_hard_exit) as deadline:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortgate-run-")))
-        collect(request, inputs, settings, deadline, progress, workdir, evidence)
+        latest[0] = collect(request, inputs, settings, deadline, progress, workdir, evidence,
+                            on_dump=lambda new: latest.__setitem__(0, new))
         return judged()

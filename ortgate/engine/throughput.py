@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ortgate.config.deployment import Deployment
+from ortgate.config.policy import Policy
 from ortgate.config.throughput import DEFAULT_CONTEXT, ThroughputPolicy, throughput_policy
 from ortgate.cost import CostSetup, StepShape
 from ortgate.errors import InputError
@@ -36,25 +38,24 @@ def device_named(name: str, source: str = "--device") -> Device:
     return device
 
 
-def resolve_cost(inputs: LintInputs, overrides: CostOverrides | None = None) -> CostSetup | None:
-    """The CostSetup for `inputs` (None: no device named anywhere). Sets `inputs.throughput` as a side effect."""
+def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bool,
+                 overrides: CostOverrides | None = None) -> tuple[ThroughputPolicy | None, CostSetup | None]:
+    """The policy's throughput block and the CostSetup it prices (None: no device named anywhere). `optimized`:
+    the executed graph is ORT's optimized dump."""
     overrides = overrides or CostOverrides()
-    tp = throughput_policy(inputs.policy)
-    inputs.throughput = tp
-    inputs.prompt_length = overrides.prompt or (tp.prompt_length if tp is not None else None)
-    inputs.batch_sizes = overrides.batches or (tp.batch_sizes if tp is not None else ())
+    tp = throughput_policy(policy)
     if overrides.device is not None:
         device = device_named(overrides.device)
     elif tp is not None and tp.device is not None:
         device = tp.device
     else:
-        return None
+        return tp, None
     if tp is not None and tp.calibration is not None and tp.device is not None and tp.device.name == device.name:
         device = tp.calibration.apply(device)
     if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
-        device = with_probe(device, _threads(inputs), tp)
+        device = with_probe(device, _threads(deployment), tp)
     shape = _shape(tp, overrides)
-    primary = inputs.deployment.primary
+    primary = deployment.primary
     provider = primary.provider_name if primary is not None else None
     if device.kind == "cpu":
         provider = "CPUExecutionProvider"
@@ -63,7 +64,7 @@ def resolve_cost(inputs: LintInputs, overrides: CostOverrides | None = None) -> 
     option = graph_capture_option(provider) if provider else None
     cuda_graph = bool(primary is not None and option and primary.option(option) in TRUE_VALUES)
     level = primary.effective_optimization_level if primary is not None else None
-    return CostSetup(device, shape, provider, level, cuda_graph, optimized=inputs.optimized is not None)
+    return tp, CostSetup(device, shape, provider, level, cuda_graph, optimized=optimized)
 
 
 def _shape(tp: ThroughputPolicy | None, overrides: CostOverrides) -> StepShape:
@@ -73,8 +74,8 @@ def _shape(tp: ThroughputPolicy | None, overrides: CostOverrides) -> StepShape:
     return StepShape(batch, new_tokens, context)
 
 
-def _threads(inputs: LintInputs) -> int | None:
-    primary = inputs.deployment.primary
+def _threads(deployment: Deployment) -> int | None:
+    primary = deployment.primary
     if primary is None:
         return None
     setting = primary.session_attributes.get("intra_op_num_threads")
@@ -154,7 +155,7 @@ def run_estimate(inputs: LintInputs, evidence) -> tuple[dict, object] | None:
     setup = CostSetup(device, StepShape(m.batch_size, m.new_tokens, context), m.provider,
                       inputs.deployment.primary.effective_optimization_level if inputs.deployment.primary else None,
                       m.cuda_graph, optimized=inputs.optimized is not None)
-    est = measured_estimate(inputs.executed, setup, _threads(inputs), tp)
+    est = measured_estimate(inputs.executed, setup, _threads(inputs.deployment), tp)
     device = est.device
     step = est.as_exported
     measured_s = m.stats.p50_ms / 1e3

@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     import onnx
 
 
-def build_graph(model: onnx.ModelProto, path: str, *, role: str = "model") -> Graph:
-    """Index `model` and attribute every node to its decoder layer."""
+def build_graph(model: onnx.ModelProto, path: str, *, role: str = "model", reference: Graph | None = None) -> Graph:
+    """Index `model` and attribute every node to its decoder layer. `reference`: the model this graph is ORT's
+    optimized dump of; a node that kept its name there keeps its layer."""
     graph = Graph(model, path, role=role)
-    graph.layer_source = assign_layers(graph)
+    graph.layer_source = assign_layers(graph, reference)
     return graph
 
 

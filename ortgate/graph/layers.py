@@ -4,12 +4,22 @@ Exporters name things differently: onnxruntime-genai's builder writes `/model/la
 (dynamo) writes opaque node names but keeps `model.layers.3.self_attn` in node metadata, optimum writes
 `/model/layers.3/...`. The node's own metadata and name are read first ("names").
 
-When no node carries a layer in its metadata or name (ORT's optimized dumps drop metadata; some tools strip
-names), the layers come from structure ("structure"): the residual stream, where each decoder layer adds twice
-(after attention, after the MLP/MoE). Every node takes the position on the stream of the latest stream value it
-depends on: positions 2i and 2i+1 are layer i, everything after the last residual addition (final norm,
-lm_head) is outside the layers. Initializer names are the last resort ("initializers"): optimizers merge
-identical weights (every RMSNorm gamma of a random-init model is the same vector of ones), so a weight named
+ORT's optimized dump drops node metadata, so a dump of a torch.onnx export keeps no layer of its own: given
+the model it was made from (`reference`), a dump node whose name (less ORT's "/<Pass>/" suffix) is a node of
+the model takes that node's layer ("model"). Names count only when they cover the graph: a handful of nodes
+named with a layer (the com.microsoft.MoE nodes `ortgate fix` writes) among hundreds of opaque ones does not
+make the graph's attribution, it would put every other node in their layer.
+
+When names do not cover the graph (ORT's dumps without the model; tools that strip names), the layers come
+from structure ("structure"): the residual stream, where each decoder layer adds twice (after attention, after
+the MLP/MoE). The walk follows the stream from the token embedding through each residual addition; where no
+addition reads the stream value itself it follows the value through a norm or a scale by a constant to the
+addition that reads that, so pre-norm (`h + attn(norm(h))`), sandwich-norm (`h + norm(attn(norm(h)))`) and
+post-norm streams (`n = norm(h); n * alpha + attn(n)`, MiniMax) are all one walk. Every node takes the position
+on the stream of the latest stream value it depends on: positions 2i and 2i+1 are layer i, everything after
+the last residual addition (final norm, lm_head) is outside the layers. Nodes the names leave unplaced take
+the stream's layer too. Initializer names are the last resort ("initializers"): optimizers merge identical
+weights (every RMSNorm gamma of a random-init model is the same vector of ones), so a weight named
 `model.layers.0...` may serve every layer.
 
 onnxruntime-genai files its final norm under a pseudo layer one past the last (`/model/layers.N/
@@ -41,7 +51,11 @@ _HELPER_OPS = frozenset({"Constant", "Cast", "Reshape", "Identity", "Shape", "Sq
 _SKIP_NORM_OPS = ("SkipSimplifiedLayerNormalization", "SkipLayerNormalization")
 _STREAM_CARRIERS = frozenset({"If", "Identity", "Cast"})
 
-NAMES, STRUCTURE, INITIALIZERS, NONE = "names", "structure", "initializers", "none"
+NAMES, MODEL, STRUCTURE, INITIALIZERS, NONE = "names", "model", "structure", "initializers", "none"
+# Names decide the layers when at least this share of the computing nodes carries its own layer (or is scoped
+# outside every layer) by metadata, name, or a name the reference model attributes.
+_NAMES_COVERAGE = 0.5
+_RMS_CHAIN_OPS = frozenset({"Reciprocal", "Sqrt", "Add", "Div", "Pow", "Cast"})
 
 
 def layer_from_name(text: str) -> int | None:
@@ -73,34 +87,69 @@ def _initializer_layer(graph: Graph, node: Node) -> int | None:
     return None
 
 
-def assign_layers(graph: Graph) -> str:
-    """Sets `node.layer` on every node it can; returns how: "names", "structure", "initializers" or "none"."""
+def assign_layers(graph: Graph, reference: Graph | None = None) -> str:
+    """Sets `node.layer` on every node it can; returns how: "names", "model" (carried from `reference`, the model
+    this graph is ORT's dump of), "structure", "initializers" or "none"."""
+    carried = _carried_layers(graph, reference) if reference is not None else {}
     fixed: set[int] = set()
-    named = False
+    from_reference = 0
     for node in graph.nodes:
         node.layer, authoritative = _own_layer(node)
-        named = named or node.layer is not None
+        if not authoritative and node.index in carried:
+            node.layer, authoritative = carried[node.index], True
+            from_reference += 1
         if authoritative:
             fixed.add(node.index)
-    if named:
+    named = any(graph.nodes[i].layer is not None for i in fixed)
+    stream = _assign_by_residual_stream(graph)
+    if named and (stream is None or _coverage(graph, fixed) >= _NAMES_COVERAGE):
         for node in graph.nodes:
-            if node.index not in fixed:
+            if node.index in fixed:
+                continue
+            if stream is not None and node.index in stream:  # a node the names leave unplaced: the stream's layer
+                node.layer = stream[node.index]
+            else:
                 node.layer = _initializer_layer(graph, node)
-                if node.layer is not None:
-                    fixed.add(node.index)
+            if node.layer is not None:
+                fixed.add(node.index)
         _clear_pseudo_layers(graph)
         _propagate(graph, fixed)
-        return NAMES
-    placed = _assign_by_residual_stream(graph)
-    if placed is not None:
-        _propagate(graph, placed)  # only nodes off the stream (shape helpers, constants) take a neighbour's layer
+        return MODEL if from_reference * 2 > len(fixed) else NAMES
+    if stream is not None:
+        for node in graph.nodes:
+            node.layer = stream.get(node.index)
+        _propagate(graph, set(stream))  # only nodes off the stream (shape helpers, constants) take a neighbour's layer
         return STRUCTURE
     for node in graph.nodes:
         node.layer = _initializer_layer(graph, node)
     if any(node.layer is not None for node in graph.nodes):
         _propagate(graph, set())
         return INITIALIZERS
+    for node in graph.nodes:
+        node.layer = None
     return NONE
+
+
+def _coverage(graph: Graph, fixed: set[int]) -> float:
+    """The share of the top-level computing nodes (not constants or shape helpers) whose layer is known."""
+    computing = [n for n in graph.nodes if n.graph is None and n.op_type not in _HELPER_OPS]
+    return sum(1 for n in computing if n.index in fixed) / len(computing) if computing else 0.0
+
+
+def _carried_layers(graph: Graph, reference: Graph) -> dict[int, int | None]:
+    """Layers of `graph`'s nodes that kept a node name of `reference` (ORT appends "/<Pass>/" to what it rewrites)."""
+    by_name: dict[str, int | None] = {}
+    for node in reference.nodes:
+        if node.name and node.graph is None:
+            by_name.setdefault(node.name, node.layer)
+    carried: dict[int, int | None] = {}
+    for node in graph.nodes:
+        if not node.name or node.graph is not None:
+            continue
+        name = node.name if node.name in by_name else _ORT_PASS_SUFFIX.sub("", node.name)
+        if name in by_name:
+            carried[node.index] = by_name[name]
+    return carried
 
 
 def _clear_pseudo_layers(graph: Graph) -> None:
@@ -155,20 +204,106 @@ def _walk_stream(graph: Graph) -> tuple[list[Node], list[Node]]:
     parents = _subgraph_owners(graph)
     while current and current not in seen:
         seen.add(current)
-        step = _next_step(graph, current)
+        step, via = _find_step(graph, current, parents, seen)
         if step is None:
-            carrier = _stream_carrier(graph, current, parents)
-            if carrier is None:
-                break
-            carriers.append(carrier)
-            current = carrier.outputs[0]
-            continue
+            break
+        carriers.extend(n for n in via if n.op_type in _STREAM_CARRIERS)
         steps.append(step)
-        if step.op_type == "Add":
-            current = step.outputs[0]
-        else:  # Skip(Simplified)LayerNormalization: output 3 is input + skip (+ bias)
-            current = step.outputs[3] if len(step.outputs) > 3 else ""
+        current = _stream_after(graph, step)
     return steps, carriers
+
+
+def _stream_after(graph: Graph, step: Node) -> str:
+    """The stream value a residual step produces: an Add's sum; a Skip*Norm's input + skip (output 3), or, when
+    nothing reads that (post-norm: the stream is the normalised value), its normalised output."""
+    if step.op_type == "Add":
+        return step.outputs[0]
+    total = step.outputs[3] if len(step.outputs) > 3 else ""
+    if total and graph.consumers(total):
+        return total
+    return step.outputs[0] if step.outputs else ""
+
+
+def _find_step(graph: Graph, value: str, parents: dict[str, Node], seen: set[str],
+               depth: int = 3) -> tuple[Node | None, list[Node]]:
+    """(the residual step the stream reaches from `value`, the nodes it passed on the way there).
+
+    The step reads `value` itself (pre-norm, sandwich-norm), or a value reached through at most `depth` of:
+    a node the stream passes unchanged (an If, Identity, Cast), a norm, a scale by a constant (post-norm)."""
+    step = _next_step(graph, value)
+    if step is not None or depth == 0:
+        return step, []
+    for node, out in _thin_successors(graph, value, parents):
+        if out in seen:
+            continue
+        found, via = _find_step(graph, out, parents, seen, depth - 1)
+        if found is not None:
+            return found, [node, *via]
+    return None, []
+
+
+def _thin_successors(graph: Graph, value: str, parents: dict[str, Node]) -> list[tuple[Node, str]]:
+    """What the stream value becomes without leaving the stream: (the node, its output)."""
+    found: list[tuple[Node, str]] = []
+    carrier = _stream_carrier(graph, value, parents)
+    if carrier is not None:
+        found.append((carrier, carrier.outputs[0]))
+    for c in graph.consumers(value):
+        if c.graph is not None or not c.outputs:
+            continue
+        if c.op_type in _NORM_OPS and c.inputs and c.inputs[0] == value:
+            found.append((c, c.outputs[0]))
+        elif c.op_type in ("Mul", "Div") and len(c.inputs) == 2 and c.inputs[0] == value \
+                and graph.is_constant(c.inputs[1]) or c.op_type == "Mul" and len(c.inputs) == 2 \
+                and c.inputs[1] == value and graph.is_constant(c.inputs[0]):
+            found.append((c, c.outputs[0]))
+    norm = _decomposed_rms_norm(graph, value)
+    if norm is not None:
+        found.append(norm)
+    return found
+
+
+def _decomposed_rms_norm(graph: Graph, value: str) -> tuple[Node, str] | None:
+    """The last node and output of an RMSNorm spelled out on `value` (x * rsqrt(mean(x^2) + eps) or x / sqrt(..),
+    then an optional Cast and the gamma Mul), or None."""
+    sources = [value] + [c.outputs[0] for c in graph.consumers(value) if c.op_type == "Cast" and c.outputs]
+    for source in sources:
+        for c in graph.consumers(source):
+            if c.op_type not in ("Mul", "Div") or len(c.inputs) != 2 or not c.outputs:
+                continue
+            other = c.inputs[1] if c.inputs[0] == source else c.inputs[0]
+            if other == source or graph.is_constant(other) or not _from_mean_square(graph, other):
+                continue
+            node, out = c, c.outputs[0]
+            for _ in range(2):  # a Cast back to the input dtype, then gamma
+                after = graph.consumers(out)
+                if len(after) != 1 or not after[0].outputs:
+                    break
+                nxt = after[0]
+                if nxt.op_type == "Cast" or nxt.op_type == "Mul" and any(
+                        i != out and (i in graph.initializers or graph.is_constant(i)) for i in nxt.inputs):
+                    node, out = nxt, nxt.outputs[0]
+                else:
+                    break
+            return node, out
+    return None
+
+
+def _from_mean_square(graph: Graph, value: str) -> bool:
+    """Whether `value` is computed from a ReduceMean within a few elementwise steps (the norm's 1/rms or rms)."""
+    frontier = [value]
+    for _ in range(5):
+        nxt: list[str] = []
+        for v in frontier:
+            producer = graph.producer(v)
+            if producer is None:
+                continue
+            if producer.op_type == "ReduceMean":
+                return True
+            if producer.op_type in _RMS_CHAIN_OPS:
+                nxt.extend(i for i in producer.inputs if i and not graph.is_constant(i))
+        frontier = nxt
+    return False
 
 
 def _embedding_output(graph: Graph) -> str | None:
@@ -220,8 +355,9 @@ def _top_level(node: Node, parents: dict[str, Node]) -> Node | None:
     return None
 
 
-def _assign_by_residual_stream(graph: Graph) -> set[int] | None:
-    """Layers from the residual stream; returns the nodes placed by it (None: no stream found)."""
+def _assign_by_residual_stream(graph: Graph) -> dict[int, int | None] | None:
+    """Layers from the residual stream: the nodes placed by it and their layer (None: no stream found). Sets no
+    node's layer."""
     steps, carriers = _walk_stream(graph)
     if len(steps) < 2:
         return None
@@ -235,7 +371,8 @@ def _assign_by_residual_stream(graph: Graph) -> set[int] | None:
     embedding = _embedding_output(graph)
     if embedding:
         position[embedding] = 0
-    placed: set[int] = set()
+    placed: dict[int, int | None] = {}
+    layer_of: dict[int, int | None] = {}
 
     def layer_at(p: int) -> int | None:
         return p // 2 if 0 <= p < end else None
@@ -251,22 +388,22 @@ def _assign_by_residual_stream(graph: Graph) -> set[int] | None:
         if k is not None:
             p = k + 1
             # An Add closes sublayer k; a fused Skip*Norm also normalises for the sublayer after it.
-            node.layer = k // 2 if node.op_type == "Add" else layer_at(k + 1)
+            layer = k // 2 if node.op_type == "Add" else layer_at(k + 1)
         elif node.index in carrier_indices:
-            node.layer = None  # the stream passes through before the first layer starts (a prompt/decode If)
+            layer = None  # the stream passes through before the first layer starts (a prompt/decode If)
         else:
-            node.layer = layer_at(p)
+            layer = layer_at(p)
+        layer_of[node.index] = layer
         if p >= 0:
-            placed.add(node.index)
+            placed[node.index] = layer
             for o in node.outputs:
                 if o and o not in position:
                     position[o] = p
     for node in graph.nodes:
         if node.graph is not None:
             owner = _top_level(node, parents)
-            node.layer = owner.layer if owner is not None else None
             if owner is not None and owner.index in placed:
-                placed.add(node.index)
+                placed[node.index] = layer_of.get(owner.index)
     return placed
 
 

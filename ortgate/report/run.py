@@ -135,8 +135,13 @@ def _measurement(console: Console, label: str, m: Measurement, cpu: str) -> None
     _line(console, label, f"{m.provider} on {m.device}: p50 {_ms(st.p50_ms)} ms, p90 {_ms(st.p90_ms)} ms, "
                           f"p99 {_ms(st.p99_ms)} ms, mean {_ms(st.mean_ms)} ms ({m.warmup} warm-up + "
                           f"{st.iterations} timed runs, {mode}){cpu}")
-    _line(console, "", f"{m.tokens_per_second:,.1f} tokens/s (batch {m.batch_size} x {m.new_tokens} new "
-                       f"token{'s' if m.new_tokens != 1 else ''} / p50){cpu}")
+    if m.prefill:
+        _line(console, "", f"{m.tokens_per_second:,.1f} tokens/s of prefill (batch {m.batch_size} x {m.new_tokens} "
+                           f"token{'s' if m.new_tokens != 1 else ''} / p50; the graph has no KV cache, so this is no "
+                           f"decode step: every generated token reruns the whole sequence){cpu}")
+    else:
+        _line(console, "", f"{m.tokens_per_second:,.1f} tokens/s (batch {m.batch_size} x {m.new_tokens} new "
+                           f"token{'s' if m.new_tokens != 1 else ''} / p50){cpu}")
     if m.peak_memory_bytes is not None:
         _line(console, "", f"{m.peak_memory_bytes / 2**20:.1f} MiB {m.memory_source}")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +26,12 @@ if TYPE_CHECKING:
 MAX_RELATED_NODES = 12
 
 
-@dataclass
+@dataclass(frozen=True)
 class LintInputs:
-    """Everything the user gave, loaded once and shared by every rule (read-only)."""
+    """Everything the user gave, loaded once and shared by every rule: a value, never changed in place.
+
+    `ortgate.engine.pipeline.load_inputs` builds it; `ortgate run` derives new values with the run's evidence and
+    ORT's optimized dump (`with_evidence`, `with_optimized`)."""
 
     model: Graph
     optimized: Graph | None
@@ -35,7 +39,7 @@ class LintInputs:
     expect: Expectations
     policy: Policy | None = None
     genai: GenaiConfig | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)  # run evidence from `ortgate run`
+    evidence: Mapping[str, Any] = field(default_factory=dict)  # run evidence from `ortgate run`
     # Every file the inputs came from (model, its external data, configs, the policy's extends chain, the dump):
     # what no output may ever replace.
     files_read: tuple[Path, ...] = ()
@@ -84,15 +88,15 @@ class LintInputs:
                 stored=self.model)
         return found
 
-    @property
+    def __post_init__(self) -> None:
+        if self.cost is not None and self.cost.optimized != (self.optimized is not None):
+            raise ValueError("LintInputs: the cost setup must price the executed graph "
+                             f"(optimized={self.cost.optimized}, dump given: {self.optimized is not None})")
+
+    @cached_property
     def estimate(self) -> Estimate | None:
         """The decode step estimate of the executed graph for `cost` (computed once, on first use)."""
-        if self.cost is None:
-            return None
-        found = self.__dict__.get("_estimate")
-        if found is None:
-            found = self.__dict__["_estimate"] = estimate(self.executed, self.cost)
-        return found
+        return None if self.cost is None else estimate(self.executed, self.cost)
 
     @property
     def graphs(self) -> list[Graph]:
@@ -102,6 +106,17 @@ class LintInputs:
     def executed(self) -> Graph:
         """The graph ORT will execute as far as we know: the optimized dump when given, else the model."""
         return self.optimized or self.model
+
+    def with_evidence(self, key: str, value: Any) -> LintInputs:
+        """These inputs with one more piece of run evidence."""
+        return replace(self, evidence={**self.evidence, key: value})
+
+    def with_optimized(self, optimized: Graph, files: Iterable[Path] = ()) -> LintInputs:
+        """These inputs with ORT's optimized dump as the executed graph: the cost model then prices the dump as
+        optimized (ORT's fusions are in it already, never applied a second time)."""
+        cost = replace(self.cost, optimized=True) if self.cost is not None else None
+        return replace(self, optimized=optimized, cost=cost,
+                       files_read=tuple(dict.fromkeys((*self.files_read, *files))))
 
 
 class RuleContext:

@@ -1,16 +1,16 @@
 """Inventory rules (OGM): what the graph holds, counted, against what the policy declares: layer counts, ops it
-requires by explicit count, ops it forbids; and a KV cache the graph returns but cannot be given back."""
+requires by explicit count, ops it forbids; a KV cache the graph returns but cannot be given back, and a decoder
+with no KV cache at all."""
 
 from __future__ import annotations
 
-import re
-
 from ortgate.config.expectations import POLICY
 from ortgate.findings import Severity
-from ortgate.graph.index import Graph, ValueInfo, op_key, parse_op_key
+from ortgate.graph.index import Graph, op_key, parse_op_key
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
+from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state
 from ortgate.graph.patterns.moe import moe_blocks
-from ortgate.knowledge.dims import dim_kind
+from ortgate.knowledge.cache_exports import cache_export, cache_export_otherwise
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
@@ -214,25 +214,6 @@ def forbidden_op(ctx: RuleContext):
             )
 
 
-# A graph output holding a KV cache: named for it (present.N.key, present_key_values, present_value) and of rank 4,
-# or a fused attention op's present_key / present_value output.
-_PRESENT_NAME = re.compile(r"(^|[._/])present", re.IGNORECASE)
-# A graph input that carries state from the previous step: a KV cache, a linear-attention or convolution state.
-_STATE_NAME = re.compile(r"past|cache|state|recurrent|conv", re.IGNORECASE)
-
-
-def _cache_outputs(graph: Graph) -> list[str]:
-    by_attention = {name for node in fused_attention_nodes(graph) if node.graph is None
-                    for name in node.outputs[1:3] if name}
-    return [o.name for o in graph.outputs
-            if o.name in by_attention or (_PRESENT_NAME.search(o.name) and o.shape is not None and len(o.shape) == 4)]
-
-
-def _carries_state(info: ValueInfo) -> bool:
-    return bool(_STATE_NAME.search(info.name)) or any(
-        isinstance(d, str) and dim_kind(d) == "kv" for d in (info.shape or ()))
-
-
 @rule("OGM012", "kv-cache-not-fed-back", Severity.ERROR)
 def kv_cache_not_fed_back(ctx: RuleContext):
     """The graph returns a KV cache (present tensors) but takes none back: every token recomputes the whole sequence.
@@ -274,8 +255,8 @@ def kv_cache_not_fed_back(ctx: RuleContext):
     onnxruntime-genai's builder always writes them. A model meant for prefill only should not return present tensors.
     """
     graph = ctx.model
-    present = _cache_outputs(graph)
-    if not present or any(_carries_state(i) for i in graph.inputs):
+    present = cache_outputs(graph)
+    if not present or any(carries_state(i) for i in graph.inputs):
         return
     shown = ", ".join(present[:4]) + (f" and {len(present) - 4} more" if len(present) > 4 else "")
     yield ctx.finding(
@@ -286,3 +267,104 @@ def kv_cache_not_fed_back(ctx: RuleContext):
             "past_key_values among the inputs, their sequence dims dynamic).",
         properties={"present_outputs": len(present), "first_outputs": present[:4]},
     )
+
+
+@rule("OGM013", "decoder-without-kv-cache", Severity.ERROR)
+def decoder_without_kv_cache(ctx: RuleContext):
+    """A model deployed as a decoder has no KV cache: every generated token recomputes the whole sequence.
+
+    ## What it checks
+    The exported graph's interface: token ids in (`input_ids`), logits over the vocabulary out, and no state
+    between steps (no past KV-cache or recurrent-state input, no present output; present outputs without past
+    inputs are kv-cache-not-fed-back's). That is what torch.onnx exports with `use_cache=False` and optimum's
+    `text-generation` task (without `-with-past`) write. It is an error when the deployment is a decoder: the
+    policy's `model.kind: decoder`, or a genai_config.json (onnxruntime-genai runs decoders only). The graph
+    alone cannot tell a causal LM from an encoder with a language-modelling head (a masked LM reads input_ids
+    and returns logits too): without `model.kind` the rule says it could not decide, and `model.kind: encoder`
+    silences it.
+
+    ## Why it costs throughput
+    With no cache, a decode step cannot reuse what earlier steps computed: to generate token L+1 the model
+    runs again over all L positions, every projection and expert included, so one token costs a prefill of the
+    whole context (at a context of 2,048, 2,048 times the compute of a cached step) and a sequence of N tokens
+    costs O(N^2). The cost model prices the step that way; a run of such a graph measures a prefill, not a
+    decode step. No session setting or fusion repairs it (ORT's attention fusions need a cache to write).
+
+    ## Bad
+    ```yaml
+    model: {kind: decoder}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    lm (int64[B, T] input_ids) => (float[B, T, 8] logits)
+    <float[8, 4] embed_tokens = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+                                  1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1},
+     float[4, 8] lm_head = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+                            1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1}>
+    {
+      hidden = Gather(embed_tokens, input_ids)
+      logits = MatMul(hidden, lm_head)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    model: {kind: decoder}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    lm (int64[B, T] input_ids, float[B, 2, P, 2] past_key) => (float[B, T, 8] logits, float[B, 2, P, 2] present_key)
+    <float[8, 4] embed_tokens = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+                                  1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1},
+     float[4, 8] lm_head = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+                            1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1}>
+    {
+      hidden = Gather(embed_tokens, input_ids)
+      logits = MatMul(hidden, lm_head)
+      present_key = Identity(past_key)
+    }
+    ```
+
+    ## Fix
+    Re-export with the KV cache: past KV inputs and present outputs (the advice names the call for the exporter
+    that made the model: torch.onnx dynamo with `use_cache=True` and the cache among the example inputs,
+    optimum's task `text-generation-with-past`, or onnxruntime-genai's builder, which always writes the cache).
+    A model that is an encoder: declare `model.kind: encoder`.
+    """
+    graph = ctx.model
+    found = cacheless_decoder(graph)
+    if found is None:
+        return
+    kind = ctx.expect.kind
+    interface = (f"{found.tokens} -> {found.logits}"
+                 + (f" over {found.vocab:,} tokens" if found.vocab else "")
+                 + " with no past KV-cache or state input and no present output")
+    if kind is None:
+        yield ctx.undecided(
+            f"the graph reads {interface}: as a decoder every generated token would recompute the whole sequence, "
+            "as an encoder (a masked LM) it needs no cache; the graph cannot tell which: declare model.kind "
+            "(decoder or encoder) in the policy", graph=graph,
+            properties={"tokens": found.tokens, "logits": found.logits, "vocab": found.vocab})
+        return
+    if kind.value != "decoder":
+        return
+    declared = ("the policy declares a decoder (model.kind: decoder)" if kind.origin == POLICY
+                else "genai_config.json declares a decoder (onnxruntime-genai runs decoders only)")
+    yield ctx.finding(
+        f"{declared} but the graph has no KV cache: it reads {interface}, so every generated token recomputes the "
+        "whole sequence (a decode step at a context of L positions costs a prefill of L)",
+        graph=graph, fix=kv_cache_export_advice(graph),
+        properties={"tokens": found.tokens, "logits": found.logits, "vocab": found.vocab,
+                    "declared_by": kind.origin},
+    )
+
+
+def kv_cache_export_advice(graph: Graph) -> str:
+    """The export that adds a KV cache, for the exporter that made `graph` (every way when it is unknown)."""
+    keys = {p.key for node in graph.nodes[:64] for p in node.proto.metadata_props}
+    exporter = cache_export(graph.producer_name, keys)
+    if exporter is None:
+        return cache_export_otherwise()
+    return f"This model was made by {exporter.label}: {exporter.adds_cache}."

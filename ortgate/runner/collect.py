@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ortgate.evidence import Measurement, RunEvidence, SessionEvidence
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
 from ortgate.graph.load import load_model
+from ortgate.graph.patterns.decoder import cacheless_decoder
 from ortgate.rules.context import LintInputs
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import RunnerSettings
@@ -67,22 +69,33 @@ class SessionRunError(Exception):
 
 
 def collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
-            workdir: Path, evidence: RunEvidence) -> RunEvidence:
-    """Fill `evidence`. ORT refusing to create or run a session, and --timeout, end the run and are recorded in
-    `evidence.failures` (the runtime rules report them); bad input is an InputError."""
+            workdir: Path, evidence: RunEvidence,
+            on_dump: Callable[[LintInputs], None] | None = None) -> LintInputs:
+    """Fill `evidence` and return the inputs the rules judge the run with: `inputs` with the session's optimized
+    dump as the executed graph (`LintInputs.with_optimized`: priced as optimized) once ORT wrote one, else
+    `inputs`. `on_dump` receives those inputs as soon as the dump is read (a --timeout report uses them). ORT
+    refusing to create or run a session, and --timeout, end the run and are recorded in `evidence.failures` (the
+    runtime rules report them); bad input is an InputError."""
     from ortgate.runner import session as rs
     from ortgate.runner.measure import RunTimeout
 
     evidence.timeout_s = settings.timeout_s
+    judged = [inputs]
+
+    def dumped(new: LintInputs) -> None:
+        judged[0] = new
+        if on_dump is not None:
+            on_dump(new)
+
     try:
-        _collect(request, inputs, settings, deadline, progress, workdir, evidence)
+        _collect(request, inputs, settings, deadline, progress, workdir, evidence, dumped)
     except rs.SessionCreationError as exc:
         _failed(evidence, "load", exc.session, f"creating the {exc.session} session", exc.detail, inputs)
     except SessionRunError as exc:
         _failed(evidence, "run", exc.session, exc.phase, exc.message, inputs)
     except RunTimeout as exc:
         _failed(evidence, "timeout", _session_of(exc.phase), exc.phase, str(exc), inputs)
-    return evidence
+    return judged[0]
 
 
 def record_timeout(evidence: RunEvidence, timeout, inputs: LintInputs) -> None:
@@ -108,7 +121,7 @@ def _failed(evidence: RunEvidence, kind: str, session: str, phase: str, message:
 
 
 def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, deadline, progress: RunProgress,
-             workdir: Path, evidence: RunEvidence) -> None:
+             workdir: Path, evidence: RunEvidence, dumped: Callable[[LintInputs], None]) -> None:
     from ortgate.runner import session as rs
 
     policy = inputs.policy
@@ -147,7 +160,9 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
                                          request.dump is not None)
     if built.dump is not None and built.dump.path:
         progress.note("loading the optimized dump")
-        inputs.optimized = optimized_graph(built.dump.path, inputs.model.path, kept=request.dump is not None)
+        dump_graph = optimized_graph(built.dump.path, inputs.model, kept=request.dump is not None)
+        inputs = inputs.with_optimized(dump_graph)
+        dumped(inputs)
         if substituted:
             evidence.notes.append(f"the optimized dump is {rs.CPU}'s: {requested} would optimize differently")
 
@@ -157,7 +172,8 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
 
     effective = session.get_provider_options().get(ran_on[0], {})
     evidence.measurement, policy_outputs, output_types = _measure(
-        "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence)
+        "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence,
+        prefill=cacheless_decoder(inputs.model) is not None)
     del session, built
 
     if request.compare_default:
@@ -168,11 +184,12 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
                                     deadline, progress, libraries, workdir, evidence)
 
 
-def optimized_graph(dump_path: str, model_path: str, *, kept: bool) -> Graph:
-    """The session's optimized model as a graph the rules read. A temporary dump is deleted when the run ends, so
-    its findings point at MODEL, labelled as its optimized graph, never at a file that no longer exists."""
-    graph = build_graph(load_model(dump_path), dump_path if kept else model_path, role="optimized")
-    graph.label = None if kept else f"optimized graph of {model_path}"
+def optimized_graph(dump_path: str, model: Graph, *, kept: bool) -> Graph:
+    """The session's optimized model as a graph the rules read, its layers carried from `model` where node names
+    survived. A temporary dump is deleted when the run ends, so its findings point at MODEL, labelled as its
+    optimized graph, never at a file that no longer exists."""
+    graph = build_graph(load_model(dump_path), dump_path if kept else model.path, role="optimized", reference=model)
+    graph.label = None if kept else f"optimized graph of {model.path}"
     return graph
 
 
@@ -236,7 +253,7 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
 
 def _measure(label: str, session, provider: str, effective: dict[str, str], feeds, settings: RunnerSettings,
              deadline, progress: RunProgress, memory, evidence: RunEvidence,
-             iterations: int | None = None) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
+             iterations: int | None = None, prefill: bool = False) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
     from ortgate.runner.measure import (
         BoundSession,
         device_info,
@@ -284,7 +301,7 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
         batch_size=step.batch_size, new_tokens=step.sequence_length, warmup=warmup, stats=stats,
         tokens_per_second=tokens_per_second(step.batch_size, step.sequence_length, stats),
         io_binding=True, cuda_graph=plan.cuda_graph, peak_memory_bytes=peak, memory_source=source,
-        latencies_ms=[round(x * 1000.0, 4) for x in latencies],
+        latencies_ms=[round(x * 1000.0, 4) for x in latencies], prefill=prefill,
     )
     return measurement, bound.outputs(), bound.output_types()
 

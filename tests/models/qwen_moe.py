@@ -137,6 +137,11 @@ class ModelSpec:
     # (int64 [3, batch_size, sequence_length], Qwen3.5's multimodal layout, fed as is to the rotary: what
     # onnxruntime-genai 0.18's Qwen3.5-MoE export does, and what ORT's RotaryEmbedding kernel refuses at run time)
     position_ids: str = "computed"
+    # Where the residual stream is taken: "pre" (h + block(norm(h)), Llama/Qwen), "post" (n = norm(h); n + block(n),
+    # MiniMax, whose residual is the normalised value, scaled by residual_alpha), "sandwich" (h + norm(block(norm(h))),
+    # Gemma 2/3: a norm before and after each block)
+    residual: str = "pre"
+    residual_alpha: float = 1.0  # "post": the residual's scale (MiniMax-Text-01: 3.5565588200778455)
 
     def __post_init__(self) -> None:
         choices = {
@@ -153,6 +158,7 @@ class ModelSpec:
             "moe_activation": MOE_ACTIVATIONS,
             "attention_scale": ("div", "mul"),
             "position_ids": ("computed", "input", "input_3d"),
+            "residual": ("pre", "post", "sandwich"),
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -242,9 +248,14 @@ class ModelSpec:
 
     def to_json(self) -> str:
         values = dataclasses.asdict(self)
-        if values["renormalisation"] == "sum":
-            del values["renormalisation"]  # its default: models built before the field existed stay byte-identical
+        for key in _OMITTED_AT_DEFAULT:  # later knobs: models built without them keep the bytes they had
+            if values[key] == _DEFAULTS[key]:
+                del values[key]
         return json.dumps(values, sort_keys=True)
+
+
+_OMITTED_AT_DEFAULT = ("renormalisation", "residual", "residual_alpha")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
 
 
 def spec_from_model(model: onnx.ModelProto) -> ModelSpec | None:
@@ -706,6 +717,25 @@ def _add_and_norm(g: _Graph, x: str, residual: str | None, scope: _Scope) -> tup
         domain=MS_DOMAIN, epsilon=spec.norm_epsilon,
     )
     return normed, new_residual
+
+
+def _residual_step(g: _Graph, x: str, residual: str, normed: str, scope: _Scope) -> tuple[str, str]:
+    """The residual addition after a block and the norm for the next: (normed, new residual).
+
+    Pre-norm and sandwich-norm add to the un-normalised stream (`_add_and_norm`). Post-norm adds to the block's
+    normalised input (scaled by residual_alpha), and the next norm's output is both the next block's input and the
+    next residual: fused, a SkipSimplifiedLayerNormalization whose input + skip output nothing reads (what ORT's
+    SkipLayerNormFusion makes of `norm(n * alpha + x)`)."""
+    spec = g.spec
+    if spec.residual != "post":
+        return _add_and_norm(g, x, residual, scope)
+    kept = normed if spec.residual_alpha == 1.0 else g.op("Mul", [normed, g.const(spec.residual_alpha, spec.np_dtype)], scope)
+    if spec.norm != "fused":
+        out = _rms_norm(g, g.op("Add", [kept, x], scope), scope, spec.hidden)
+        return out, out
+    gamma = _norm_weight(g, scope, spec.hidden)
+    out = g.op("SkipSimplifiedLayerNormalization", [x, kept, gamma], scope, domain=MS_DOMAIN, epsilon=spec.norm_epsilon)
+    return out, out
 
 
 def _split_heads(g: _Graph, x: str, scope: _Scope, heads: int, head_dim: int) -> str:
@@ -1235,10 +1265,14 @@ def build_model(spec: ModelSpec) -> onnx.ModelProto:
             mixed = _linear_attention(g, i, normed)
         else:
             mixed = _attention(g, ctx, i, normed, spec.sliding_window if kind == "sliding_attention" else None)
-        normed, residual = _add_and_norm(g, mixed, residual, _Scope(i, "post_attention_layernorm"))
+        if spec.residual == "sandwich":
+            mixed = _rms_norm(g, mixed, _Scope(i, "post_attention_norm"), spec.hidden)
+        normed, residual = _residual_step(g, mixed, residual, normed, _Scope(i, "post_attention_layernorm"))
         ffn = _feed_forward(g, normed, i)
+        if spec.residual == "sandwich":
+            ffn = _rms_norm(g, ffn, _Scope(i, "post_feedforward_norm"), spec.hidden)
         next_norm = _Scope(i + 1, "input_layernorm") if i + 1 < spec.layers else _Scope(None, "final_norm_layernorm")
-        normed, residual = _add_and_norm(g, ffn, residual, next_norm)
+        normed, residual = _residual_step(g, ffn, residual, normed, next_norm)
 
     _linear(g, normed, _Scope(None, "lm_head"), spec.hidden, spec.vocab, output="logits")
 

@@ -1,0 +1,89 @@
+"""A causal-LM export with no KV cache: named by decoder-without-kv-cache, priced as the recompute it is, and
+measured by `ortgate run` as the prefill it is."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from ortgate.cost import CostSetup, StepShape, estimate
+from ortgate.graph import build_graph
+from ortgate.graph.patterns.decoder import cacheless_decoder
+from ortgate.knowledge.devices import find_device
+from ortgate.rules.inventory import kv_cache_export_advice
+from tests.conftest import EXPORTED
+from tests.helpers import run_cli
+from tests.models.qwen_moe import ModelSpec, build_model
+
+
+def _graph(folder: str):
+    path = EXPORTED / folder / "model.onnx"
+    return build_graph(onnx.load(str(path), load_external_data=False), str(path))
+
+
+def _flops(graph, context: int) -> float:
+    device = find_device("h100-sxm")  # a catalog device with every figure: FLOPs do not depend on it
+    assert device is not None
+    return estimate(graph, CostSetup(device, StepShape(1, 1, context))).as_exported.totals.flops
+
+
+@pytest.mark.parametrize("folder", ["dynamo-qwen3_moe", "dynamo-mixtral", "dynamo-minimax"])
+def test_dynamo_exports_without_cache_are_recognised(folder):
+    found = cacheless_decoder(_graph(folder))
+    assert found is not None and (found.tokens, found.logits, found.vocab) == ("input_ids", "logits", 128)
+
+
+@pytest.mark.parametrize("folder", ["optimum-llama-past", "genai-qwen3_5_moe-fp32-cpu", "olive-mixtral"])
+def test_graphs_with_a_cache_or_present_outputs_are_not(folder):
+    assert cacheless_decoder(_graph(folder)) is None
+
+
+def test_a_cache_less_step_is_priced_as_a_prefill_of_the_context():
+    graph = _graph("dynamo-qwen3_moe")
+    # every projection and expert runs over the whole context: 128 times the positions, 128 times the FLOPs
+    assert _flops(graph, 2048) == pytest.approx(128 * _flops(graph, 16), rel=1e-6)
+    cached = build_graph(build_model(ModelSpec()), "cached")
+    linear_cached = _flops(cached, 2048) - _flops(cached, 16)  # only the attention over the cache grows
+    assert linear_cached < 0.5 * _flops(cached, 16) * 127
+
+
+def test_the_advice_names_the_exporter_that_made_the_model():
+    dynamo = kv_cache_export_advice(_graph("dynamo-qwen3_moe"))
+    torchscript = kv_cache_export_advice(_graph("optimum-llama-past"))  # pytorch, without the dynamo metadata
+    optimizer = kv_cache_export_advice(_graph("olive-mixtral"))
+    assert dynamo.startswith("This model was made by torch.onnx.export(dynamo=True)") and "export_for_generation" in dynamo
+    assert "TorchScript" in torchscript and "--task text-generation-with-past" in torchscript
+    assert "transformers optimizer" in optimizer
+    unknown = build_graph(build_model(ModelSpec(naming="opaque")), "m")
+    assert "text-generation-with-past" in kv_cache_export_advice(unknown)
+
+
+def test_run_labels_the_measured_step_a_prefill(write_policy):
+    policy = write_policy("name: p\nextends: builtin:cpu\nmodel: {kind: decoder}\n"
+                          "runner: {warmup: 1, iterations: 2, sequence_length: 8}\n")
+    code, out, _ = run_cli("run", EXPORTED / "dynamo-qwen3_moe", "--policy", policy)
+    assert "tokens/s of prefill (batch 1 x 8 tokens" in out
+    assert "decoder-without-kv-cache" in out and code == 1
+
+
+def test_the_prefill_graph_of_a_split_export_returns_its_cache():
+    """transformers' OnnxExporter.export_for_generation writes prefill.onnx (token ids in; logits and
+    cache.layers.N.keys/values out) beside decode.onnx: the prefill graph has no past input and is no cache-less
+    decoder."""
+    from onnx import TensorProto, helper
+
+    table = helper.make_tensor("embed", TensorProto.FLOAT, [8, 4], [0.1] * 32)
+    head = helper.make_tensor("head", TensorProto.FLOAT, [4, 8], [0.1] * 32)
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "head"], ["logits"]),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["cache.layers.0.keys"])]
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "T", 8]),
+               helper.make_tensor_value_info("cache.layers.0.keys", TensorProto.FLOAT, ["B", 1, "T", 4])]
+    graph = helper.make_graph(nodes, "prefill", [helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                                                               ["B", "T"])],
+                              outputs, initializer=[table, head, axes])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+    assert cacheless_decoder(build_graph(model, "prefill")) is None
+    del model.graph.output[1]
+    assert cacheless_decoder(build_graph(model, "logits only")) is not None
