@@ -244,7 +244,7 @@ def render_json(est, inputs) -> str:
         for g in est.layer_groups()]
     data["fix_savings"] = [{"repair": kind, "layers": n, "ms_per_token": round(s.ms_per_token, 4),
                             "share_of_step": round(s.share, 4)} for kind, n, s in _savings(est)]
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return json.dumps(data, allow_nan=False, indent=2, sort_keys=True) + "\n"
 
 
 def devices_text() -> str:
@@ -271,4 +271,4 @@ def devices_json() -> str:
         d = find_device(name)
         assert d is not None
         out[name] = {"label": d.label, "kind": d.kind, "match": list(d.match), "figures": d.figures()}
-    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+    return json.dumps(out, allow_nan=False, indent=2, sort_keys=True) + "\n"

@@ -90,7 +90,7 @@ def _document(entries: Iterable[dict]) -> str:
     for entry in entries:
         unique.setdefault(entry.get("fingerprint") or entry.get("identity"), entry)
     doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "findings": [unique[k] for k in sorted(unique)]}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return json.dumps(doc, allow_nan=False, indent=2, sort_keys=True) + "\n"
 
 
 def baseline_text(findings: list[Finding]) -> str:

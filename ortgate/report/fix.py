@@ -202,4 +202,4 @@ def fix_json(outcome) -> dict:
 
 
 def render_fix_json(outcome) -> str:
-    return json.dumps(fix_json(outcome), indent=2, sort_keys=False) + "\n"
+    return json.dumps(fix_json(outcome), allow_nan=False, indent=2, sort_keys=False) + "\n"

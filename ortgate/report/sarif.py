@@ -31,7 +31,7 @@ LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "n
 
 
 def render(result: LintResult) -> str:
-    return json.dumps(sarif_log(result), indent=2, ensure_ascii=False, default=str) + "\n"
+    return json.dumps(sarif_log(result), allow_nan=False, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
 def sarif_log(result: LintResult) -> dict:
