@@ -34,6 +34,23 @@ class Kind(enum.Enum):
     INTERNAL_ERROR = "internal-error"  # the rule failed on this input (always info)
 
 
+def _one_line(text: str | None) -> str | None:
+    """Text that came from the user (a policy key, a waiver reason, a node or file name) on one printable line:
+    a newline or a terminal escape in it is shown escaped, so no reporter can print a line the input forged."""
+    if text is None or text.isprintable():
+        return text
+    from ortgate.errors import printable
+
+    return printable(text)
+
+
+def _clean(obj: object, *fields: str) -> None:
+    for name in fields:
+        value = getattr(obj, name)
+        if isinstance(value, str) and not value.isprintable():
+            object.__setattr__(obj, name, _one_line(value))
+
+
 @dataclass(frozen=True)
 class Location:
     """Where a finding points: a model file (+ graph node) or a config file (+ key path and line)."""
@@ -45,12 +62,18 @@ class Location:
     # optimized graph of MODEL, from a dump that was not kept).
     label: str | None = None
 
+    def __post_init__(self) -> None:
+        _clean(self, "file", "key_path", "label")
+
 
 @dataclass(frozen=True)
 class Suppression:
     kind: str  # "waiver" | "baseline"
     justification: str
     location: Location | None = None  # the waiver (policy file and line) or the baseline file
+
+    def __post_init__(self) -> None:
+        _clean(self, "kind", "justification")
 
 
 @dataclass(frozen=True)
@@ -92,6 +115,7 @@ class Finding:
     occurrence: int = 0
 
     def __post_init__(self) -> None:
+        _clean(self, "message", "node", "graph", "fix")
         if self.kind is not Kind.VIOLATION and self.severity is not Severity.INFO:
             raise ValueError(f"a {self.kind.value} finding is info, not {self.severity.label}")
 

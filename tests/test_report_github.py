@@ -84,7 +84,8 @@ def test_escaping_keeps_hostile_names_inside_one_annotation():
     kind, props, message = parse(line)
     assert kind == "error"
     assert props == {"file": "models/a,b:c.onnx", "title": "OGF001 moe-not-fused: layer 0"}
-    assert message == ("layer 0: /model/layers.0/moe\n::error::forged: 100% of experts\r\n::warning file=x::forged"
+    # the hostile newlines arrive escaped as text (\\n): the annotation's own lines are the entry and its fix
+    assert message == ("layer 0: /model/layers.0/moe\\n::error::forged: 100% of experts\\r\\n::warning file=x::forged"
                        "\nfix: fuse: all, now")
 
 

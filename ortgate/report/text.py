@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, group_price_text, price_totals, time_text
+from ortgate.report import clean, display_path, group_price_text, price_totals, time_text, unforgeable
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -48,7 +48,7 @@ def render(result: LintResult, options: TextOptions | None = None) -> str:
     console = Console(file=buffer, force_terminal=options.color, no_color=not options.color, width=width,
                       highlight=False, soft_wrap=True, emoji=False, markup=False)
     write(console, result, options)
-    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())  # rich pads table cells
+    return unforgeable("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))  # rich pads cells
 
 
 def write(console: Console, result: LintResult, options: TextOptions) -> None:
@@ -77,7 +77,7 @@ def _by_file(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
     """Files with configuration findings (no graph node) first: they are the quickest to fix."""
     by_file: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
-        by_file[f.location.label or display_path(f.location.file)].append(f)
+        by_file[clean(f.location.label or display_path(f.location.file))].append(f)
     order = {file: i for i, file in enumerate(by_file)}
     return sorted(by_file.items(), key=lambda item: (any(f.node for f in item[1]), order[item[0]]))
 
@@ -171,7 +171,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     if s.get("layers"):
         scope += f", {s['layers']} layers"
     if s.get("provider"):
-        scope += f", {s['provider']}"
+        scope += f", {clean(s['provider'])}"
     line = Text()
     line.append("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
@@ -179,7 +179,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     if s.get("estimate"):
         from ortgate.engine.pricing import headline
 
-        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'], compact=True)}"), width)
+        _print_wrapped(console, Text(f"estimate  {clean(headline(s['estimate'], compact=True))}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
@@ -188,5 +188,5 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     from ortgate.engine.pipeline import not_checked_text
 
     for gap in result.summary.get("not_checked") or ():
-        _print_wrapped(console, Text(f"not checked: {not_checked_text(gap)}", style="dim"), width)
+        _print_wrapped(console, Text(f"not checked: {clean(not_checked_text(gap))}", style="dim"), width)
     console.print(line)  # the verdict: always the last line, and one line, for scripts and CI logs to grep
