@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", metavar="FILE", help="write the estimate to FILE instead of stdout")
+    p.add_argument("--probe", action="store_true",
+                   help="measure this machine's CPU for the cpu device (without it, the cpu device needs a "
+                        "calibration; needs ONNX Runtime)")
     p.add_argument("--list-devices", action="store_true", help="list the device catalog and exit")
 
 
@@ -56,10 +59,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     outputs = [Output(args.output, "estimate")] if args.output else []
     check_outputs(outputs, [args.model, args.policy, args.optimized, args.config])
     request = LintRequest(args.model, args.policy, args.optimized, args.config,
-                          CostOverrides(args.device, args.batch, args.context))
+                          CostOverrides(args.device, args.batch, args.context, probe=args.probe))
     inputs = load_inputs(request)
     check_outputs(outputs, inputs.files_read)
     est = inputs.estimate
+    if est is None and inputs.cost_gap is not None:
+        raise InputError(f"estimate: {inputs.cost_gap}")
     if est is None:
         from ortgate.knowledge.devices import device_names
 

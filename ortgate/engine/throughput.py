@@ -22,6 +22,19 @@ class CostOverrides:
     device: str | None = None
     batch: int | None = None
     context: int | None = None
+    probe: bool = False  # `ortgate estimate --probe`: measure this machine for a `cpu` device without figures
+
+
+UNMEASURED_CPU = ("the cpu device has no figures of its own: ortgate measures no machine unless asked, so that a "
+                  "report is a function of its inputs. Calibrate once with `ortgate run MODEL --policy P "
+                  "--write-calibration FILE` and name FILE in throughput.calibration, or measure this machine for "
+                  "one estimate with `ortgate estimate MODEL --device cpu --probe` (both need ONNX Runtime: "
+                  "pip install 'ortgate[cpu]')")
+
+
+def needs_figures(device: Device) -> bool:
+    """Whether `device` lacks the figures an estimate needs (the `cpu` device before a calibration or a probe)."""
+    return device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None)
 
 
 def device_named(name: str, source: str = "--device") -> Device:
@@ -47,7 +60,10 @@ def resolve_cost(inputs: LintInputs, overrides: CostOverrides | None = None) -> 
         return None
     if tp is not None and tp.calibration is not None and tp.device is not None and tp.device.name == device.name:
         device = tp.calibration.apply(device)
-    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
+    if needs_figures(device):
+        if not overrides.probe:
+            inputs.cost_gap = UNMEASURED_CPU
+            return None
         device = with_probe(device, _threads(inputs), tp)
     shape = _shape(tp, overrides)
     primary = inputs.deployment.primary
@@ -81,7 +97,14 @@ def with_probe(device: Device, threads: int | None, tp: ThroughputPolicy | None 
     """The cpu device with the figures its probe measures on this machine (a calibration's figures still win)."""
     from ortgate.runner.probe import probe_cpu, session_threads
 
-    probe = probe_cpu(session_threads(threads))
+    try:
+        probe = probe_cpu(session_threads(threads))
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        raise InputError("measuring this machine's CPU (the cpu device without a calibration) needs ONNX Runtime, "
+                         "which is not installed: pip install 'ortgate[cpu]', or name a calibration in "
+                         "throughput.calibration") from None
     source = (f"probe on this machine: {probe.threads} intra-op thread{'s' if probe.threads != 1 else ''}, "
               f"{probe.seconds:.2f} s, spread {probe.spread:.0%} between runs")
     figures = {
@@ -117,7 +140,7 @@ def measured_estimate(graph, setup: CostSetup, threads: int | None = None, tp: T
     from ortgate.cost import estimate
 
     device = setup.device
-    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
+    if needs_figures(device):
         setup = replace(setup, device=with_probe(device, threads, tp))
     return estimate(graph, setup)
 

@@ -41,6 +41,9 @@ class LintInputs:
     # The device and decode step the cost model prices (None: no device named, nothing is priced).
     cost: CostSetup | None = None
     throughput: ThroughputPolicy | None = None
+    # Why a named device is not priced (the `cpu` device without figures: a lint never measures the machine it
+    # runs on, so that its report is a function of its inputs). None: priced, or no device named.
+    cost_gap: str | None = None
 
     @property
     def estimate(self) -> Estimate | None:
