@@ -147,14 +147,23 @@ class Finding:
         )
 
     def identity(self) -> str:
-        """Stable identity for baselines and fingerprints: rule, file name, decoder layer, and the structural
-        signature of the match (anchor op and occurrence) or the config key path.
+        """Stable identity for baselines and fingerprints: rule, the file's path relative to the working directory
+        (model_key), decoder layer, and the structural signature of the match (anchor op and occurrence) or the
+        config key path. Two models named model.onnx in two folders never share an identity.
 
         Never a line number or a node name: moving YAML around or re-exporting the model with new node names
         keeps the identity.
         """
+        return self._identity(model_key(self.location.file))
+
+    def v2_identity(self) -> str:
+        """The identity of version-2 baselines and fingerprints: the file's name alone, so that one entry matched
+        the finding in every model of that name; kept so that version-2 files still load."""
         from pathlib import PurePath
 
+        return self._identity(PurePath(self.location.file).name)
+
+    def _identity(self, file: str) -> str:
         layer = "-" if self.layer is None else str(self.layer)
         if self.anchor is not None:
             target = f"{self.anchor}#{self.occurrence}"
@@ -162,7 +171,7 @@ class Finding:
             target = f"key:{self.location.key_path}"
         else:
             target = f"props:{_properties_anchor(self)}"
-        return f"{self.rule}|{PurePath(self.location.file).name}|{layer}|{target}"
+        return f"{self.rule}|{file}|{layer}|{target}"
 
     def legacy_identity(self) -> str:
         """The identity of version-1 baselines: rule + file name + graph node (or key path). A re-export that renames
@@ -172,6 +181,26 @@ class Finding:
         anchor = self.node or self.location.key_path or ""
         message = "" if (self.node or self.location.key_path) else _properties_anchor(self)
         return f"{self.rule}|{PurePath(self.location.file).name}|{self.graph or ''}|{anchor}|{message}"
+
+
+def model_key(file: str) -> str:
+    """How a finding's file is named in its identity: its path relative to the working directory, with forward
+    slashes ("models/a/model.onnx"), or the absolute path of a file outside it. The same file named two ways
+    ("./a/model.onnx", "a/") gets one key; two files of one name in two folders get two."""
+    import os
+    from pathlib import Path
+
+    if not file:
+        return file
+    try:
+        absolute = Path(os.path.abspath(file))
+        cwd = Path(os.path.abspath(os.getcwd()))
+    except (OSError, ValueError):
+        return Path(file).as_posix()
+    try:
+        return absolute.relative_to(cwd).as_posix()
+    except ValueError:
+        return absolute.as_posix()
 
 
 def _properties_anchor(finding: Finding) -> str:
