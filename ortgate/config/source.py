@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ortgate.errors import InputError
+from ortgate.errors import LFS_POINTER_PROBLEM, InputError, is_lfs_pointer
 
 KeyPath = tuple  # of str | int
 
@@ -81,6 +81,8 @@ def _read_text(path: Path) -> str:
             data = f.read(MAX_DOCUMENT_BYTES + 1)  # the file may grow between stat and read
         if len(data) > MAX_DOCUMENT_BYTES:
             raise InputError(too_big, path)
+        if is_lfs_pointer(data[:64]):
+            raise InputError(LFS_POINTER_PROBLEM, path)
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("not a UTF-8 text file", path) from None

@@ -567,6 +567,17 @@ FILES["policies/null-name.yaml"] = _text("name:\n")
 FILES["policies/waiver-missing-reason.yaml"] = _text("name: lazy\nwaivers:\n  - rule: moe-not-fused\n")
 FILES["policies/merge-key.yaml"] = _text("name: merge\nsession:\n  <<: {intra_op_num_threads: 1}\n")
 
+# What a checkout without `git lfs pull` holds in place of an LFS-tracked file: a pointer.
+def _lfs_pointer(size: int) -> FileMaker:
+    return lambda: (b"version https://git-lfs.github.com/spec/v1\n"
+                    b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+                    + f"size {size}\n".encode())
+
+
+FILES["models/lfs-pointer.onnx"] = _lfs_pointer(1_234_567)
+FILES["configs/lfs-pointer.json"] = _lfs_pointer(2_345)
+FILES["policies/lfs-pointer.yaml"] = _lfs_pointer(456)
+
 # The base model that configs and policies are linted with.
 FILES["models/base.onnx"] = lambda: _bytes(base_model())
 
