@@ -158,20 +158,27 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
 
 # Why a rule family has nothing to judge without an input the user can give lint (None: it has what it needs).
 _NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --policy"
+_GENAI_NO_SESSION = "no policy declares the session, and genai_config.json declares none of it: pass --policy"
+
+
+def _no_session(i: LintInputs) -> str:
+    return _GENAI_NO_SESSION if i.genai is not None else _NO_SESSION
 
 
 def _session_gap(i: LintInputs) -> str | None:
-    return None if i.deployment.setups else _NO_SESSION
+    return None if i.deployment.setups else _no_session(i)
 
 
 def _provider_gap(i: LintInputs) -> str | None:
     if not i.deployment.setups:
-        return _NO_SESSION
+        return _no_session(i)
     return None if i.deployment.provider is not None else "no execution provider is declared: set execution_provider.name"
 
 
 def _drift_gap(i: LintInputs) -> str | None:
     if i.policy is None:
+        if i.genai is not None:
+            return "drift compares a policy with genai_config.json, and no policy is given: pass --policy"
         return _NO_SESSION
     return None if i.genai is not None else "drift compares the policy with genai_config.json, and there is none"
 
