@@ -69,7 +69,7 @@ def write(console: Console, result: LintResult, options: TextOptions) -> None:
                 shown_fixes.add(group.fix)
     if active:
         console.print()
-        _write_table(console, active, options)
+        _write_table(console, active, options, (result.summary.get("estimate") or {}).get("by_rule") or {})
     _write_verdict(console, result, active, options)
 
 
@@ -129,9 +129,11 @@ def _print_wrapped(console: Console, text: Text, width: int) -> None:
         console.print(Text(INDENT) + line if i else line)
 
 
-def _write_table(console: Console, active: list[Finding], options: TextOptions) -> None:
+def _write_table(console: Console, active: list[Finding], options: TextOptions, joint: dict | None = None) -> None:
     """One row per rule: severity, how many findings, what fixing them all saves per token (an estimate on the
-    policy's device, when it names one), where (most severe first, then the most findings)."""
+    policy's device, when it names one: the cost model's joint saving of the rule's repairs, each root cause
+    once), where (most severe first, then the most findings)."""
+    joint = joint or {}
     by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[(f.code, f.rule)].append(f)
@@ -151,6 +153,8 @@ def _write_table(console: Console, active: list[Finding], options: TextOptions) 
         if priced:
             prices = [f.price for f in findings if f.price is not None]
             total, share = price_totals(prices)
+            if prices and code in joint and total - joint[code]["ms_per_token"] > 1e-4:  # repairs the findings share
+                total, share = joint[code]["ms_per_token"], joint[code]["share_of_step"]
             cells.append(Text(f"{time_text(total)} ({share:.0%})" if prices else "", style="magenta"))
         table.add_row(*cells, where(findings))
     console.print(table)
