@@ -242,3 +242,22 @@ def test_fail_on_is_inclusive_at_both_boundaries(unfused, write_policy, level, f
 def test_exit_zero_reports_the_failure_but_exits_0(unfused):
     code, out, _ = run_cli("lint", unfused, "--select", "OGF001", "--exit-zero")
     assert code == 0 and out.splitlines()[-1].startswith("FAIL")
+
+
+def test_a_waiver_by_layers_covers_only_those_layers(write_policy):
+    """A dynamo export's node names carry no layer number: `layers:` waives by decoder layer instead."""
+    from tests.conftest import EXPORTED
+    from tests.helpers import run_cli_json
+
+    policy = write_policy("name: p\nwaivers:\n  - rule: moe-not-fused\n    layers: [1]\n    reason: layer 1 next sprint\n"
+                          "  - rule: gqa-not-fused\n    layers: ['0-1']\n    reason: attention re-export pending\n")
+    _, report = run_cli_json("lint", EXPORTED / "dynamo-qwen3_moe", "--policy", policy, "--select",
+                             "moe-not-fused,gqa-not-fused,OGW")
+    state = {(f["rule"], f["layer"]): f["suppressed"] is not None for f in report["findings"]}
+    assert state == {("moe-not-fused", 0): False, ("moe-not-fused", 1): True,
+                     ("gqa-not-fused", 0): True, ("gqa-not-fused", 1): True}
+    bad = write_policy("name: p\nwaivers:\n  - rule: moe-not-fused\n    layers: [one]\n    reason: r\n", "bad.yaml")
+    from tests.helpers import run_cli
+
+    code, _, err = run_cli("policy", "validate", bad)
+    assert code == 2 and "waivers[0].layers[0]" in err

@@ -116,7 +116,7 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     for c in names:
         ta, tw = a.components.get(c), w.components.get(c)
         table.add_row(c, *(_cells(ta, a) if ta else ["-"] * 5), *(_short(tw, w) if tw else ["-"] * 3))
-    table.add_row("total", format_bytes(a.totals.bytes), f"{a.totals.flops / 1e9:,.1f}", f"{a.totals.launches:,}",
+    table.add_row("total", format_bytes(a.totals.bytes), _gflop(a.totals.flops), f"{a.totals.launches:,}",
                   f"{a.totals.syncs:,}", "100%", format_bytes(w.totals.bytes), f"{w.totals.launches:,}", "100%")
     console.print(table)
     console.print()
@@ -176,7 +176,19 @@ def _cells(t, step) -> list[str]:
     from ortgate.cost.estimate import format_bytes
 
     share = step.component_time_s(_name(step, t)) / step.expected_s if step.expected_s else 0.0
-    return [format_bytes(t.bytes), f"{t.flops / 1e9:,.1f}", f"{t.launches:,}", f"{t.syncs:,}", f"{share:.0%}"]
+    return [format_bytes(t.bytes), _gflop(t.flops), f"{t.launches:,}", f"{t.syncs:,}", f"{share:.0%}"]
+
+
+def _gflop(flops: float) -> str:
+    """GFLOP with three significant digits below 100 (a tiny model's 0.000262, never a row of 0.0), whole above."""
+    import math
+
+    gflop = flops / 1e9
+    if gflop <= 0:
+        return "0"
+    if gflop >= 100:
+        return f"{gflop:,.0f}"
+    return f"{gflop:.{max(0, 2 - math.floor(math.log10(gflop)))}f}"
 
 
 def _short(t, step) -> list[str]:
@@ -255,17 +267,19 @@ def render_json(est, inputs) -> str:
 def devices_text() -> str:
     from ortgate.knowledge.devices import device_names, find_device
 
-    lines = [f"{'device':<12} {'bandwidth':>10} {'bf16/fp16':>10} {'fp32':>7}  label (confidence of the bandwidth)"]
+    rows = [("device", "bandwidth", "bf16/fp16", "fp32", "label (confidence of the bandwidth)")]
     for name in device_names():
         d = find_device(name)
         assert d is not None
         bw = f"{d.bandwidth_gb_s.value:,.0f} GB/s" if d.bandwidth_gb_s.value else "probe"
         half = d.tflops.get("bfloat16") or d.tflops.get("float16")
         full = d.tflops.get("float")
-        lines.append(f"{name:<12} {bw:>10} {(f'{half.value:g} TF' if half and half.value else '-'):>10} "
-                     f"{(f'{full.value:g} TF' if full and full.value else ('probe' if full else '-')):>7}  "
-                     f"{d.label} ({d.bandwidth_gb_s.confidence})")
-    return "\n".join(lines) + "\n"
+        rows.append((name, bw, f"{half.value:g} TF" if half and half.value else "-",
+                     f"{full.value:g} TF" if full and full.value else ("probe" if full else "-"),
+                     f"{d.label} ({d.bandwidth_gb_s.confidence})"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}\n"
+                   for r in rows)
 
 
 def devices_json() -> str:

@@ -228,6 +228,8 @@ def _apply_waivers(findings: list[Finding], config: GateConfig, selected: set[st
     unused_rule = find_rule("waiver-unused")
     for i, w in enumerate(config.waivers):
         what = f"waiver for {w.rule}{' on ' + w.node if w.node else ''}"
+        if w.layers:
+            what += f" in layers {', '.join(str(n) for n in sorted(w.layers)[:8])}{', ...' if len(w.layers) > 8 else ''}"
         if _expired(w, config.today):
             if expired_rule is not None and expired_rule.code in selected:
                 out.append(_gate_finding(
@@ -253,6 +255,8 @@ def _waiver_codes(waiver: Waiver) -> set[str]:
 
 def _waiver_matches(waiver: Waiver, codes: set[str], finding: Finding) -> bool:
     if finding.code not in codes or finding.code.startswith(GATE_FAMILY):
+        return False
+    if waiver.layers is not None and finding.layer not in waiver.layers:
         return False
     if waiver.node is None:
         return True
