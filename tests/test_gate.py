@@ -142,13 +142,15 @@ def test_a_baseline_accepts_existing_findings_and_fails_only_on_new_ones(make_mo
     code, _, err = run_cli("lint", v1, "--select", "OGF001,OGF002", "--write-baseline", baseline)
     assert (code, err) == (0, "")
     doc = json.loads(baseline.read_text())
-    assert doc["format"] == "ortgate-baseline" and doc["version"] == 2
+    assert doc["format"] == "ortgate-baseline" and doc["version"] == 3
     assert {(e["rule"], e["node"]) for e in doc["findings"]} == {
         ("moe-not-fused", "/model/layers.0/moe/router/MatMul"), ("moe-not-fused", "/model/layers.1/moe/router/MatMul"),
         ("gqa-not-fused", "/model/layers.0/attn/Softmax"), ("gqa-not-fused", "/model/layers.1/attn/Softmax")}
 
-    # The next export, in another folder, grew a layer: only that layer's findings are new.
-    v2 = _export(make_model, tmp_path / "v2", layers=3)
+    # The next export, in the model's place, grew a layer: only that layer's findings are new.
+    v1.unlink()
+    v1.parent.rmdir()
+    v2 = _export(make_model, tmp_path / "v1", layers=3)
     code, report = run_cli_json("lint", v2, "--select", "OGF001,OGF002", "--baseline", baseline)
     assert code == 1
     active = [(f["rule"], f["layer"]) for f in report["findings"] if f["suppressed"] is None]
