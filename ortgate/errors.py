@@ -8,6 +8,17 @@ from pathlib import Path
 MAX_PROBLEM_CHARS = 1000
 
 
+# The first line of a Git LFS pointer file: what a checkout without `git lfs pull` holds in place of the file.
+LFS_POINTER_HEADER = b"version https://git-lfs.github.com/spec/"
+LFS_POINTER_PROBLEM = ("Git LFS pointer, not the file itself (the checkout did not fetch it): run git lfs pull "
+                       "(e.g. git lfs pull --include \"models/**/*.onnx,models/**/genai_config.json\")")
+
+
+def is_lfs_pointer(head: bytes) -> bool:
+    """Whether a file that starts with `head` is a Git LFS pointer (a few lines of text, under 1 KiB)."""
+    return head.startswith(LFS_POINTER_HEADER)
+
+
 def printable(text: str) -> str:
     """`text` on one line with control characters (newlines, terminal escapes) shown escaped, never raw."""
     if text.isprintable():

@@ -34,6 +34,23 @@ class Kind(enum.Enum):
     INTERNAL_ERROR = "internal-error"  # the rule failed on this input (always info)
 
 
+def _one_line(text: str | None) -> str | None:
+    """Text that came from the user (a policy key, a waiver reason, a node or file name) on one printable line:
+    a newline or a terminal escape in it is shown escaped, so no reporter can print a line the input forged."""
+    if text is None or text.isprintable():
+        return text
+    from ortgate.errors import printable
+
+    return printable(text)
+
+
+def _clean(obj: object, *fields: str) -> None:
+    for name in fields:
+        value = getattr(obj, name)
+        if isinstance(value, str) and not value.isprintable():
+            object.__setattr__(obj, name, _one_line(value))
+
+
 @dataclass(frozen=True)
 class Location:
     """Where a finding points: a model file (+ graph node) or a config file (+ key path and line)."""
@@ -45,12 +62,18 @@ class Location:
     # optimized graph of MODEL, from a dump that was not kept).
     label: str | None = None
 
+    def __post_init__(self) -> None:
+        _clean(self, "file", "key_path", "label")
+
 
 @dataclass(frozen=True)
 class Suppression:
     kind: str  # "waiver" | "baseline"
     justification: str
     location: Location | None = None  # the waiver (policy file and line) or the baseline file
+
+    def __post_init__(self) -> None:
+        _clean(self, "kind", "justification")
 
 
 @dataclass(frozen=True)
@@ -92,6 +115,7 @@ class Finding:
     occurrence: int = 0
 
     def __post_init__(self) -> None:
+        _clean(self, "message", "node", "graph", "fix")
         if self.kind is not Kind.VIOLATION and self.severity is not Severity.INFO:
             raise ValueError(f"a {self.kind.value} finding is info, not {self.severity.label}")
 
@@ -123,14 +147,23 @@ class Finding:
         )
 
     def identity(self) -> str:
-        """Stable identity for baselines and fingerprints: rule, file name, decoder layer, and the structural
-        signature of the match (anchor op and occurrence) or the config key path.
+        """Stable identity for baselines and fingerprints: rule, the file's path relative to the working directory
+        (model_key), decoder layer, and the structural signature of the match (anchor op and occurrence) or the
+        config key path. Two models named model.onnx in two folders never share an identity.
 
         Never a line number or a node name: moving YAML around or re-exporting the model with new node names
         keeps the identity.
         """
+        return self._identity(model_key(self.location.file))
+
+    def v2_identity(self) -> str:
+        """The identity of version-2 baselines and fingerprints: the file's name alone, so that one entry matched
+        the finding in every model of that name; kept so that version-2 files still load."""
         from pathlib import PurePath
 
+        return self._identity(PurePath(self.location.file).name)
+
+    def _identity(self, file: str) -> str:
         layer = "-" if self.layer is None else str(self.layer)
         if self.anchor is not None:
             target = f"{self.anchor}#{self.occurrence}"
@@ -138,7 +171,7 @@ class Finding:
             target = f"key:{self.location.key_path}"
         else:
             target = f"props:{_properties_anchor(self)}"
-        return f"{self.rule}|{PurePath(self.location.file).name}|{layer}|{target}"
+        return f"{self.rule}|{file}|{layer}|{target}"
 
     def legacy_identity(self) -> str:
         """The identity of version-1 baselines: rule + file name + graph node (or key path). A re-export that renames
@@ -148,6 +181,26 @@ class Finding:
         anchor = self.node or self.location.key_path or ""
         message = "" if (self.node or self.location.key_path) else _properties_anchor(self)
         return f"{self.rule}|{PurePath(self.location.file).name}|{self.graph or ''}|{anchor}|{message}"
+
+
+def model_key(file: str) -> str:
+    """How a finding's file is named in its identity: its path relative to the working directory, with forward
+    slashes ("models/a/model.onnx"), or the absolute path of a file outside it. The same file named two ways
+    ("./a/model.onnx", "a/") gets one key; two files of one name in two folders get two."""
+    import os
+    from pathlib import Path
+
+    if not file:
+        return file
+    try:
+        absolute = Path(os.path.abspath(file))
+        cwd = Path(os.path.abspath(os.getcwd()))
+    except (OSError, ValueError):
+        return Path(file).as_posix()
+    try:
+        return absolute.relative_to(cwd).as_posix()
+    except ValueError:
+        return absolute.as_posix()
 
 
 def _properties_anchor(finding: Finding) -> str:

@@ -1,5 +1,6 @@
-"""Baselines that survive a re-export: fingerprints by rule, file, layer and the structure of the match (never a
-node name), stale entries reported and pruned, version-1 files still loading."""
+"""Baselines that survive a re-export: fingerprints by rule, the model's path relative to the working directory,
+layer and the structure of the match (never a node name), stale entries reported and pruned, one model's baseline
+never accepting another's findings, version-2 and version-1 files still loading."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ V1_BASELINE = REPO / "tests" / "data" / "baselines" / "v1-qwen3-moe-tiny-unfused
 
 def renumbered(source: Path, folder: Path, shift: int = 1000) -> Path:
     """`source` as another torch dynamo export of the same model would name it: every node's number shifted
-    (node_mul_572 -> node_mul_1572), its own name scope too. Same file name, in another folder."""
+    (node_mul_572 -> node_mul_1572), its own name scope too, written as `folder`/model.onnx."""
     model = onnx.load(str(source / "model.onnx"), load_external_data=False)
     for node in model.graph.node:
         node.name = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + shift), node.name) or node.name
@@ -51,9 +52,12 @@ def active(report: dict) -> list[dict]:
 
 def test_a_baseline_survives_a_re_export_that_renames_every_node(tmp_path):
     baseline = tmp_path / "baseline.json"
-    code, before = lint_json(DYNAMO, "--write-baseline", baseline)
+    work = tmp_path / "model"
+    shutil.copytree(DYNAMO, work)
+    code, before = lint_json(work, "--write-baseline", baseline)
     assert code == 0 and before["findings"]
-    again = renumbered(DYNAMO, tmp_path / "re-export")
+    shutil.rmtree(work)
+    again = renumbered(DYNAMO, work)  # the re-export replaces the model where it was
     code, after = lint_json(again, "--baseline", baseline)
     renamed = {f["node"] for f in after["findings"] if f["node"]}
     assert renamed and not renamed & {f["node"] for f in before["findings"]}  # no node kept its name
@@ -66,12 +70,11 @@ def test_a_baseline_from_one_naming_style_covers_another(make_model, tmp_path):
     spec = dict(layers=3, moe="dense_loop", attention="decomposed", rotary="decomposed", norm="decomposed")
     hf = make_model("hf", naming="hf", **spec)
     opaque = make_model("opaque", naming="opaque", **spec)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    hf, opaque = hf.rename(tmp_path / "a" / "model.onnx"), opaque.rename(tmp_path / "b" / "model.onnx")
+    hf = hf.rename(tmp_path / "model.onnx")
     baseline = tmp_path / "baseline.json"
     code, written = lint_json(hf, "--write-baseline", baseline)
     assert code == 0 and len(written["findings"]) > 6
+    opaque = opaque.replace(tmp_path / "model.onnx")  # re-exported with the other naming, at the same path
     code, report = lint_json(opaque, "--baseline", baseline)
     assert code == 0 and active(report) == []
 
@@ -97,12 +100,10 @@ def test_fingerprints_tell_apart_identical_matches_in_one_layer(make_model, tmp_
 
 def test_stale_entries_are_info_findings_at_their_line_and_prune_removes_them(make_model, tmp_path):
     spec = dict(moe="dense_loop", attention="decomposed", kv_cache=False)
-    (tmp_path / "v1").mkdir()
-    (tmp_path / "v2").mkdir()
-    three = make_model(layers=3, **spec).rename(tmp_path / "v1" / "model.onnx")
-    two = make_model(layers=2, **spec).rename(tmp_path / "v2" / "model.onnx")
+    three = make_model(layers=3, **spec).rename(tmp_path / "model.onnx")
     baseline = tmp_path / "baseline.json"
     assert run_cli("lint", three, "--select", "OGF001,OGF002,OGW", "--write-baseline", baseline)[0] == 0
+    two = make_model(layers=2, **spec).replace(tmp_path / "model.onnx")  # the next version of the model
     code, report = lint_json(two, "--select", "OGF001,OGF002,OGW", "--baseline", baseline)
     stale = [f for f in report["findings"] if f["rule"] == "baseline-entry-stale"]
     assert code == 0 and len(stale) == 2  # layer 2's moe-not-fused and gqa-not-fused are gone
@@ -126,7 +127,7 @@ def test_entries_of_rules_that_did_not_run_are_neither_stale_nor_pruned(make_mod
     assert {e["rule"] for e in json.loads(baseline.read_text())["findings"]} == {"moe-not-fused", "gqa-not-fused"}
 
 
-def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_2(tmp_path):
+def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_3(tmp_path):
     baseline = tmp_path / "baseline.json"
     shutil.copy(V1_BASELINE, baseline)
     code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline)
@@ -134,7 +135,7 @@ def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_2(tmp
     code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline, "--prune-baseline")
     assert code == 0 and active(report) == []
     doc = json.loads(baseline.read_text())
-    assert doc["version"] == 2 and all("fingerprint" in e and "identity" not in e for e in doc["findings"])
+    assert doc["version"] == 3 and all("fingerprint" in e and "identity" not in e for e in doc["findings"])
     assert len(doc["findings"]) == len(json.loads(V1_BASELINE.read_text())["findings"])
 
 
@@ -152,7 +153,7 @@ def test_a_version_1_baseline_loses_renamed_nodes_and_says_how_to_migrate(tmp_pa
 
 def test_a_baseline_from_a_newer_ortgate_is_an_input_error(tmp_path):
     path = tmp_path / "b.json"
-    path.write_text('{"format": "ortgate-baseline", "version": 3, "findings": []}')
+    path.write_text('{"format": "ortgate-baseline", "version": 4, "findings": []}')
     code, out, err = run_cli("lint", UNFUSED, "--baseline", path)
     assert code == 2 and "newer ortgate" in err and err.count("\n") == 1
 
@@ -164,3 +165,60 @@ def test_a_baseline_from_a_newer_ortgate_is_an_input_error(tmp_path):
 def test_prune_baseline_usage_errors(args, problem):
     code, out, err = run_cli("lint", UNFUSED, *args)
     assert code == 2 and out == "" and problem in err
+
+
+# ---- one baseline per model: two models of one file name never share an entry -------------------------------------
+
+
+def _two_models_named_alike(tmp_path: Path) -> tuple[Path, Path]:
+    for name in ("a", "b"):
+        shutil.copytree(UNFUSED, tmp_path / name)
+    return tmp_path / "a", tmp_path / "b"
+
+
+def test_a_baseline_of_one_model_never_accepts_another_models_findings(tmp_path):
+    a, b = _two_models_named_alike(tmp_path)
+    baseline = tmp_path / "baseline.json"
+    assert run_cli("lint", a, "--policy", CPU_POLICY, "--write-baseline", baseline)[0] == 0  # all accepted
+    code, report = lint_json(a, b, "--policy", CPU_POLICY, "--baseline", baseline)
+    assert code == 1
+    still = {f["file"] for f in active(report) if f["file"].endswith(".onnx")}
+    assert still == {str(b / "model.onnx")}  # a's findings accepted, b's all reported
+    doc = json.loads(baseline.read_text())
+    assert doc["version"] == 3 and {e["file"] for e in doc["findings"]} >= {(a / "model.onnx").as_posix()}
+
+
+def test_fingerprints_name_the_path_relative_to_the_working_directory(tmp_path, monkeypatch):
+    a, b = _two_models_named_alike(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    _, report = lint_json("a", "b", "--policy", CPU_POLICY, "--select", "moe-not-fused")
+    prints = {f["file"]: f["fingerprint"] for f in report["findings"] if f["layer"] == 0}
+    assert prints["a/model.onnx"] == "moe-not-fused|a/model.onnx|0|model:MatMul#0"
+    assert prints["b/model.onnx"] == "moe-not-fused|b/model.onnx|0|model:MatMul#0"
+    _, again = lint_json("./a/model.onnx", "--policy", CPU_POLICY, "--select", "moe-not-fused")
+    assert {f["fingerprint"] for f in again["findings"]} == {f["fingerprint"] for f in report["findings"]
+                                                            if f["file"] == "a/model.onnx"}
+    code, out, _ = run_cli("lint", "a", "b", "--policy", CPU_POLICY, "--select", "moe-not-fused", "--format", "sarif")
+    results = json.loads(out)["runs"][0]["results"]
+    sarif = {r["partialFingerprints"]["ortgate/v3"] for r in results}
+    assert len(sarif) == len(results) == 4  # 2 layers x 2 models: no two collide
+
+
+def test_a_version_2_baseline_still_matches_by_file_name_and_says_so(tmp_path):
+    a, b = _two_models_named_alike(tmp_path)
+    baseline = tmp_path / "baseline.json"
+    run_cli("lint", a, "--policy", CPU_POLICY, "--write-baseline", baseline)
+    doc = json.loads(baseline.read_text())
+    doc["version"] = 2  # as the previous ortgate wrote it: the file's name alone
+    for e in doc["findings"]:
+        rule, file, rest = e["fingerprint"].split("|", 2)
+        e["fingerprint"], e["file"] = f"{rule}|{Path(file).name}|{rest}", Path(file).name
+    baseline.write_text(json.dumps(doc))
+    code, report = lint_json(b, "--policy", CPU_POLICY, "--baseline", baseline)
+    assert code == 0 and [f["rule"] for f in active(report)] == ["baseline-entry-stale"]
+    [note] = active(report)
+    assert note["severity"] == "info" and "version 2" in note["message"] and "every model of that name" in note["message"]
+    code, report = lint_json(b, "--policy", CPU_POLICY, "--baseline", baseline, "--prune-baseline")
+    doc = json.loads(baseline.read_text())
+    assert doc["version"] == 3 and all(e["file"] == (b / "model.onnx").as_posix() for e in doc["findings"]
+                                       if e["file"].endswith(".onnx"))

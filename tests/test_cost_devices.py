@@ -88,3 +88,20 @@ def test_a_step_is_read_at_cache_speed_only_when_it_fits_the_cache_the_probe_mea
     assert cpu.step_bandwidth(20 * mib) == 40e9  # 80% of the cache left for activations: 25.6 MiB
     assert cpu.step_bandwidth(30 * mib) == 10e9
     assert cpu.step_bandwidth(97 * mib) == 10e9
+
+
+def test_list_devices_columns_line_up_and_small_models_show_their_gflop():
+    from tests.conftest import EXAMPLES
+    from tests.helpers import run_cli
+
+    _, out, _ = run_cli("estimate", "--list-devices")
+    header, *rows = out.splitlines()
+    label = header.index("label")
+    ends = [header.index(title) + len(title) for title in ("bandwidth", "bf16/fp16", "fp32")]
+    for row in rows:
+        assert row[label - 2:label] == "  " and row[label] != " ", row  # the label column starts in one place
+        assert all(row[end - 1] != " " and row[end] == " " for end in ends), row  # numbers end under their title
+    _, out, _ = run_cli("estimate", EXAMPLES / "qwen3-moe-tiny-unfused", "--device", "h100-sxm")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["attention"], ["moe"],
+                                                                                               ["total"])}
+    assert all(float(row[3]) > 0 for row in rows.values()), rows  # bytes value, unit, then GFLOP

@@ -5,6 +5,7 @@ is rewritten and verified; routers the op cannot express are left with their rea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from onnx import helper, numpy_helper
 from ortgate.cli import main
 from ortgate.knowledge.moe_op import moe_op_facts
 from tests.conftest import EXPORTED
-from tests.helpers import rule_findings
+from tests.helpers import rule_findings, run_cli
 from tests.models.qwen_moe import ModelSpec, build_model, make_feeds, save_model
 
 DYNAMO_QWEN3_MOE = EXPORTED / "dynamo-qwen3_moe" / "model.onnx"
@@ -434,6 +435,17 @@ def test_hidden_equal_to_intermediate_is_written_in_the_layout_ort_reads(tmp_pat
     code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
     assert code == 0 and report["verification"]["passed"]
     assert any("fc2 [E, H, I] is square" in note for note in report["rewrites"][0]["notes"])
+
+
+def test_a_fix_without_verification_never_claims_it_ran_the_model(tmp_path, make_model):
+    src = make_model(moe="dense_loop", hidden=32, moe_intermediate=32, experts=4, top_k=2)
+    for fmt in ("text", "json"):
+        code, out, _ = run_cli("fix", src, "-o", tmp_path / fmt, "--select", "moe-not-fused", "--no-verify",
+                               "--format", fmt)
+        assert code == 0 and "is square" in out
+        assert "confirmed by running" not in out
+        if fmt == "text":  # bytes in estimate's unit family
+            assert re.search(r"\d KiB -> [\d.]+ KiB", out) and " kB" not in out and " MB" not in out, out
 
 
 def test_gpt_oss_clamped_swiglu_with_biases_keeps_its_constants(tmp_path):

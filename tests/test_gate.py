@@ -142,13 +142,15 @@ def test_a_baseline_accepts_existing_findings_and_fails_only_on_new_ones(make_mo
     code, _, err = run_cli("lint", v1, "--select", "OGF001,OGF002", "--write-baseline", baseline)
     assert (code, err) == (0, "")
     doc = json.loads(baseline.read_text())
-    assert doc["format"] == "ortgate-baseline" and doc["version"] == 2
+    assert doc["format"] == "ortgate-baseline" and doc["version"] == 3
     assert {(e["rule"], e["node"]) for e in doc["findings"]} == {
         ("moe-not-fused", "/model/layers.0/moe/router/MatMul"), ("moe-not-fused", "/model/layers.1/moe/router/MatMul"),
         ("gqa-not-fused", "/model/layers.0/attn/Softmax"), ("gqa-not-fused", "/model/layers.1/attn/Softmax")}
 
-    # The next export, in another folder, grew a layer: only that layer's findings are new.
-    v2 = _export(make_model, tmp_path / "v2", layers=3)
+    # The next export, in the model's place, grew a layer: only that layer's findings are new.
+    v1.unlink()
+    v1.parent.rmdir()
+    v2 = _export(make_model, tmp_path / "v1", layers=3)
     code, report = run_cli_json("lint", v2, "--select", "OGF001,OGF002", "--baseline", baseline)
     assert code == 1
     active = [(f["rule"], f["layer"]) for f in report["findings"] if f["suppressed"] is None]
@@ -242,3 +244,22 @@ def test_fail_on_is_inclusive_at_both_boundaries(unfused, write_policy, level, f
 def test_exit_zero_reports_the_failure_but_exits_0(unfused):
     code, out, _ = run_cli("lint", unfused, "--select", "OGF001", "--exit-zero")
     assert code == 0 and out.splitlines()[-1].startswith("FAIL")
+
+
+def test_a_waiver_by_layers_covers_only_those_layers(write_policy):
+    """A dynamo export's node names carry no layer number: `layers:` waives by decoder layer instead."""
+    from tests.conftest import EXPORTED
+    from tests.helpers import run_cli_json
+
+    policy = write_policy("name: p\nwaivers:\n  - rule: moe-not-fused\n    layers: [1]\n    reason: layer 1 next sprint\n"
+                          "  - rule: gqa-not-fused\n    layers: ['0-1']\n    reason: attention re-export pending\n")
+    _, report = run_cli_json("lint", EXPORTED / "dynamo-qwen3_moe", "--policy", policy, "--select",
+                             "moe-not-fused,gqa-not-fused,OGW")
+    state = {(f["rule"], f["layer"]): f["suppressed"] is not None for f in report["findings"]}
+    assert state == {("moe-not-fused", 0): False, ("moe-not-fused", 1): True,
+                     ("gqa-not-fused", 0): True, ("gqa-not-fused", 1): True}
+    bad = write_policy("name: p\nwaivers:\n  - rule: moe-not-fused\n    layers: [one]\n    reason: r\n", "bad.yaml")
+    from tests.helpers import run_cli
+
+    code, _, err = run_cli("policy", "validate", bad)
+    assert code == 2 and "waivers[0].layers[0]" in err

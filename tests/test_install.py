@@ -117,3 +117,39 @@ def test_fix_without_onnxruntime_names_the_extra_and_writes_nothing(without_onnx
     assert done.returncode == 2 and done.stdout == "" and not out.exists()
     assert done.stderr.startswith("ortgate: error: `ortgate fix` (it verifies the rewrite on ONNX Runtime")
     assert done.stderr.count("\n") == 1 and "ortgate[cpu]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_no_command_ends_in_an_internal_error_without_onnxruntime(without_onnxruntime, tmp_path):
+    """The linter-only install (what action.yml installs) answers every command with a report, or with one exit-2
+    line naming what to add; never exit 3, never a traceback."""
+    cpu = tmp_path / "cpu.yaml"  # the cpu device without a calibration: nothing to measure with
+    cpu.write_text("name: p\nextends: builtin:cpu\nthroughput: {device: cpu, min_tokens_per_s: 5}\n")
+    model = str(UNFUSED)
+    commands = [
+        *(["lint", model, "--policy", str(policy), "--format", fmt] for policy in (cpu, CPU_POLICY)
+          for fmt in ("text", "json", "sarif", "github", "markdown", "junit", "codequality")),
+        ["lint", model], ["lint", model, "--policy", str(cpu), "--write-baseline", str(tmp_path / "b.json")],
+        ["estimate", model, "--device", "cpu"], ["estimate", model, "--device", "cpu", "--probe"],
+        ["estimate", model, "--policy", str(cpu)], ["estimate", model, "--policy", str(CPU_POLICY)],
+        ["estimate", model, "--device", "h100-sxm", "--format", "json"], ["estimate", "--list-devices"],
+        ["policy", "validate", str(cpu)], ["policy", "show", str(cpu), "--format", "json"],
+        ["rules"], ["explain", "throughput-not-judged"], ["--version"],
+        ["run", model, "--policy", str(cpu)], ["fix", model, "-o", str(tmp_path / "out")],
+        ["fix", model, "-o", str(tmp_path / "out"), "--dry-run"],
+    ]
+    answers = {}
+    for args in commands:
+        done = subprocess.run([str(without_onnxruntime), "-m", "ortgate", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=180)
+        answers[" ".join(args)] = done.returncode
+        assert done.returncode in (0, 1, 2) and "Traceback" not in done.stderr, (args, done.stderr)
+        if done.returncode == 2:
+            assert done.stderr.count("\n") == 1 and "ortgate[cpu]" in done.stderr, (args, done.stderr)
+    assert answers[f"estimate {model} --device cpu --probe"] == 2
+    assert answers[f"estimate {model} --device h100-sxm --format json"] == 0
+    validate = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "policy", "validate", str(cpu)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "throughput.device cpu: lint judges no throughput target" in validate.stdout
+    lint = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "lint", model, "--policy", str(cpu), "--format",
+                           "json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "throughput-not-judged" in {f["rule"] for f in json.loads(lint.stdout)["findings"]}

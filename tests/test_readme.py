@@ -51,3 +51,22 @@ def test_the_readme_rules_table_and_example_are_what_update_readme_generates():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "update_readme.py"), "--check"],
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_readmes_git_lfs_pulls_fetch_every_file_lint_reads(tmp_path):
+    """A CI snippet's `git lfs pull --include` brings model.onnx and genai_config.json (never the weights): a file it
+    leaves behind as a pointer would be refused as a Git LFS pointer."""
+    from fnmatch import fnmatch
+
+    pulls = re.findall(r'git lfs pull --include "([^"]+)" --exclude "([^"]+)"', README)
+    assert pulls
+    for include, exclude in pulls:
+        patterns = include.split(",")
+        for wanted in ("models/qwen/model.onnx", "models/qwen/genai_config.json"):
+            assert any(fnmatch(wanted, p.replace("**/", "*")) for p in patterns), (include, wanted)
+        assert fnmatch("models/qwen/model.onnx.data", exclude.replace("**/", "*"))
+    pointer = tmp_path / "genai_config.json"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 1234\n")
+    (tmp_path / "model.onnx").write_bytes(pointer.read_bytes())
+    code, out, err = run_cli("lint", tmp_path)
+    assert code == 2 and "Git LFS pointer" in err and "run git lfs pull" in err

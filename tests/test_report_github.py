@@ -36,10 +36,10 @@ def test_one_annotation_per_rule_and_file_carries_the_layer_range(make_model, wr
     lines = out.splitlines()
     commands = [parse(line) for line in lines if line.startswith("::")]
     assert [(kind, props["title"]) for kind, props, _ in commands] == [
-        ("error", "OGF001 moe-not-fused: layers 0-11 (12)"), ("warning", "OGF002 gqa-not-fused: layers 0-11 (12)")]
+        ("error", "OGF001 moe-not-fused: layers 0-11 (12 layers)"), ("warning", "OGF002 gqa-not-fused: layers 0-11 (12 layers)")]
     assert all(props["file"] == str(model) or model.name in props["file"] for _, props, _ in commands)
     message = commands[0][2].splitlines()
-    assert message[0].startswith("layers 0-11 (12): /model/layers.N/")  # the node, its layer abstracted
+    assert message[0].startswith("layers 0-11 (12 layers): /model/layers.N/")  # the node, its layer abstracted
     assert len(message) == 2 and message[1].startswith("fix: Export each MoE layer")
     assert lines[-1] == "ortgate: FAIL  12 errors, 12 warnings, 0 infos (fails on error and above)"
 
@@ -50,7 +50,7 @@ def test_more_than_ten_rule_annotations_of_a_type_say_how_many_findings_were_lef
                 for i in range(12) for layer in range(3)]
     out = render(LintResult(findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, []))
     commands = [parse(line) for line in out.splitlines() if line.startswith("::")]
-    assert [props["title"] for _, props, _ in commands] == [f"OGF{i:03d} rule-{i}: layers 0-2 (3)" for i in range(10)]
+    assert [props["title"] for _, props, _ in commands] == [f"OGF{i:03d} rule-{i}: layers 0-2 (3 layers)" for i in range(10)]
     assert "6 more findings not annotated (6 errors)" in out
 
 
@@ -60,9 +60,9 @@ def test_different_findings_of_one_rule_share_its_annotation_fix_once():
                 for i, n in ((0, 1), (1, 2), (2, 2), (3, 2))]
     [(kind, props, message)] = [parse(line) for line in render(LintResult(
         findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, [])).splitlines() if line.startswith("::")]
-    assert props["title"] == "OGF005 skip: layers 0-3 (4)"
+    assert props["title"] == "OGF005 skip: layers 0-3 (4 layers)"
     assert message.splitlines() == ["layer 0: /layers.0/add: 1 Adds in layer 0",
-                                    "layers 1-3 (3): /layers.N/add: 2 Adds in layer N", "fix: fuse them"]
+                                    "layers 1-3 (3 layers): /layers.N/add: 2 Adds in layer N", "fix: fuse them"]
 
 
 def test_config_findings_carry_file_and_line(write_policy, make_model):
@@ -84,7 +84,8 @@ def test_escaping_keeps_hostile_names_inside_one_annotation():
     kind, props, message = parse(line)
     assert kind == "error"
     assert props == {"file": "models/a,b:c.onnx", "title": "OGF001 moe-not-fused: layer 0"}
-    assert message == ("layer 0: /model/layers.0/moe\n::error::forged: 100% of experts\r\n::warning file=x::forged"
+    # the hostile newlines arrive escaped as text (\\n): the annotation's own lines are the entry and its fix
+    assert message == ("layer 0: /model/layers.0/moe\\n::error::forged: 100% of experts\\r\\n::warning file=x::forged"
                        "\nfix: fuse: all, now")
 
 

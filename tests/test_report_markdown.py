@@ -99,4 +99,4 @@ def test_cells_escape_pipes_and_newlines():
                 location=Location("m.onnx"), node="x|y", layer=2)
     md = render(LintResult([f], decide([f], Severity.ERROR), {"model": "m.onnx", "nodes": 1}, []))
     [row] = table(md, "<details><summary>All 1 finding</summary>")
-    assert row == ["warning", "`OGF002` gqa-not-fused", "layer 2", "`m.onnx`", "`x|y`", "a | b c"]
+    assert row == ["warning", "`OGF002` gqa-not-fused", "layer 2", "`m.onnx`", "`x|y`", "a | b\\nc"]

@@ -115,13 +115,13 @@ def test_config_findings_point_at_the_policy_line_that_causes_them(tmp_path):
 
 
 def test_fingerprints_ignore_line_numbers_and_tell_findings_apart(tmp_path):
-    policy = _miscounting_policy(tmp_path / "a")
-    moved = _miscounting_policy(tmp_path / "b", "# three lines\n# pushed the keys\n# down\n")  # same name, lower
+    policy = _miscounting_policy(tmp_path)
     before = sarif(UNFUSED, "--policy", policy)["runs"][0]["results"]
+    moved = _miscounting_policy(tmp_path, "# three lines\n# pushed the keys\n# down\n")  # the same file, edited
     after = sarif(UNFUSED, "--policy", moved)["runs"][0]["results"]
 
     def by_fingerprint(results):
-        return {r["partialFingerprints"]["ortgate/v2"]: r for r in results}
+        return {r["partialFingerprints"]["ortgate/v3"]: r for r in results}
 
     assert len(by_fingerprint(before)) == len(before)  # every finding has its own
     assert by_fingerprint(before).keys() == by_fingerprint(after).keys()

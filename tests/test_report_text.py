@@ -50,7 +50,7 @@ def test_a_48_layer_unfused_model_fits_in_60_lines_and_json_and_sarif_keep_every
     lines = text.splitlines()
     assert len(lines) <= 60, text
     assert max(len(line) for line in lines) <= 120
-    assert "layers 0-47 (48)" in text and "model.layers.N.mlp.gate/MatMul" in text
+    assert "layers 0-47 (48 layers)" in text and "model.layers.N.mlp.gate/MatMul" in text
     assert text.count("fix: Export each MoE layer") == 1  # the fix once, at its rule's first entry
 
     code, out, _ = run_cli("lint", model, "--policy", policy, "--format", "json")
@@ -92,7 +92,7 @@ def test_identical_means_the_same_structure_with_layer_numbers_and_node_names_ab
               for i in range(4)]
     [g_hf] = group_findings(hf)
     [g_dynamo] = group_findings(dynamo)
-    assert (g_hf.count, g_hf.where()) == (4, "layers 0-3 (4)")
+    assert (g_hf.count, g_hf.where()) == (4, "layers 0-3 (4 layers)")
     assert g_hf.message == "2 RMSNorms in layer N (model.layers.N.norm/Mul)" and g_hf.target == "model.layers.N.norm/Mul"
     assert g_dynamo.message == "2 RMSNorms in layer N (node_Mul_*)" and g_dynamo.target == "node_Mul_*"
 
@@ -109,7 +109,7 @@ def test_different_quantities_shapes_rules_or_fixes_are_not_identical():
     ]
     groups = group_findings(findings)
     assert [[f.layer for f in g.findings] for g in groups] == [[0], [1, 2, 6], [3], [4], [5]]
-    assert groups[1].where() == "layers 1-2, 6 (3)"
+    assert groups[1].where() == "layers 1-2, 6 (3 layers)"
 
 
 def test_config_findings_group_only_with_exact_duplicates():
@@ -149,7 +149,7 @@ def test_the_summary_table_is_rich_on_a_terminal_and_plain_text_otherwise():
     plain = render(_result(findings), TextOptions())
     colored = render(_result(findings), TextOptions(color=True))
     assert "\x1b[" not in plain and "─" not in plain
-    assert "OGF004 rule  warning          3  layers 0-2 (3)" in plain
+    assert "OGF004 rule  warning          3  layers 0-2 (3 layers)" in plain
     assert "\x1b[" in colored and "─" in colored
 
 
@@ -162,4 +162,4 @@ def test_where_names_the_whole_graph_for_a_finding_with_no_node_and_configuratio
                      location=Location("policy.yaml", line=3, key_path="session.free_dimension_overrides"))
     assert where([model]) == "the whole graph"
     assert where([config]) == "configuration"
-    assert where([model, model]) == "the whole graph (2)"
+    assert where([model, model]) == "the whole graph (2 findings)"

@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", metavar="FILE", help="write the estimate to FILE instead of stdout")
+    p.add_argument("--probe", action="store_true",
+                   help="measure this machine's CPU for the cpu device (without it, the cpu device needs a "
+                        "calibration; needs ONNX Runtime)")
     p.add_argument("--list-devices", action="store_true", help="list the device catalog and exit")
 
 
@@ -67,10 +70,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     check_outputs(outputs, [args.model, args.policy, args.optimized, args.config])
     request = LintRequest(args.model, args.policy, args.optimized, args.config,
                           CostOverrides(args.device, args.batch[0] if args.batch else None, args.context, args.prompt,
-                                        tuple(args.batch) if args.batch and len(args.batch) > 1 else ()))
+                                        tuple(args.batch) if args.batch and len(args.batch) > 1 else (),
+                                        probe=args.probe))
     inputs = load_inputs(request)
     check_outputs(outputs, inputs.files_read)
     est = inputs.estimate
+    if est is None and inputs.cost_gap is not None:
+        raise InputError(f"estimate: {inputs.cost_gap}")
     if est is None:
         from ortgate.knowledge.devices import device_names
 
@@ -122,7 +128,7 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     for c in names:
         ta, tw = a.components.get(c), w.components.get(c)
         table.add_row(c, *(_cells(ta, a) if ta else ["-"] * 5), *(_short(tw, w) if tw else ["-"] * 3))
-    table.add_row("total", format_bytes(a.totals.bytes), f"{a.totals.flops / 1e9:,.1f}", f"{a.totals.launches:,}",
+    table.add_row("total", format_bytes(a.totals.bytes), _gflop(a.totals.flops), f"{a.totals.launches:,}",
                   f"{a.totals.syncs:,}", "100%", format_bytes(w.totals.bytes), f"{w.totals.launches:,}", "100%")
     console.print(table)
     console.print()
@@ -246,7 +252,19 @@ def _cells(t, step) -> list[str]:
     from ortgate.cost.estimate import format_bytes
 
     share = step.component_time_s(_name(step, t)) / step.expected_s if step.expected_s else 0.0
-    return [format_bytes(t.bytes), f"{t.flops / 1e9:,.1f}", f"{t.launches:,}", f"{t.syncs:,}", f"{share:.0%}"]
+    return [format_bytes(t.bytes), _gflop(t.flops), f"{t.launches:,}", f"{t.syncs:,}", f"{share:.0%}"]
+
+
+def _gflop(flops: float) -> str:
+    """GFLOP with three significant digits below 100 (a tiny model's 0.000262, never a row of 0.0), whole above."""
+    import math
+
+    gflop = flops / 1e9
+    if gflop <= 0:
+        return "0"
+    if gflop >= 100:
+        return f"{gflop:,.0f}"
+    return f"{gflop:.{max(0, 2 - math.floor(math.log10(gflop)))}f}"
 
 
 def _short(t, step) -> list[str]:
@@ -320,7 +338,7 @@ def render_json(est, inputs) -> str:
     data.update(deployment_data(inputs))
     data["fix_savings"] = [{"repair": kind, "layers": n, "ms_per_token": round(s.ms_per_token, 4),
                             "share_of_step": round(s.share, 4)} for kind, n, s in _savings(est)]
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    return json.dumps(data, allow_nan=False, indent=2, sort_keys=True) + "\n"
 
 
 def deployment_data(inputs) -> dict:
@@ -350,19 +368,20 @@ def deployment_data(inputs) -> dict:
 def devices_text() -> str:
     from ortgate.knowledge.devices import device_names, find_device
 
-    header = f"{'device':<12} {'bandwidth':>10} {'bf16/fp16':>10} {'fp32':>7} {'memory':>8}  label (confidence of the "
-    lines = [header + "bandwidth)"]
+    rows = [("device", "bandwidth", "bf16/fp16", "fp32", "memory", "label (confidence of the bandwidth)")]
     for name in device_names():
         d = find_device(name)
         assert d is not None
         bw = f"{d.bandwidth_gb_s.value:,.0f} GB/s" if d.bandwidth_gb_s.value else "probe"
         half = d.tflops.get("bfloat16") or d.tflops.get("float16")
         full = d.tflops.get("float")
-        lines.append(f"{name:<12} {bw:>10} {(f'{half.value:g} TF' if half and half.value else '-'):>10} "
-                     f"{(f'{full.value:g} TF' if full and full.value else ('probe' if full else '-')):>7} "
-                     f"{(f'{d.memory_gib.value:g} GiB' if d.memory_gib.value else '-'):>8}  "
-                     f"{d.label} ({d.bandwidth_gb_s.confidence})")
-    return "\n".join(lines) + "\n"
+        rows.append((name, bw, f"{half.value:g} TF" if half and half.value else "-",
+                     f"{full.value:g} TF" if full and full.value else ("probe" if full else "-"),
+                     f"{d.memory_gib.value:g} GiB" if d.memory_gib.value else "-",
+                     f"{d.label} ({d.bandwidth_gb_s.confidence})"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}  "
+                   f"{r[4]:>{widths[4]}}  {r[5]}\n" for r in rows)
 
 
 def devices_json() -> str:
@@ -373,4 +392,4 @@ def devices_json() -> str:
         d = find_device(name)
         assert d is not None
         out[name] = {"label": d.label, "kind": d.kind, "match": list(d.match), "figures": d.figures()}
-    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+    return json.dumps(out, allow_nan=False, indent=2, sort_keys=True) + "\n"

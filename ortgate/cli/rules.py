@@ -26,7 +26,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if args.format == "json":
         payload = [{"code": r.code, "name": r.name, "severity": r.severity_label, "family": r.family,
                     "summary": r.summary} for r in rules]
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(payload, allow_nan=False, indent=2))
         return EXIT_PASS
     width = max(len(r.name) for r in rules)
     for r in rules:

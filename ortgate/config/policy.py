@@ -42,6 +42,7 @@ class Waiver:
     node: str | None
     expires: _dt.date | None
     location: Location
+    layers: frozenset[int] | None = None  # the decoder layers it covers (None: every finding of its rule)
 
 
 class PolicyErrors(InputError):
@@ -104,8 +105,23 @@ class Policy:
                 expires = _dt.date.fromisoformat(str(w["expires"])) if w.get("expires") else None
             except ValueError:
                 expires = None  # reported by the date check
-            out.append(Waiver(w["rule"], str(w.get("reason", "")), w.get("node"), expires, self.where("waivers", i)))
+            out.append(Waiver(w["rule"], str(w.get("reason", "")), w.get("node"), expires, self.where("waivers", i),
+                              _layers(w.get("layers"))))
         return out
+
+
+def _layers(value: Any) -> frozenset[int] | None:
+    """A waiver's `layers:` ([0, "2-5"]) as a set of layer numbers; None when it has none (or the schema refused it)."""
+    if not isinstance(value, list):
+        return None
+    out: set[int] = set()
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool):
+            out.add(item)
+        elif isinstance(item, str) and re.fullmatch(r"\d{1,6}-\d{1,6}", item):
+            low, high = (int(x) for x in item.split("-"))
+            out.update(range(low, high + 1))
+    return frozenset(out)
 
 
 def load_policy(path: str | Path) -> Policy:

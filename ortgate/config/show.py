@@ -77,4 +77,4 @@ def effective_policy_json(policy: Policy) -> str:
                for p, loc in policy.removed.items()}
     doc = {"name": policy.name, "chain": [display_source(p) for p in policy.chain], "policy": policy.data,
            "sources": sources, "removed": removed}
-    return json.dumps(doc, indent=2, default=str) + "\n"
+    return json.dumps(doc, allow_nan=False, indent=2, default=str) + "\n"

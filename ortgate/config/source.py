@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ortgate.errors import InputError
+from ortgate.errors import LFS_POINTER_PROBLEM, InputError, is_lfs_pointer
 
 KeyPath = tuple  # of str | int
 
 MAX_DOCUMENT_BYTES = 1024 * 1024  # policies and genai_config.json files are a few kilobytes
 MAX_NESTING = 64  # policies nest 4 levels deep; pure-Python YAML scanning is quadratic in flow nesting
+# Every number an ortgate file holds (targets, dims, figures, timeouts) lies well inside these bounds; a value
+# outside them is a typo or an attack, and would overflow a float or divide by zero downstream.
+MAX_NUMBER = 1e15
+MIN_NONZERO_NUMBER = 1e-9
 
 # libyaml when present: linear time and memory on hostile documents (the Python scanner is not).
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -76,6 +81,8 @@ def _read_text(path: Path) -> str:
             data = f.read(MAX_DOCUMENT_BYTES + 1)  # the file may grow between stat and read
         if len(data) > MAX_DOCUMENT_BYTES:
             raise InputError(too_big, path)
+        if is_lfs_pointer(data[:64]):
+            raise InputError(LFS_POINTER_PROBLEM, path)
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("not a UTF-8 text file", path) from None
@@ -174,7 +181,26 @@ def _construct(node: yaml.Node, path: KeyPath, doc: LocatedDocument) -> Any:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), doc) for i, item in enumerate(node.value)]
-    return _scalar(node, doc, path)
+    value = _scalar(node, doc, path)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        problem = number_problem(value)
+        if problem is not None:
+            raise InputError(f"{format_key_path(path)}: {problem}", doc.path, line=node.start_mark.line + 1)
+    return value
+
+
+def number_problem(value: int | float) -> str | None:
+    """Why a number is refused in an ortgate file (None: it is fine): NaN and the infinities are not numbers JSON
+    can carry, and magnitudes beyond MAX_NUMBER or below MIN_NONZERO_NUMBER mean nothing a policy can ask for."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number (NaN and infinities are refused)"
+    if isinstance(value, int) and value.bit_length() > 64 or abs(value) > MAX_NUMBER:
+        digits = len(str(abs(value))) if isinstance(value, int) and value.bit_length() <= 4000 else None
+        shown = f"a number of {digits} digits" if digits and digits > 20 else f"{value!r}"
+        return f"{shown} is out of range (numbers in ortgate files lie within +-{MAX_NUMBER:g})"
+    if value != 0 and abs(value) < MIN_NONZERO_NUMBER:
+        return f"{value!r} is out of range (a number other than 0 is at least {MIN_NONZERO_NUMBER:g} in magnitude)"
+    return None
 
 
 def _scalar(node: yaml.Node, doc: LocatedDocument, path: KeyPath = ()) -> Any:

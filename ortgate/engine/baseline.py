@@ -1,11 +1,13 @@
 """Baselines: the findings a team has accepted, so that adopting ortgate on an existing model fails only on what
 is new.
 
-An entry names a finding by its fingerprint (`Finding.identity`): rule, file name, decoder layer and the structural
-signature of the match (the anchor node's op and its occurrence among the rule's findings in that layer), or the
-config key. Never a line number and never a node name: a re-export that renames every node (torch dynamo does)
-keeps the baseline. Version-1 files named findings by node name; they still load, their entries match by that old
-identity, and `--prune-baseline` rewrites them as version 2.
+An entry names a finding by its fingerprint (`Finding.identity`): rule, the file's path relative to the working
+directory, decoder layer and the structural signature of the match (the anchor node's op and its occurrence among
+the rule's findings in that layer), or the config key. Never a line number and never a node name: a re-export that
+renames every node (torch dynamo does) keeps the baseline. Version-2 files named the file by its name alone (one
+entry accepted the finding in every model of that name) and version-1 files named findings by node name; both
+still load, their entries match by their own identity, lint says so, and `--prune-baseline` rewrites them as
+version 3.
 """
 
 from __future__ import annotations
@@ -18,21 +20,31 @@ from typing import Any
 
 from ortgate.config.source import MAX_DOCUMENT_BYTES, format_key_path, load_json
 from ortgate.errors import InputError
-from ortgate.findings import Finding
+from ortgate.findings import Finding, model_key
 
 GATE_FAMILY = "OGW"  # findings the gate itself raises about the policy's waivers and the baseline
 
 BASELINE_FORMAT = "ortgate-baseline"
-BASELINE_VERSION = 2
+BASELINE_VERSION = 3
+V2_VERSION = 2  # fingerprints keyed on the file's name alone
 LEGACY_VERSION = 1  # entries keyed by "identity": rule | file | subgraph | node name | properties
+# An entry kept from an older file in a rewritten one says which identity its fingerprint is.
+ENTRY_SCHEME_KEY = "fingerprint_version"
+
+
+def _identity_of(finding: Finding, scheme: int) -> str:
+    if scheme == LEGACY_VERSION:
+        return finding.legacy_identity()
+    return finding.v2_identity() if scheme == V2_VERSION else finding.identity()
 
 
 @dataclass
 class BaselineEntry:
-    key: str  # the fingerprint (version 2) or the node-name identity (version 1)
-    legacy: bool  # a version-1 identity: matched against Finding.legacy_identity()
+    key: str  # the fingerprint (version 3 or 2) or the node-name identity (version 1)
+    scheme: int  # which identity `key` is: BASELINE_VERSION, V2_VERSION or LEGACY_VERSION
     rule: str | None
-    file: str | None  # file name the finding was in ("model.onnx"), when the entry says
+    file: str | None  # the file the finding was in (a path relative to the working directory; version 2 and 1:
+    # its name), when the entry says
     line: int | None  # where the entry is in the baseline file
     data: dict = field(default_factory=dict)  # the entry as written, to write back when pruning
 
@@ -47,21 +59,27 @@ class Baseline:
     matched: set[int] = field(default_factory=set)  # indexes into entries
 
     def __post_init__(self) -> None:
-        self._index: dict[tuple[bool, str], list[int]] = {}
+        self._index: dict[tuple[int, str], list[int]] = {}
         for i, entry in enumerate(self.entries):
-            self._index.setdefault((entry.legacy, entry.key), []).append(i)
+            self._index.setdefault((entry.scheme, entry.key), []).append(i)
+        self._schemes = sorted({e.scheme for e in self.entries})
+
+    @property
+    def older_schemes(self) -> list[int]:
+        """The older identities some of its entries use (a version-2 or -1 file, or entries kept from one)."""
+        return [s for s in self._schemes if s != BASELINE_VERSION]
 
     def covers(self, finding: Finding) -> bool:
         """Whether an entry accepts `finding` (and remember which entries did)."""
-        hits = self._index.get((False, finding.identity()), []) + self._index.get((True, finding.legacy_identity()),
-                                                                                   [])
+        hits = [i for scheme in self._schemes for i in self._index.get((scheme, _identity_of(finding, scheme)), [])]
         self.matched.update(hits)
         return bool(hits)
 
     def stale(self, files: Iterable[str], rules: Iterable[str]) -> list[int]:
         """Indexes of the entries that matched nothing although their file was linted and their rule ran: what they
         accepted is gone (fixed, or a version-1 entry whose node was renamed)."""
-        names = {PurePath(f).name for f in files if f}
+        linted = [f for f in files if f]
+        names = {PurePath(f).name for f in linted} | {model_key(f) for f in linted}
         ran = set(rules)
         return [i for i, e in enumerate(self.entries) if i not in self.matched
                 and (e.file is None or e.file in names) and (e.rule is None or e.rule in ran)]
@@ -75,7 +93,7 @@ def baselineable(finding: Finding) -> bool:
 def entry_for(finding: Finding) -> dict:
     """A baseline entry for `finding`: its fingerprint, and what a reader needs to recognise it."""
     entry: dict[str, Any] = {"fingerprint": finding.identity(), "code": finding.code, "rule": finding.rule,
-             "file": PurePath(finding.location.file).name}
+                             "file": model_key(finding.location.file)}
     if finding.layer is not None:
         entry["layer"] = finding.layer
     if finding.node:
@@ -90,7 +108,7 @@ def _document(entries: Iterable[dict]) -> str:
     for entry in entries:
         unique.setdefault(entry.get("fingerprint") or entry.get("identity"), entry)
     doc = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "findings": [unique[k] for k in sorted(unique)]}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return json.dumps(doc, allow_nan=False, indent=2, sort_keys=True) + "\n"
 
 
 def baseline_text(findings: list[Finding]) -> str:
@@ -100,10 +118,15 @@ def baseline_text(findings: list[Finding]) -> str:
 
 
 def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str], rules: Iterable[str]) -> str:
-    """`baseline` without its stale entries. Entries that matched are rewritten as version 2 (from the findings
-    they matched); entries this run could not judge (their rule did not run, their file was not linted) stay."""
+    """`baseline` without its stale entries. Entries that matched are rewritten as version 3 (from the findings
+    they matched); entries this run could not judge (their rule did not run, their file was not linted) stay, an
+    older one marked with the identity it uses."""
     stale = set(baseline.stale(files, rules))
-    kept = [e.data for i, e in enumerate(baseline.entries) if i not in baseline.matched and i not in stale]
+    kept = []
+    for i, e in enumerate(baseline.entries):
+        if i in baseline.matched or i in stale:
+            continue
+        kept.append({**e.data, ENTRY_SCHEME_KEY: e.scheme} if e.scheme == V2_VERSION else e.data)
     for f in findings:
         if baselineable(f) and f.suppressed is not None and f.suppressed.kind == "baseline":
             kept.append(entry_for(f))
@@ -121,7 +144,7 @@ def is_baseline_file(path: str | Path) -> bool:
 
 
 def load_baseline(path: str | Path) -> Baseline:
-    """An ortgate baseline file (version 1 or 2); anything else is an InputError naming the file and key."""
+    """An ortgate baseline file (version 1, 2 or 3); anything else is an InputError naming the file and key."""
     hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"
     try:
         doc = load_json(Path(path))
@@ -150,13 +173,20 @@ def load_baseline(path: str | Path) -> Baseline:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise fail(f"expected an object, got {type(item).__name__}", "findings", i)
-        # Version 2 entries carry a fingerprint; version-1 entries (in either version) an identity.
+        # Version 3 and 2 entries carry a fingerprint (of their file's version, or the one they say); version-1
+        # entries (in any version) an identity.
         fingerprint = item.get("fingerprint") if version >= 2 else None
         key = fingerprint if fingerprint is not None else item.get("identity")
         if not isinstance(key, str) or not key:
             field_name = "fingerprint" if version >= 2 and "identity" not in item else "identity"
             raise fail("expected a non-empty string", "findings", i, field_name)
+        scheme = version if fingerprint is not None else LEGACY_VERSION
+        if fingerprint is not None and ENTRY_SCHEME_KEY in item:
+            scheme = item[ENTRY_SCHEME_KEY]
+            if scheme not in (V2_VERSION, BASELINE_VERSION) or isinstance(scheme, bool):
+                raise fail(f"{scheme!r} is not a fingerprint version ({V2_VERSION} or {BASELINE_VERSION})",
+                           "findings", i, ENTRY_SCHEME_KEY)
         rule, file = item.get("rule"), item.get("file")
-        entries.append(BaselineEntry(key, fingerprint is None, rule if isinstance(rule, str) else None,
+        entries.append(BaselineEntry(key, scheme, rule if isinstance(rule, str) else None,
                                      file if isinstance(file, str) else None, doc.line_of(("findings", i)), item))
     return Baseline(str(path), version, entries)

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ortgate.config.policy import Policy, Waiver
-from ortgate.engine.baseline import GATE_FAMILY, LEGACY_VERSION, Baseline, baselineable
+from ortgate.engine.baseline import BASELINE_VERSION, GATE_FAMILY, LEGACY_VERSION, V2_VERSION, Baseline, baselineable
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, resolve_rule, suggest_rule
@@ -167,8 +167,20 @@ def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Findin
         return []
     ran = rules_that_ran(config, [e.rule for e in baseline.entries])
     legacy = (f"; this baseline is version {LEGACY_VERSION}, which names findings by node name (a re-export that "
-              "renames nodes loses it): --prune-baseline rewrites it as version 2") if baseline.version == LEGACY_VERSION else ""
+              f"renames nodes loses it): --prune-baseline rewrites it as version {BASELINE_VERSION}"
+              ) if baseline.version == LEGACY_VERSION else ""
     out = []
+    if V2_VERSION in baseline.older_schemes:
+        out.append(Finding(
+            code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
+            message=(f"this baseline's entries are version {V2_VERSION} fingerprints, which name a model by its file "
+                     "name alone: an entry accepts the same finding in every model of that name (a/model.onnx and "
+                     f"b/model.onnx alike); version {BASELINE_VERSION} names it by its path relative to the working "
+                     "directory"),
+            location=Location(baseline.path or "", None, "version"),
+            fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), from the "
+                "directory the gate runs in.",
+            properties=(("baseline_version", V2_VERSION),)))
     for i in baseline.stale(files, ran):
         entry = baseline.entries[i]
         what = ", ".join(f"{k} {entry.data[k]}" for k in ("rule", "file", "layer", "node", "key_path")
@@ -216,6 +228,8 @@ def _apply_waivers(findings: list[Finding], config: GateConfig, selected: set[st
     unused_rule = find_rule("waiver-unused")
     for i, w in enumerate(config.waivers):
         what = f"waiver for {w.rule}{' on ' + w.node if w.node else ''}"
+        if w.layers:
+            what += f" in layers {', '.join(str(n) for n in sorted(w.layers)[:8])}{', ...' if len(w.layers) > 8 else ''}"
         if _expired(w, config.today):
             if expired_rule is not None and expired_rule.code in selected:
                 out.append(_gate_finding(
@@ -241,6 +255,8 @@ def _waiver_codes(waiver: Waiver) -> set[str]:
 
 def _waiver_matches(waiver: Waiver, codes: set[str], finding: Finding) -> bool:
     if finding.code not in codes or finding.code.startswith(GATE_FAMILY):
+        return False
+    if waiver.layers is not None and finding.layer not in waiver.layers:
         return False
     if waiver.node is None:
         return True

@@ -78,8 +78,8 @@ def build_inputs(model: Graph, optimized: Graph | None, deployment: Deployment, 
     """The one place a LintInputs is made: the files read, the throughput block and the cost setup for the graph
     ORT executes (the dump, priced as optimized, when there is one). `priced=False`: no cost setup (policy
     validation prices nothing and never probes the CPU)."""
-    throughput, setup = (resolve_cost(policy, deployment, optimized=optimized is not None, overrides=cost)
-                         if priced else (None, None))
+    throughput, setup, gap = (resolve_cost(policy, deployment, optimized=optimized is not None, overrides=cost)
+                              if priced else (None, None, None))
     read = list(files_read)
     if throughput is not None and throughput.calibration is not None and throughput.calibration.path is not None:
         read.append(throughput.calibration.path)
@@ -87,7 +87,8 @@ def build_inputs(model: Graph, optimized: Graph | None, deployment: Deployment, 
     prompt = overrides.prompt or (throughput.prompt_length if throughput is not None else None)
     batches = overrides.batches or (throughput.batch_sizes if throughput is not None else ())
     return LintInputs(model, optimized, deployment, expect, policy, genai, files_read=tuple(dict.fromkeys(read)),
-                      cost=setup, throughput=throughput, prompt_length=prompt, batch_sizes=tuple(batches))
+                      cost=setup, throughput=throughput, prompt_length=prompt, batch_sizes=tuple(batches),
+                      cost_gap=gap)
 
 
 def _external_data(graph) -> list[Path]:
@@ -170,20 +171,27 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
 
 # Why a rule family has nothing to judge without an input the user can give lint (None: it has what it needs).
 _NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --policy"
+_GENAI_NO_SESSION = "no policy declares the session, and genai_config.json declares none of it: pass --policy"
+
+
+def _no_session(i: LintInputs) -> str:
+    return _GENAI_NO_SESSION if i.genai is not None else _NO_SESSION
 
 
 def _session_gap(i: LintInputs) -> str | None:
-    return None if i.deployment.setups else _NO_SESSION
+    return None if i.deployment.setups else _no_session(i)
 
 
 def _provider_gap(i: LintInputs) -> str | None:
     if not i.deployment.setups:
-        return _NO_SESSION
+        return _no_session(i)
     return None if i.deployment.provider is not None else "no execution provider is declared: set execution_provider.name"
 
 
 def _drift_gap(i: LintInputs) -> str | None:
     if i.policy is None:
+        if i.genai is not None:
+            return "drift compares a policy with genai_config.json, and no policy is given: pass --policy"
         return _NO_SESSION
     return None if i.genai is not None else "drift compares the policy with genai_config.json, and there is none"
 

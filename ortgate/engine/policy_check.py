@@ -74,9 +74,11 @@ def check_policy(path: str | Path, *, today: _dt.date | None = None) -> PolicyCh
             problems.append(_refused(exc))
             deployment = None
         try:
-            throughput_policy(policy)  # a catalog device, a device for every target, a calibration that reads
+            tp = throughput_policy(policy)  # a catalog device, a device for every target, a calibration that reads
         except InputError as exc:
             problems.append(_refused(exc))
+        else:
+            problems += _unmeasured_device(tp)
         problems += _family_problems(policy)
         if deployment is not None and not any(p.refused for p in problems):
             problems += [_from_finding(f) for f in _rule_findings(policy, deployment, config)]
@@ -94,6 +96,20 @@ def _rule_findings(policy: Policy, deployment, config) -> list[Finding]:
                           priced=False)
     findings = apply_gate(run_rules(inputs, selected_rules(config)), config)
     return [f for f in findings if f.suppressed is None]
+
+
+def _unmeasured_device(tp) -> list[PolicyProblem]:
+    """What lint says of a `cpu` device without a calibration, in every environment: nothing is estimated."""
+    from ortgate.engine.throughput import UNMEASURED_CPU, needs_figures
+
+    device = tp.device_with_figures() if tp is not None else None
+    if device is None or not needs_figures(device):
+        return []
+    loc = tp.device_location or tp.block_location
+    judged = "lint judges no throughput target and prices no finding" if tp.static_targets else (
+        "lint prices no finding")
+    return [PolicyProblem(loc.file, loc.line, Severity.INFO.label, f"throughput.device {device.name}: {judged}: "
+                          f"{UNMEASURED_CPU}", "OGT003 throughput-not-judged")]
 
 
 def _family_problems(policy: Policy) -> list[PolicyProblem]:

@@ -40,14 +40,30 @@ def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
     return est.repairs_of(kind)
 
 
+def _claimed(est: Estimate, findings: list[Finding]) -> set[int]:
+    """The repairs a finding about a layer or a node applies (ids): the root causes those findings price."""
+    return {id(r) for f in findings if f.layer is not None or f.node is not None for r in repairs_for(est, f)}
+
+
+def priced_repairs(est: Estimate, finding: Finding, claimed: set[int]) -> list[Repair]:
+    """The repairs `finding` is priced with: a finding about the whole graph (a layer count that restates the
+    per-layer findings) keeps only the repairs no finding about a layer or a node prices, so that each root
+    cause is priced once."""
+    repairs = repairs_for(est, finding)
+    if finding.layer is None and finding.node is None:
+        repairs = [r for r in repairs if id(r) not in claimed]
+    return repairs
+
+
 def price_findings(findings: list[Finding], inputs: LintInputs) -> list[Finding]:
     est = inputs.estimate
     if est is None:
         return findings
     device = est.device.name
+    claimed = _claimed(est, findings)
     out = []
     for f in findings:
-        repairs = repairs_for(est, f)
+        repairs = priced_repairs(est, f, claimed)
         if repairs:
             saving = est.saving(repairs)
             f = replace(f, price=Price(saving.ms_per_token, saving.share, device))
@@ -64,8 +80,9 @@ def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> dict | None
     by_rule: dict[str, list[Repair]] = defaultdict(list)
     taken: dict[str, set[int]] = defaultdict(set)  # ids of the repairs in by_rule[code] (each counted once)
     names: dict[str, str] = {}
+    claimed = _claimed(est, findings)
     for f in findings:
-        repairs = repairs_for(est, f)
+        repairs = priced_repairs(est, f, claimed)
         if repairs:
             ids = taken[f.code]
             for r in repairs:

@@ -26,6 +26,19 @@ class CostOverrides:
     context: int | None = None
     prompt: int | None = None  # prompt tokens per sequence (the prefill estimate)
     batches: tuple[int, ...] = ()  # batches to sweep (`--batch 1,8,32`)
+    probe: bool = False  # `ortgate estimate --probe`: measure this machine for a `cpu` device without figures
+
+
+UNMEASURED_CPU = ("the cpu device has no figures of its own: ortgate measures no machine unless asked, so that a "
+                  "report is a function of its inputs. Calibrate once with `ortgate run MODEL --policy P "
+                  "--write-calibration FILE` and name FILE in throughput.calibration, or measure this machine for "
+                  "one estimate with `ortgate estimate MODEL --device cpu --probe` (both need ONNX Runtime: "
+                  "pip install 'ortgate[cpu]')")
+
+
+def needs_figures(device: Device) -> bool:
+    """Whether `device` lacks the figures an estimate needs (the `cpu` device before a calibration or a probe)."""
+    return device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None)
 
 
 def device_named(name: str, source: str = "--device") -> Device:
@@ -39,9 +52,11 @@ def device_named(name: str, source: str = "--device") -> Device:
 
 
 def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bool,
-                 overrides: CostOverrides | None = None) -> tuple[ThroughputPolicy | None, CostSetup | None]:
-    """The policy's throughput block and the CostSetup it prices (None: no device named anywhere). `optimized`:
-    the executed graph is ORT's optimized dump."""
+                 overrides: CostOverrides | None = None
+                 ) -> tuple[ThroughputPolicy | None, CostSetup | None, str | None]:
+    """The policy's throughput block, the CostSetup it prices (None: no device named anywhere, or a device without
+    figures) and why a named device is not priced (None: priced, or none named). `optimized`: the executed graph is
+    ORT's optimized dump."""
     overrides = overrides or CostOverrides()
     tp = throughput_policy(policy)
     if overrides.device is not None:
@@ -49,10 +64,12 @@ def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bo
     elif tp is not None and tp.device is not None:
         device = tp.device
     else:
-        return tp, None
+        return tp, None, None
     if tp is not None and tp.calibration is not None and tp.device is not None and tp.device.name == device.name:
         device = tp.calibration.apply(device)
-    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
+    if needs_figures(device):
+        if not overrides.probe:
+            return tp, None, UNMEASURED_CPU
         device = with_probe(device, _threads(deployment), tp)
     shape = _shape(tp, overrides)
     primary = deployment.primary
@@ -64,7 +81,7 @@ def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bo
     option = graph_capture_option(provider) if provider else None
     cuda_graph = bool(primary is not None and option and primary.option(option) in TRUE_VALUES)
     level = primary.effective_optimization_level if primary is not None else None
-    return tp, CostSetup(device, shape, provider, level, cuda_graph, optimized=optimized)
+    return tp, CostSetup(device, shape, provider, level, cuda_graph, optimized=optimized), None
 
 
 def _shape(tp: ThroughputPolicy | None, overrides: CostOverrides) -> StepShape:
@@ -86,7 +103,14 @@ def with_probe(device: Device, threads: int | None, tp: ThroughputPolicy | None 
     """The cpu device with the figures its probe measures on this machine (a calibration's figures still win)."""
     from ortgate.runner.probe import probe_cpu, session_threads
 
-    probe = probe_cpu(session_threads(threads))
+    try:
+        probe = probe_cpu(session_threads(threads))
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        raise InputError("measuring this machine's CPU (the cpu device without a calibration) needs ONNX Runtime, "
+                         "which is not installed: pip install 'ortgate[cpu]', or name a calibration in "
+                         "throughput.calibration") from None
     source = (f"probe on this machine: {probe.threads} intra-op thread{'s' if probe.threads != 1 else ''}, "
               f"{probe.seconds:.2f} s, spread {probe.spread:.0%} between runs")
     figures = {
@@ -122,7 +146,7 @@ def measured_estimate(graph, setup: CostSetup, threads: int | None = None, tp: T
     from ortgate.cost import estimate
 
     device = setup.device
-    if device.kind == "cpu" and (device.bandwidth is None or device.kernel_us.value is None):
+    if needs_figures(device):
         setup = replace(setup, device=with_probe(device, threads, tp))
     return estimate(graph, setup)
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.errors import InputError, printable
+from ortgate.errors import LFS_POINTER_PROBLEM, InputError, is_lfs_pointer, printable
 
 if TYPE_CHECKING:  # imported where a model is parsed: loading the pipeline for a policy alone never needs it
     import onnx
@@ -57,6 +57,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise InputError(f"cannot read: {exc.strerror or exc}", p) from None
     except MemoryError:
         raise InputError(f"out of memory reading {size} bytes", p) from None
+    if is_lfs_pointer(data[:64]):
+        raise InputError(LFS_POINTER_PROBLEM, p)
     for signature, what in _NOT_ONNX_SIGNATURES:
         if data.startswith(signature):
             raise InputError(f"not an ONNX model: this is {what}", p)

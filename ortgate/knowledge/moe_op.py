@@ -70,7 +70,7 @@ class MoeOpFacts:
         which = "fc2 [E, H, I] is square" if hidden == intermediate else "fc1 [E, 2I, H] is square"
         return (f"hidden {hidden} and intermediate {intermediate}: {which}, which older ORT releases could read as "
                 f"the legacy transposed layout; written as [E, N, K], which ORT {self.ort_version} reads as such "
-                f"({self.square_seen}), and confirmed by running it")
+                f"({self.square_seen}); the verification run is what confirms it")
 
 
 # ---- ort_moe.json, as its schema ------------------------------------------------------------------------------

@@ -34,6 +34,28 @@ def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | N
     return reporters()[fmt](result)
 
 
+def clean(text: object) -> str:
+    """A value that came from the user (a policy name, a path, a key) as one printable line: newlines, carriage
+    returns and terminal escapes shown escaped, so that no report line can be forged by an input."""
+    from ortgate.errors import printable
+
+    return printable(str(text))
+
+
+def unforgeable(report: str) -> str:
+    """A plain-text report that a CI runner reads line by line: a line that would start a GitHub Actions workflow
+    command (`::name ...::`, after any indentation) has its `::` escaped as the runner's own `%3A%3A`. ortgate
+    writes no such line itself; only an input's text, wrapped to the start of a line, could."""
+    if "::" not in report:
+        return report
+    lines = report.split("\n")
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith("::"):
+            lines[i] = line[: len(line) - len(stripped)] + "%3A%3A" + stripped[2:]
+    return "\n".join(lines)
+
+
 def source_root() -> Path:
     """The folder report paths are relative to: the checkout on GitHub Actions, else the working directory."""
     return Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())

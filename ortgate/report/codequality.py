@@ -32,7 +32,7 @@ def render(result: LintResult) -> str:
         if seen[identity] > 1:
             identity += f"#{seen[identity]}"
         issues.append(issue(f, hashlib.sha256(identity.encode("utf-8")).hexdigest()))
-    return json.dumps(issues, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(issues, allow_nan=False, indent=2, ensure_ascii=False) + "\n"
 
 
 def issue(f: Finding, fingerprint: str) -> dict:

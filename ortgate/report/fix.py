@@ -10,7 +10,10 @@ FIX_REPORT_VERSION = 1
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+    """Bytes in the unit family `ortgate estimate` and `lint` use (KiB, MiB, GiB)."""
+    from ortgate.cost.estimate import format_bytes
+
+    return format_bytes(n)
 
 
 def _probe_results(outcome) -> dict[str, dict]:
@@ -202,4 +205,4 @@ def fix_json(outcome) -> dict:
 
 
 def render_fix_json(outcome) -> str:
-    return json.dumps(fix_json(outcome), indent=2, sort_keys=False) + "\n"
+    return json.dumps(fix_json(outcome), allow_nan=False, indent=2, sort_keys=False) + "\n"

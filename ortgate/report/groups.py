@@ -55,8 +55,18 @@ def _split(text: str) -> tuple[list[str | int], list[str]]:
     return pieces, numbers
 
 
+# torch.onnx dynamo numbers a name's repeats from its second one: node_linear, node_linear_1, node_linear_2, ...
+_BARE_DYNAMO_NAME = re.compile(r"\bnode_[A-Za-z][A-Za-z_]*[A-Za-z]\b")
+
+
+def _indexed(text: str) -> str:
+    """`text` with a bare dynamo name as index 0 of its pattern (node_linear -> node_linear_0), so that layer 0's
+    node_linear and layer 1's node_linear_7 are one name pattern."""
+    return _BARE_DYNAMO_NAME.sub(lambda m: m.group() + "_0", text) if "node_" in text else text
+
+
 def _skeleton(text: str) -> str:
-    return "".join("#" if isinstance(p, int) else p for p in _pieces(text))
+    return "".join("#" if isinstance(p, int) else p for p in _pieces(_indexed(text)))
 
 
 @dataclass
@@ -95,13 +105,15 @@ class FindingGroup:
         return self.first.fix
 
     def where(self) -> str:
-        """'layers 0-47 (48)', 'layer 3', 'layers 0-3, 9 (5)', 'outside the decoder layers', ... ."""
+        """'layers 0-47 (48 layers)', 'layer 3 (2 findings)', 'layers 0-3, 9 (5 layers)', 'across layers 0-1',
+        'outside the decoder layers', ... ."""
         return where(self.findings)
 
     def _template(self, text_of) -> str:
         texts = [text_of(f) for f in self.findings]
         if len(set(texts)) == 1:
             return texts[0]
+        texts = [_indexed(t) for t in texts]
         split = [_split(t) for t in texts]
         pieces, _ = split[0]
         out = []
@@ -155,15 +167,38 @@ def ranges(values: Iterable[int], dash: str = "-") -> str:
     return ", ".join(str(a) if a == b else f"{a}{dash}{b}" for a, b in spans)
 
 
+_LAYERS_IN_MESSAGE = re.compile(r"\bin layers ((?:\d+(?:-\d+)?)(?:(?:, | and )\d+(?:-\d+)?)*)\b")
+
+
+def _spanned_layers(f: Finding) -> str | None:
+    """The layers a finding outside any one layer says it spans ("... in layers 0-1"), or None."""
+    m = _LAYERS_IN_MESSAGE.search(f.message)
+    return m.group(1) if m else None
+
+
+def _counted(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def where(findings: list[Finding], dash: str = "-") -> str:
-    """Where a set of findings lies: their layers as ranges with a count, and/or outside the layers."""
+    """Where a set of findings lies: their layers as ranges, with how many layers and (when it differs) how many
+    findings; findings that span several layers, as their messages name them; and/or outside the layers."""
     layers = sorted({f.layer for f in findings if f.layer is not None})
     parts = []
     if layers:
         in_layers = sum(1 for f in findings if f.layer is not None)
-        count = f" ({in_layers})" if in_layers > 1 else ""
+        counts = [_counted(len(layers), "layer")] if len(layers) > 1 else []
+        if in_layers > len(layers):
+            counts.append(_counted(in_layers, "finding"))
+        count = f" ({', '.join(counts)})" if counts else ""
         parts.append(f"{'layer' if len(layers) == 1 else 'layers'} {ranges(layers, dash)}{count}")
     outside = [f for f in findings if f.layer is None]
+    spanning = [f for f in outside if f.node and _spanned_layers(f)]
+    if spanning:
+        spans = list(dict.fromkeys(str(_spanned_layers(f)) for f in spanning))
+        label = f"across layers {'; '.join(spans)}"
+        parts.append(label + (f" ({_counted(len(spanning), 'finding')})" if len(spanning) > 1 else ""))
+        outside = [f for f in outside if f not in spanning]
     if outside:
         if any(f.node for f in outside):
             label = "outside the decoder layers"
@@ -171,5 +206,5 @@ def where(findings: list[Finding], dash: str = "-") -> str:
             label = "configuration"
         else:
             label = "the whole graph"  # a fact about the model's interface or every layer, with no one node
-        parts.append(label + (f" ({len(outside)})" if len(outside) > 1 else ""))
+        parts.append(label + (f" ({_counted(len(outside), 'finding')})" if len(outside) > 1 else ""))
     return "; ".join(parts)

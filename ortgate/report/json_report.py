@@ -60,4 +60,4 @@ def report_dict(result: LintResult) -> dict:
 
 
 def render(result: LintResult) -> str:
-    return json.dumps(report_dict(result), indent=2, sort_keys=True, default=str) + "\n"
+    return json.dumps(report_dict(result), allow_nan=False, indent=2, sort_keys=True, default=str) + "\n"

@@ -9,13 +9,14 @@ count test cases, so a red test report means exactly a failed gate. Deterministi
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from xml.etree import ElementTree as ET
 
 from ortgate import __version__
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding
-from ortgate.report import display_path
+from ortgate.report import clean, display_path
 from ortgate.report.groups import group_findings, where
 
 
@@ -33,16 +34,16 @@ def render(result: LintResult) -> str:
         findings = by_code.get(code, [])
         active = [f for f in findings if f.suppressed is None]
         failing = [f for f in active if f.severity >= v.fail_on]
-        case = ET.Element("testcase", name=f"{code} {rules[code]}", classname=f"ortgate.{code[:3]}", time="0")
+        case = ET.Element("testcase", name=_xml(f"{code} {rules[code]}"), classname=f"ortgate.{code[:3]}", time="0")
         if failing:
             failures += 1
             worst = max(f.severity for f in failing)
             failure = ET.SubElement(case, "failure", type=worst.label,
-                                    message=f"{_count(failing)} ({where(failing)})")
-            failure.text = _describe(failing)
+                                    message=_xml(f"{_count(failing)} ({where(failing)})"))
+            failure.text = _xml(_describe(failing))
         reported = [f for f in findings if f not in failing]
         if reported:
-            ET.SubElement(case, "system-out").text = _describe(reported)
+            ET.SubElement(case, "system-out").text = _xml(_describe(reported))
         cases.append(case)
     models = result.summary.get("models") or [result.summary]
     suite = ET.Element("testsuite", name="ortgate", tests=str(len(cases)), failures=str(failures), errors="0",
@@ -52,13 +53,22 @@ def render(result: LintResult) -> str:
                         ("policy", result.summary.get("policy") or ""),
                         ("provider", result.summary.get("provider") or ""),
                         *(("model", display_path(m["model"])) for m in models if m.get("model"))):
-        ET.SubElement(properties, "property", name=name, value=str(value))
+        ET.SubElement(properties, "property", name=name, value=_xml(str(value)))
     suite.extend(cases)
     root = ET.Element("testsuites", name="ortgate", tests=str(len(cases)), failures=str(failures), errors="0",
                       time="0")
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# What XML 1.0 forbids in a document (C0 controls but tab and newline, surrogates, U+FFFE/U+FFFF): never written.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml(text: str) -> str:
+    """Text for an attribute or element: what came from the user on printable lines, nothing XML forbids."""
+    return _NOT_XML.sub("", "\n".join(clean(line) for line in text.split("\n")))
 
 
 def _count(findings: list[Finding]) -> str:

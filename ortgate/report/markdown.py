@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, layer_label, target
+from ortgate.report import clean, display_path, layer_label, target
 from ortgate.report.groups import FindingGroup, group_findings, ranges
 
 MAX_FIX_FIRST = 10
@@ -49,7 +49,7 @@ def _not_checked(summary: dict) -> list[str]:
         return []
     from ortgate.engine.pipeline import not_checked_text
 
-    return [f"**Not checked:** {not_checked_text(gap)}  " for gap in gaps] + [""]
+    return [f"**Not checked:** {_cell(not_checked_text(gap))}  " for gap in gaps] + [""]
 
 
 def _inputs_table(summary: dict) -> list[str]:
@@ -82,7 +82,7 @@ def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
     header.append("Policy")
     row.append(_code(summary["policy"]) if summary.get("policy") else "none")
     header += ["Provider", "Nodes", "Layers"]
-    row += [summary.get("provider") or "—", str(summary.get("nodes", "—")),
+    row += [_cell(summary.get("provider") or "—"), str(summary.get("nodes", "—")),
             str(summary["layers"]) if summary.get("layers") is not None else "—"]
     return header, row
 
@@ -217,13 +217,22 @@ def _file_line(file: str, line: int | None) -> str:
 
 
 def _code(text: str) -> str:
+    text = _one_cell(text)
     fence = "``" if "`" in text else "`"
+    if "``" in text:  # no fence of backticks holds it: shown as text, its markup escaped
+        return _cell(text)
     pad = " " if fence == "``" else ""
-    return f"{fence}{pad}{_cell(text)}{pad}{fence}"
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _one_cell(text: object) -> str:
+    """One table cell's text: printable, on one line, its `|` escaped (a code span shows HTML as written)."""
+    return " ".join(clean(text).split()).replace("|", "\\|")
+
+
+def _cell(text: object) -> str:
+    """A table cell of text: an HTML tag in it (one that could close the report's <details>) shown as text."""
+    return _one_cell(text).replace("<", "&lt;")
 
 
 def _row(cells: list[str]) -> str:

@@ -25,7 +25,7 @@ def render_run(fmt: str, result: LintResult, evidence: RunEvidence, *, expand: b
     if fmt == "json":
         report = json.loads(render("json", result))
         report["run"] = evidence.to_dict()
-        return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+        return json.dumps(report, allow_nan=False, indent=2, sort_keys=True, default=str) + "\n"
     if fmt == "text":
         return render_figures(evidence) + "\n" + render("text", result, expand=expand, width=width, color=color)
     if fmt == "markdown":

@@ -5,7 +5,8 @@
   operator call) whose fully qualified name carries the decoder layer and subgraph path. A binary model has
   no lines, but GitHub code scanning only shows results with `region.startLine`, so they anchor at line 1.
 - Config findings point at the line of the policy YAML (or genai_config.json) that set the value.
-- `partialFingerprints` hash the finding's identity (rule + file name + subgraph + node or key), never a line.
+- `partialFingerprints` hash the finding's identity (rule + the file's path relative to the working directory +
+  layer + structural signature or key), never a line.
 - Findings covered by a waiver or the baseline carry `suppressions` with the justification.
 - Deterministic: no timestamps, no absolute paths of the checkout, findings in a stable order.
 """
@@ -26,12 +27,12 @@ from ortgate.rules import Rule, find_rule
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"
-FINGERPRINT_KEY = "ortgate/v2"  # v2: fingerprints without node names (a re-export keeps them)
+FINGERPRINT_KEY = "ortgate/v3"  # v3: the model's path relative to the working directory; v2: its name; no node names
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
 def render(result: LintResult) -> str:
-    return json.dumps(sarif_log(result), indent=2, ensure_ascii=False, default=str) + "\n"
+    return json.dumps(sarif_log(result), allow_nan=False, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
 def sarif_log(result: LintResult) -> dict:

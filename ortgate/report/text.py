@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Severity
-from ortgate.report import display_path, group_price_text, price_totals, time_text
+from ortgate.report import clean, display_path, group_price_text, price_totals, time_text, unforgeable
 from ortgate.report.groups import FindingGroup, group_findings, where
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -48,7 +48,7 @@ def render(result: LintResult, options: TextOptions | None = None) -> str:
     console = Console(file=buffer, force_terminal=options.color, no_color=not options.color, width=width,
                       highlight=False, soft_wrap=True, emoji=False, markup=False)
     write(console, result, options)
-    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())  # rich pads table cells
+    return unforgeable("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))  # rich pads cells
 
 
 def write(console: Console, result: LintResult, options: TextOptions) -> None:
@@ -69,7 +69,7 @@ def write(console: Console, result: LintResult, options: TextOptions) -> None:
                 shown_fixes.add(group.fix)
     if active:
         console.print()
-        _write_table(console, active, options)
+        _write_table(console, active, options, (result.summary.get("estimate") or {}).get("by_rule") or {})
     _write_verdict(console, result, active, options)
 
 
@@ -77,7 +77,7 @@ def _by_file(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
     """Files with configuration findings (no graph node) first: they are the quickest to fix."""
     by_file: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
-        by_file[f.location.label or display_path(f.location.file)].append(f)
+        by_file[clean(f.location.label or display_path(f.location.file))].append(f)
     order = {file: i for i, file in enumerate(by_file)}
     return sorted(by_file.items(), key=lambda item: (any(f.node for f in item[1]), order[item[0]]))
 
@@ -129,9 +129,11 @@ def _print_wrapped(console: Console, text: Text, width: int) -> None:
         console.print(Text(INDENT) + line if i else line)
 
 
-def _write_table(console: Console, active: list[Finding], options: TextOptions) -> None:
+def _write_table(console: Console, active: list[Finding], options: TextOptions, joint: dict | None = None) -> None:
     """One row per rule: severity, how many findings, what fixing them all saves per token (an estimate on the
-    policy's device, when it names one), where (most severe first, then the most findings)."""
+    policy's device, when it names one: the cost model's joint saving of the rule's repairs, each root cause
+    once), where (most severe first, then the most findings)."""
+    joint = joint or {}
     by_rule: dict[tuple[str, str], list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[(f.code, f.rule)].append(f)
@@ -151,6 +153,8 @@ def _write_table(console: Console, active: list[Finding], options: TextOptions) 
         if priced:
             prices = [f.price for f in findings if f.price is not None]
             total, share = price_totals(prices)
+            if prices and code in joint and total - joint[code]["ms_per_token"] > 1e-4:  # repairs the findings share
+                total, share = joint[code]["ms_per_token"], joint[code]["share_of_step"]
             cells.append(Text(f"{time_text(total)} ({share:.0%})" if prices else "", style="magenta"))
         table.add_row(*cells, where(findings))
     console.print(table)
@@ -171,7 +175,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     if s.get("layers"):
         scope += f", {s['layers']} layers"
     if s.get("provider"):
-        scope += f", {s['provider']}"
+        scope += f", {clean(s['provider'])}"
     line = Text()
     line.append("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
@@ -179,7 +183,7 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     if s.get("estimate"):
         from ortgate.engine.pricing import headline
 
-        _print_wrapped(console, Text(f"estimate  {headline(s['estimate'], compact=True)}"), width)
+        _print_wrapped(console, Text(f"estimate  {clean(headline(s['estimate'], compact=True))}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
@@ -188,5 +192,5 @@ def _write_verdict(console: Console, result: LintResult, active: list[Finding], 
     from ortgate.engine.pipeline import not_checked_text
 
     for gap in result.summary.get("not_checked") or ():
-        _print_wrapped(console, Text(f"not checked: {not_checked_text(gap)}", style="dim"), width)
+        _print_wrapped(console, Text(f"not checked: {clean(not_checked_text(gap))}", style="dim"), width)
     console.print(line)  # the verdict: always the last line, and one line, for scripts and CI logs to grep

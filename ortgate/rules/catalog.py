@@ -52,7 +52,7 @@ def catalog_text(rules: Iterable) -> str:
     """catalog.json for these rules (anything with code, name, severity, family and doc), deterministic."""
     entries = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family, "doc": r.doc}
                for r in sorted(rules, key=lambda r: r.code)]
-    return json.dumps({"rules": entries}, indent=1, ensure_ascii=False) + "\n"
+    return json.dumps({"rules": entries}, allow_nan=False, indent=1, ensure_ascii=False) + "\n"
 
 
 def lookup(items: Iterable[N], key: str) -> N | None:

@@ -48,6 +48,9 @@ class LintInputs:
     throughput: ThroughputPolicy | None = None
     prompt_length: int | None = None  # prompt tokens per sequence the prefill estimate is for (None: none)
     batch_sizes: tuple[int, ...] = ()  # batches `ortgate estimate` sweeps
+    # Why a named device is not priced (the `cpu` device without figures: a lint never measures the machine it
+    # runs on, so that its report is a function of its inputs). None: priced, or no device named.
+    cost_gap: str | None = None
 
     @property
     def prefill(self) -> Estimate | None:

@@ -190,7 +190,9 @@ def throughput_not_judged(ctx: RuleContext):
     ## What it checks
     Every key of the `throughput:` block is judged or said not to be: latency percentiles
     (`max_p50_latency_ms`, `max_p90_latency_ms`, `max_p99_latency_ms`) and `min_speedup_vs_default` can only be
-    measured (`ortgate run` on the device), a block without `device` names no device to estimate for, and parts
+    measured (`ortgate run` on the device), a block without `device` names no device to estimate for, the `cpu`
+    device without a calibration has no figures to estimate with (a lint never measures the machine it runs on,
+    so that its report is the same on every run), and parts
     of the graph the cost model could not count (a symbolic head size, an unknown dtype) are listed, since the
     verdict on the other targets counts only what is known.
 
@@ -208,7 +210,8 @@ def throughput_not_judged(ctx: RuleContext):
     ```
 
     ## Fix
-    Judge percentiles with `ortgate run` on the target device; give `throughput.device` for a static verdict.
+    Judge percentiles with `ortgate run` on the target device; give `throughput.device` for a static verdict; for
+    `device: cpu`, name the calibration `ortgate run --write-calibration` writes in `throughput.calibration`.
     """
     tp = ctx.inputs.throughput
     if tp is None:
@@ -221,6 +224,12 @@ def throughput_not_judged(ctx: RuleContext):
                 f"{'the device it is for (' + tp.device.label + ')' if tp.device is not None else 'the target device'}",
                 location=tp.where(key), properties={"target": key},
             )
+    gap = ctx.inputs.cost_gap
+    if gap is not None and not measured_here and tp.device is not None:
+        judged = ("the throughput targets and the findings' prices are not judged" if tp.static_targets
+                  else "the findings are not priced")
+        yield ctx.finding(f"throughput.device {tp.device.name}: {judged}: {gap}",
+                          location=tp.device_location or tp.block_location, properties={"target": "device"})
     if tp.device is None and tp.targets:
         yield ctx.finding("throughput: no device is named, so nothing is estimated; `ortgate run` judges the targets "
                           "where its device matches throughput.match",

@@ -74,7 +74,9 @@ def baseline_entry_stale(ctx: RuleContext):
     Each entry of the `--baseline FILE` whose file was linted and whose rule ran, but which matched no finding.
     Entries name a finding by rule, file, decoder layer and the structure of the match (never a node name), so
     a re-export that only renames nodes keeps matching. A version-1 baseline (written before fingerprints left
-    node names out) matches by node name: after such a re-export its entries are reported here.
+    node names out) matches by node name: after such a re-export its entries are reported here. A version-2
+    baseline names a model by its file name alone, so one entry accepts the finding in every model of that name:
+    lint says so once (version 3 names the model's path relative to the working directory).
 
     ## Why it costs throughput
     A stale entry accepts nothing today and may silently accept a new regression tomorrow, when a finding with
@@ -82,18 +84,18 @@ def baseline_entry_stale(ctx: RuleContext):
 
     ## Bad
     ```json baseline
-    {"format": "ortgate-baseline", "version": 2, "findings": [
+    {"format": "ortgate-baseline", "version": 3, "findings": [
       {"fingerprint": "moe-not-fused|model.onnx|3|model:MatMul#0", "rule": "moe-not-fused",
        "file": "model.onnx", "layer": 3}]}
     ```
 
     ## Good
     ```json baseline
-    {"format": "ortgate-baseline", "version": 2, "findings": []}
+    {"format": "ortgate-baseline", "version": 3, "findings": []}
     ```
 
     ## Fix
     `ortgate lint MODEL --baseline FILE --prune-baseline` rewrites FILE without its stale entries (and as
-    version 2), keeping the entries this run could not judge.
+    version 3), keeping the entries this run could not judge.
     """
     return ()  # raised by the gate, which owns the baseline

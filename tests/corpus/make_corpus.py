@@ -546,6 +546,17 @@ FILES["policies/tab-indent.yaml"] = _text("name: tabs\nmodel:\n\tlayers: 2\n")
 FILES["policies/complex-key.yaml"] = _text("name: complex\n? [a, b]\n: value\n")
 FILES["policies/huge-integer.yaml"] = lambda: b"name: huge\nmodel:\n  layers: " + b"9" * 5000 + b"\n"
 FILES["policies/nan.yaml"] = _text("name: nan\nmodel:\n  rms_norm_eps: .nan\n  layers: .inf\n")
+# Numbers JSON cannot carry, or that overflow a float or divide by zero downstream: refused where they are written.
+FILES["policies/nan-target.yaml"] = _text("name: nan-target\nthroughput: {device: h100-sxm, min_tokens_per_s: .nan}\n")
+FILES["policies/inf-target.yaml"] = _text("name: inf-target\nthroughput:\n  device: h100-sxm\n  min_tokens_per_s: .inf\n")
+FILES["policies/nan-ms-per-token.yaml"] = _text("name: nan-ms\nthroughput:\n  device: h100-sxm\n  max_ms_per_token: .nan\n")
+FILES["policies/inf-calibration.yaml"] = _text(
+    "name: inf-calibration\nthroughput:\n  device: h100-sxm\n  calibration: {bandwidth_gb_s: .inf}\n")
+FILES["policies/tiny-calibration.yaml"] = _text(
+    "name: tiny-calibration\nthroughput:\n  device: h100-sxm\n  calibration: {memory_efficiency: 1.0e-300}\n")
+FILES["policies/inf-timeout.yaml"] = _text("name: inf-timeout\nrunner:\n  timeout: .inf\n")
+FILES["policies/huge-target.yaml"] = lambda: (b"name: huge-target\nthroughput:\n  device: h100-sxm\n  min_tokens_per_s: 1"
+                                              + b"0" * 350 + b"\n")
 FILES["policies/unknown-rule.yaml"] = _text("name: unknown-rule\nrules:\n  ignore: [moe-not-fussed]\n")
 FILES["policies/unknown-provider.yaml"] = _text(
     "name: unknown-provider\nexecution_provider:\n  name: QuantumExecutionProvider\n")
@@ -555,6 +566,17 @@ FILES["policies/multi-document.yaml"] = _text("name: first\n---\nname: second\n"
 FILES["policies/null-name.yaml"] = _text("name:\n")
 FILES["policies/waiver-missing-reason.yaml"] = _text("name: lazy\nwaivers:\n  - rule: moe-not-fused\n")
 FILES["policies/merge-key.yaml"] = _text("name: merge\nsession:\n  <<: {intra_op_num_threads: 1}\n")
+
+# What a checkout without `git lfs pull` holds in place of an LFS-tracked file: a pointer.
+def _lfs_pointer(size: int) -> FileMaker:
+    return lambda: (b"version https://git-lfs.github.com/spec/v1\n"
+                    b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+                    + f"size {size}\n".encode())
+
+
+FILES["models/lfs-pointer.onnx"] = _lfs_pointer(1_234_567)
+FILES["configs/lfs-pointer.json"] = _lfs_pointer(2_345)
+FILES["policies/lfs-pointer.yaml"] = _lfs_pointer(456)
 
 # The base model that configs and policies are linted with.
 FILES["models/base.onnx"] = lambda: _bytes(base_model())
