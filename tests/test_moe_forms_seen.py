@@ -42,6 +42,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-qwen3_moe/model.optimized.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen3_moe/model.optimized-basic.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen3_moe-ortfusions/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-minimax/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # post-norm residual
+    "dynamo-minimax/model.optimized.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),

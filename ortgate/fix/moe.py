@@ -144,7 +144,9 @@ def _attributes(a: MoeAnatomy, facts) -> dict:
 
 
 # One decode token: the step the rewrite's bytes are quoted for.
-DECODE_TOKEN = StepShape(batch=1, new_tokens=1)
+# One token over a context of one: a graph without a KV cache recomputes its whole context per step, and the bytes
+# quoted are those of the token the rewrite is about.
+DECODE_TOKEN = StepShape(batch=1, new_tokens=1, context=1)
 
 
 def _price(graph: Graph, r: MoeRewrite) -> None:
@@ -153,7 +155,7 @@ def _price(graph: Graph, r: MoeRewrite) -> None:
     model = step_model(graph, DECODE_TOKEN, gpu=False)
     form = next((f for f in model.moe_forms if f.anchor is r.anatomy.anchor), None)
     before = expert_bytes_read(form) if form is not None else None
-    after = fused_expert_bytes_read(form, DECODE_TOKEN.tokens) if form is not None else None
+    after = fused_expert_bytes_read(form, model.tokens) if form is not None else None
     r.bytes_before = round(before or 0)
     r.bytes_after = round(after or 0)
 
