@@ -28,14 +28,14 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-E, H, I, K, T = 8, 64, 32, 2, 16
+E, H, INTER, K, T = 8, 64, 32, 2, 16
 LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
 
 
 def _weights():
     rng = np.random.default_rng(0)
-    fc1 = rng.standard_normal((E, 2 * I, H)).astype(np.float32) * 0.1  # [E, 2I, H], gate/up rows interleaved
-    fc2 = rng.standard_normal((E, H, I)).astype(np.float32) * 0.1  # [E, H, I]
+    fc1 = rng.standard_normal((E, 2 * INTER, H)).astype(np.float32) * 0.1  # [E, 2I, H], gate/up rows interleaved
+    fc2 = rng.standard_normal((E, H, INTER)).astype(np.float32) * 0.1  # [E, H, I]
     x = rng.standard_normal((T, H)).astype(np.float32)
     logits = rng.standard_normal((T, E)).astype(np.float32)
     return fc1, fc2, x, logits

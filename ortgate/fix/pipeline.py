@@ -17,6 +17,7 @@ import onnx
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.errors import InputError
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
+from ortgate.fix.inplace import KEEP_SUFFIX, KeptInput, keep_inputs_alive, needs_keep_alive
 from ortgate.fix.moe import (
     MoeRefusal,
     MoeRewrite,
@@ -26,7 +27,6 @@ from ortgate.fix.moe import (
     weight_names,
     write_planned,
 )
-from ortgate.fix.inplace import KEEP_SUFFIX, KeptInput, keep_inputs_alive, needs_keep_alive
 from ortgate.fix.verify import (
     WHOLE_MODEL_MAX_NODES,
     BlockCheck,
