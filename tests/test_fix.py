@@ -340,6 +340,7 @@ def test_large_graphs_are_verified_block_by_block(tmp_path, monkeypatch):
     assert code == 0, report.get("failure")
     v = report["verification"]
     assert v["passed"] and v["mode"] == "per block" and len(v["notes"]) == 2
+    assert any("as a whole" in n and "own block" in n for n in v["not_checked"])  # labelled for what it is
     assert all("own block" in r["verification"] for r in report["rewrites"])
     assert report["measurement"]["original_p50_ms"] is None and report["measurement"]["note"]
 

@@ -33,7 +33,8 @@ class KeptInput:
 def needs_keep_alive(releases: list[str | None]) -> bool:
     """Whether any of these ORT releases (the installed one, the policy's target) is not known to be fixed."""
     defect = moe_op_facts().inplace_defect
-    return any(defect.status(r) != "fixed" for r in releases) or not releases
+    known = [r for r in releases if r]
+    return not known or any(defect.status(r) != "fixed" for r in known)
 
 
 def keep_inputs_alive(model: onnx.ModelProto) -> list[KeptInput]:

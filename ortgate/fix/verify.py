@@ -164,8 +164,12 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
                                           folder=original.path.parent if original.path else original.folder), plan)
                      if routers else None)
     threshold = TIE_MARGIN.get(graph.dtype(routers[0][0]) or "", TIE_MARGIN_16BIT) if routers else 0.0
+    pinned = _pinned_shapes(probe_session) if probe_session is not None else {}
     for step in wanted:
         best: tuple[float, int, Feeds] | None = None
+        if not _fits(pinned, feeds_for(step, SEEDS[0])):
+            chosen.append((step, SEEDS[0], None, feeds_for(step, SEEDS[0])))  # the compared sessions skip it too
+            continue
         for seed in SEEDS:
             feeds = feeds_for(step, seed)
             if probe_session is None:
@@ -173,8 +177,8 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
                 break
             results = _run(probe_session, feeds)
             margin = _routing_margin([results[r] for r, _ in routers], [k for _, k in routers])
-            if step.decode:
-                decode = _decode_feeds(feeds_for(step, seed, past=step.tokens), results, cache)
+            if step.decode and _fits(pinned, decode := _decode_feeds(feeds_for(step, seed, past=step.tokens),
+                                                                      results, cache)):
                 more = _run(probe_session, decode)
                 margin = min(margin, _routing_margin([more[r] for r, _ in routers], [k for _, k in routers]))
             if best is None or margin > best[0]:
@@ -197,8 +201,8 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
                 continue
             out = _run(session, feeds)
             prompts.append(out)
-            decodes.append(_run(session, _decode_feeds(feeds_for(step, seed, past=step.tokens), out, cache))
-                           if step.decode else None)
+            decode = _decode_feeds(feeds_for(step, seed, past=step.tokens), out, cache) if step.decode else None
+            decodes.append(_run(session, decode) if decode is not None and _fits(fits, decode) else None)
         return prompts, decodes
 
     ref_prompts, ref_decodes = run_all(original)
