@@ -156,3 +156,20 @@ def pipeline_main(argv: list[str]) -> int:
     from ortgate.cli import main
 
     return main(argv)
+
+
+def test_lint_tells_a_cpu_deployment_on_an_affected_release_about_the_unguarded_form(tmp_path, monkeypatch,
+                                                                                     write_policy):
+    """moe-cpu-kernel-miscomputes fires on each MoE layer of the rewrite written without the keep-alive form (what
+    the fix without it delivered) and not on what fix delivers now."""
+    import ortgate.fix.pipeline as pipeline
+    from tests.helpers import rule_findings
+
+    policy = write_policy("name: t\nexecution_provider: {name: CPUExecutionProvider, onnxruntime_version: '1.31.1'}\n")
+    model = EXPORTED / "dynamo-qwen2_moe" / "model.onnx"
+    assert fix_json(model, "-o", tmp_path / "guarded", "--select", "moe-not-fused", "--no-verify")[0] == 0
+    monkeypatch.setattr(pipeline, "needs_keep_alive", lambda releases: False)
+    assert fix_json(model, "-o", tmp_path / "plain", "--select", "moe-not-fused", "--no-verify")[0] == 0
+    found = rule_findings(tmp_path / "plain" / "model.onnx", "moe-cpu-kernel-miscomputes", policy)
+    assert len(found) == 1 and dict(found[0].properties)["nodes"] == 2 and "1.31.1" in found[0].message
+    assert not rule_findings(tmp_path / "guarded" / "model.onnx", "moe-cpu-kernel-miscomputes", policy)
