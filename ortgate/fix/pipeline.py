@@ -226,6 +226,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if fusion_kinds and result.original_too_large:
         moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
     if fusion_kinds:
+        # onnxscript's passes read initializers (deduplication compares their bytes): a missing or short data file
+        # is the user's, said here with the file and the tensor, before any pass reads it.
+        source.check_all([t.name for t in fixed.graph.initializer if t.name in source.tensors])
         say("running onnxscript's norm, rotary and attention fusions")
         fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
     if result.rewrites and needs_keep_alive([result.ort_installed, request.target_ort]):
