@@ -210,8 +210,9 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
     outputs = [o.name for o in original_model.graph.output]
     result = VerifyResult(True, session=plan.label)
     worst: tuple[float, StepResult, dict, dict] | None = None
-    for index, (step, seed, margin, feeds) in enumerate(chosen):
-        runs = [(Step(step.batch, step.tokens), feeds, ref_prompts[index], got_prompts[index], 0)]
+    for index, (step, seed, step_margin, feeds) in enumerate(chosen):
+        runs: list[tuple[Step, Feeds | None, dict[str, np.ndarray] | None, dict[str, np.ndarray] | None, int]] = [
+            (Step(step.batch, step.tokens), feeds, ref_prompts[index], got_prompts[index], 0)]
         if step.decode:
             runs.append((step, None, ref_decodes[index], got_decodes[index], step.tokens))
         for shown, step_feeds, ref, got, past in runs:
@@ -226,7 +227,7 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
                    if (r := _relative(got.get(c.output), ref.get(c.output))) is not None}
             shapes = {k: list(v.shape) for k, v in (step_feeds or feeds_for(step, seed, past=past)).arrays.items()}
             ok = all(c.mismatched == 0 for c in comparisons)
-            checked = StepResult(label, shapes, seed, margin, ok, max(rel.values(), default=0.0), comparisons, index)
+            checked = StepResult(label, shapes, seed, step_margin, ok, max(rel.values(), default=0.0), comparisons, index)
             result.steps.append(checked)
             result.passed = result.passed and ok
             key = (0 if not ok else 1, -checked.max_rel)
