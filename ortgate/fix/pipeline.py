@@ -251,7 +251,7 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         if request.verify:
             say("verifying on ONNX Runtime CPU")
             after_write(staged)
-            plan = session_plan(request.session_setup) if request.session_setup is not None else None
+            plan = session_plan(request.session_setup)
             assert staged.model_file is not None
             result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
                                           source, plan)
