@@ -234,6 +234,8 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if result.rewrites and needs_keep_alive([result.ort_installed, request.target_ort]):
         result.kept_inputs = keep_inputs_alive(fixed)
         _note_kept(result)
+        if moe_only.graph.node:
+            keep_inputs_alive(moe_only)  # the fusions' reference must not hit the defect either
     result.nodes_after = len(fixed.graph.node)
     kept_from_source = [t.name for t in fixed.graph.initializer if t.name in source.tensors]
     source.check_all(kept_from_source)
