@@ -86,8 +86,13 @@ def test_every_generated_moe_form_becomes_its_fused_twin(tmp_path, form):
     np.testing.assert_array_equal(initializer(fixed, nodes[0].input[4]), initializer(twin, twin_moe.input[4]))
     feeds = make_feeds(src, seq=5)
     tol = 2e-2 if spec.dtype == "float16" else 1e-4
-    np.testing.assert_allclose(run(fixed, feeds).astype(np.float32), run(twin, feeds).astype(np.float32),
+    # The original is the truth: the twin's own MoE nodes read an intermediate tensor last, which ORT's CPU kernel
+    # computes wrongly with normalize_routing_weights=0 on the releases of knowledge/ort_moe.json cpu_inplace_defect.
+    np.testing.assert_allclose(run(fixed, feeds).astype(np.float32), run(src, feeds).astype(np.float32),
                                rtol=tol, atol=tol)
+    if not (attrs["normalize_routing_weights"] == 0 and moe_op_facts().inplace_defect.affects(ort.__version__)):
+        np.testing.assert_allclose(run(fixed, feeds).astype(np.float32), run(twin, feeds).astype(np.float32),
+                                   rtol=tol, atol=tol)
     assert not rule_findings(fixed, "moe-not-fused")
     assert report["rewrites"][0]["weight_bytes_per_decode_token"]["after"] < \
         report["rewrites"][0]["weight_bytes_per_decode_token"]["before"] or spec.moe == "gather_loop"
@@ -368,6 +373,7 @@ def test_large_graphs_are_verified_block_by_block(tmp_path, monkeypatch):
     assert code == 0, report.get("failure")
     v = report["verification"]
     assert v["passed"] and v["mode"] == "per block" and len(v["notes"]) == 2
+    assert any("as a whole" in n and "own block" in n for n in v["not_checked"])  # labelled for what it is
     assert all("own block" in r["verification"] for r in report["rewrites"])
     assert report["measurement"]["original_p50_ms"] is None and report["measurement"]["note"]
 

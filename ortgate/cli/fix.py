@@ -32,8 +32,9 @@ def add_parser(sub) -> None:
     fix.add_argument("--dry-run", action="store_true", help="report what would be rewritten; write nothing")
     fix.add_argument("--no-verify", action="store_true",
                      help="skip running original and fixed on ORT CPU (and the measurement)")
-    fix.add_argument("--policy", help="deployment policy YAML: its execution_provider.onnxruntime_version is checked "
-                                      "against ORT releases with known MoE kernel bugs")
+    fix.add_argument("--policy", help="deployment policy YAML: verification runs with its session options (on CPU), and its "
+                                      "execution_provider.onnxruntime_version is checked against ORT releases with "
+                                      "known MoE kernel bugs")
     fix.add_argument("--format", choices=FIX_FORMATS, default="text", help="report format on stdout")
     fix.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
@@ -46,15 +47,18 @@ def cmd_fix(args: argparse.Namespace) -> int:
     if not (args.no_verify or args.dry_run):
         require_onnxruntime("`ortgate fix` (it verifies the rewrite on ONNX Runtime; --no-verify skips that)")
     target = None
+    setup = None
     if args.policy:
+        from ortgate.config.deployment import setup_from_policy
         from ortgate.config.policy import load_policy
 
         policy = load_policy(args.policy)
         value = policy.get("execution_provider", "onnxruntime_version")
         target = str(value) if value is not None else None
+        setup = setup_from_policy(policy)
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
                          dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
-                         policy=args.policy,
+                         policy=args.policy, session_setup=setup,
                          check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
                                                                   reads))
     with progress(progress_wanted()) as note:

@@ -86,9 +86,6 @@ def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pat
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
     import onnx_ir as ir
-    import onnx_ir.passes.common as common_passes
-    from onnxscript.optimizer import optimize
-    from onnxscript.rewriter.ort_fusions import _core, shape_optimization
 
     before = _inventory(build_graph(model, "before"))
     ir_model = ir.serde.deserialize_model(model)
@@ -99,6 +96,38 @@ def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pat
             value.const_value = ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype,
                                                   shape=tensor.shape, name=tensor.name, base_dir=weights_dir)
     sink = io.StringIO()
+    try:
+        _apply(ir_model, kinds, report, sink)
+    except Exception as exc:
+        missing = _file_error(exc)
+        if missing is None:
+            raise
+        raise InputError(f"onnxscript could not read the model's external weights: {missing}", weights_dir) from None
+    out = ir.serde.serialize_model(ir_model)
+    after = _inventory(build_graph(out, "after"))
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+    return out, report
+
+
+def _file_error(exc: BaseException) -> str | None:
+    """The missing or unreadable weight file behind an onnxscript / onnx_ir pass error, if that is its cause."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return f"{current.strerror or current}: {current.filename}" if current.filename else str(current)
+        if isinstance(current, ValueError) and "mmap" in str(current).lower():
+            return str(current)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _apply(ir_model, kinds: tuple[str, ...], report: FusionReport, sink: io.StringIO) -> None:
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import _core, shape_optimization
+
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         common_passes.ShapeInferencePass()(ir_model)
         optimize(ir_model)
@@ -111,10 +140,6 @@ def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pat
             options = {"apply_shape_inference": True} if label == "sdpa" else {}
             report.counts[label] = int(fuse(ir_model, **options) or 0)
         optimize(ir_model)
-    out = ir.serde.serialize_model(ir_model)
-    after = _inventory(build_graph(out, "after"))
-    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
-    return out, report
 
 
 def _inventory(graph: Graph) -> dict[int | None, dict[str, tuple[int, int]]]:

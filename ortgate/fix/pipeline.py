@@ -17,6 +17,7 @@ import onnx
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.errors import InputError
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
+from ortgate.fix.inplace import KEEP_SUFFIX, KeptInput, keep_inputs_alive, needs_keep_alive
 from ortgate.fix.moe import (
     MoeRefusal,
     MoeRewrite,
@@ -26,7 +27,17 @@ from ortgate.fix.moe import (
     weight_names,
     write_planned,
 )
-from ortgate.fix.verify import WHOLE_MODEL_MAX_NODES, BlockCheck, Probe, VerifyResult, verify, verify_blocks
+from ortgate.fix.verify import (
+    WHOLE_MODEL_MAX_NODES,
+    BlockCheck,
+    ModelSource,
+    Probe,
+    SessionPlan,
+    VerifyResult,
+    session_plan,
+    verify,
+    verify_blocks,
+)
 from ortgate.fix.weights import (
     INLINE_LIMIT,
     DataFile,
@@ -64,6 +75,7 @@ class FixRequest:
     force: bool = False
     target_ort: str | None = None  # the ORT release the deployment runs (policy), checked against known bugs
     policy: str | None = None  # read by the caller: OUT must not hold it either
+    session_setup: object | None = None  # the policy's SessionSetup: verification runs with its session options
     # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
     check_output: Callable[[list[Path]], None] | None = None
 
@@ -86,6 +98,7 @@ class FixResult:
     written: bool = False
     dry_run: bool = False
     original_too_large: bool = False  # more nodes than ORT builds a whole-model session of in reasonable time
+    kept_inputs: list[KeptInput] = field(default_factory=list)  # MoE inputs kept alive past the node (ORT defect)
 
     @property
     def changed(self) -> bool:
@@ -213,8 +226,16 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if fusion_kinds and result.original_too_large:
         moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
     if fusion_kinds:
+        # onnxscript's passes read initializers (deduplication compares their bytes): a missing or short data file
+        # is the user's, said here with the file and the tensor, before any pass reads it.
+        source.check_all([t.name for t in fixed.graph.initializer if t.name in source.tensors])
         say("running onnxscript's norm, rotary and attention fusions")
         fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
+    if result.rewrites and needs_keep_alive([result.ort_installed, request.target_ort]):
+        result.kept_inputs = keep_inputs_alive(fixed)
+        _note_kept(result)
+        if moe_only.graph.node:
+            keep_inputs_alive(moe_only)  # the fusions' reference must not hit the defect either
     result.nodes_after = len(fixed.graph.node)
     kept_from_source = [t.name for t in fixed.graph.initializer if t.name in source.tensors]
     source.check_all(kept_from_source)
@@ -231,21 +252,46 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         result.files = sorted(p.name for p in folder.iterdir())
         if request.verify:
             say("verifying on ONNX Runtime CPU")
-            result.verification = _verify(original, files.model.parent, fixed, folder, graph, result, moe_only,
-                                          source)
+            after_write(staged)
+            plan = session_plan(request.session_setup)
+            assert staged.model_file is not None
+            result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
+                                          source, plan)
     except BaseException:
         staged.discard()
         raise
     return staged
 
 
-def _verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, folder: Path, graph: Graph,
-            result: FixResult, moe_only: onnx.ModelProto, source: WeightSource) -> VerifyResult:
-    """Whole model against whole model when ORT can build a session of the original in reasonable time; else each
-    MoE rewrite on its own block, and the fusions (if any) against the MoE-only model, which is small."""
+def after_write(staged: StagedFix) -> None:
+    """Called once the staged folder is written, before it is verified (a seam: the folder is what will be
+    delivered)."""
+
+
+def _note_kept(result: FixResult) -> None:
+    defect = moe_op_facts().inplace_defect
+    kept = {k.node for k in result.kept_inputs}
+    for rewrite in result.rewrites:
+        if rewrite.node_name in kept:
+            rewrite.notes.append(
+                f"normalize_routing_weights=0: its input is kept alive past the node ({defect.workaround.form}), so "
+                f"that ORT's CPU MoE kernel cannot take over the input's buffer (it computes such a node wrongly on "
+                f"onnxruntime {', '.join(defect.releases_seen_affected)}; right from {defect.first_seen_fixed}; "
+                "`ortgate explain moe-cpu-kernel-miscomputes`)")
+
+
+def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelProto, fixed_file: Path, graph: Graph,
+            result: FixResult, moe_only: onnx.ModelProto, source: WeightSource,
+            plan: SessionPlan | None) -> VerifyResult:
+    """Whole model against whole model, both loaded from disk, when ORT can build a session of the original in
+    reasonable time; else each MoE rewrite on its own block, and the fusions (if any) against the MoE-only model,
+    which is small."""
+    folder = fixed_file.parent
+    original_dir = original_file.parent
     if not result.original_too_large:
-        return verify(original, original_dir, fixed, folder, graph, _probes(graph, fixed, result),
-                      _routers(result.rewrites))
+        return verify(ModelSource(path=original_file), ModelSource(path=fixed_file), graph,
+                      _probes(graph, fixed, result), _routers(result.rewrites), original_model=original,
+                      fixed_model=fixed, plan=plan)
     blocks = [BlockCheck(r.node_name, r.anatomy.hidden, r.output, r.anatomy.logits, r.anatomy.k or 1,
                          r.anatomy.hidden_size or 0)
               for r in result.rewrites]
@@ -253,10 +299,18 @@ def _verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProt
     checked.notes.append(f"the original graph has {len(original.graph.node):,} nodes, more than ORT builds a session "
                          f"of in reasonable time (over {WHOLE_MODEL_MAX_NODES:,}): each MoE rewrite was run against "
                          "its own block")
+    checked.not_checked.append("the delivered model as a whole against the original: each MoE rewrite was run on "
+                               "its own block from a synthesised hidden state, in a session of that block alone "
+                               "(not the memory plan of the delivered graph), at one step (batch 1, "
+                               "16 tokens, no KV cache step)")
     if checked.passed and moe_only.graph.node and result.fusions and any(x.applied for x in result.fusions.layers):
         _point_at_output(moe_only, fixed, source)
         inner_graph = build_graph(moe_only, str(folder / "moe-only.onnx"))
-        whole = verify(moe_only, folder, fixed, folder, inner_graph, _probes(inner_graph, fixed, result), [])
+        whole = verify(ModelSource(data=moe_only.SerializeToString(), folder=folder), ModelSource(path=fixed_file),
+                       inner_graph, _probes(inner_graph, fixed, result), [], original_model=moe_only,
+                       fixed_model=fixed, plan=plan)
+        checked.steps.extend(whole.steps)
+        checked.not_checked.extend(whole.not_checked)
         checked.outputs.extend(whole.outputs)
         checked.max_rel_diff.update(whole.max_rel_diff)
         checked.probes.extend(whole.probes)
@@ -342,12 +396,14 @@ def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
 def _probes(graph: Graph, fixed: onnx.ModelProto, result: FixResult) -> list[Probe]:
     """Outputs of rewritten nodes that the original graph computes under the same name, in the fixed graph's order."""
     fused = {op for ops in FUSED_OPS.values() for op in ops} | {("com.microsoft", "MoE")}
+    kept = {k.output + KEEP_SUFFIX: k.output for k in result.kept_inputs}  # the Where passes the MoE output on
     probes = []
     for node in fixed.graph.node:
         domain = node.domain if node.domain not in ("", "ai.onnx") else "ai.onnx"
         if (domain, node.op_type) not in fused:
             continue
         for value in node.output:
+            value = kept.get(value, value)
             producer = graph.producer(value) if value else None
             if producer is not None and producer.op_type != node.op_type:
                 probes.append(Probe(node.name or f"<{node.op_type}>", value))

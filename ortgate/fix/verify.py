@@ -1,17 +1,27 @@
-"""Proof that the rewritten model computes what the original does: both run on ORT's CPU provider with the runner's
-synthesised inputs, every output compared with the runner's per-dtype tolerance.
+"""Proof that the rewritten model computes what the original does, on the artifact as delivered.
+
+The verdict comes from the staged folder exactly as it will be written: its model.onnx and external data loaded from
+disk by path into a fresh ORT CPU session with no added outputs and the session options the deployment's policy sets
+(ORT's defaults without a policy), against the original loaded the same way. Graph outputs are what the user's
+session computes; adding outputs would change ORT's memory plan, and a kernel whose result depends on it (ORT's CPU
+MoE, knowledge/ort_moe.json cpu_inplace_defect) would be verified in a form nobody runs. Several steps are compared:
+batch 1 and 2, one new token and a prompt of PROMPT_TOKENS, and, for a model with a KV cache, a decode step fed
+each model's own present tensors from the prompt.
 
 Top-k routing is discontinuous: two experts whose router logits tie may swap under a harmless change of rounding, and
 the outputs then differ for a legitimate reason. So the inputs are chosen (among a few seeds) so that no token's k-th
-and (k+1)-th logits are closer than TIE_MARGIN of their scale, and the margin reached is reported. Each rewritten
-node's output is compared too (the MoE node's output keeps the name of the sum it replaces), so a mismatch names the
-first rewritten node whose output diverges.
+and (k+1)-th logits are closer than TIE_MARGIN of their scale, and the margin reached is reported. The router logits
+are read from a separate session of the original with those values added as outputs, never from the sessions compared.
+
+Only after a mismatch, a diagnostic run exposes each rewritten node's output in both models (the MoE node's output
+keeps the name of the sum it replaces) to name the first rewritten node whose output diverges.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,6 +35,7 @@ from ortgate.runner.inputs import (
     graph_signature,
     head_size,
     resolve_dims,
+    session_signature,
     sliding_window,
     synthesize,
     token_inputs,
@@ -33,8 +44,9 @@ from ortgate.runner.inputs import (
 from ortgate.runner.session import captured_output, tidy
 from ortgate.runner.settings import RunnerSettings
 
-# A decode step of a few sequences: enough tokens that every expert is likely routed to at least once.
-VERIFY_SETTINGS = RunnerSettings(batch_size=1, sequence_length=16, past_sequence_length=0)
+# A prompt of this many tokens: enough that every expert is likely routed to at least once.
+PROMPT_TOKENS = 16
+VERIFY_SETTINGS = RunnerSettings(batch_size=1, sequence_length=PROMPT_TOKENS, past_sequence_length=0)
 SEEDS = (0, 1, 2, 3)
 # Relative gap between the k-th and (k+1)-th router logit below which routing counts as tied: far above the
 # rounding differences of a reordered float32 sum (~1e-7), and of float16/bfloat16 arithmetic (~1e-3).
@@ -42,14 +54,44 @@ TIE_MARGIN = {"float32": 1e-5, "float64": 1e-9}
 TIE_MARGIN_16BIT = 1e-2
 
 
+@dataclass(frozen=True)
+class Step:
+    """One step both models run: `batch` sequences of `tokens` new tokens; `decode`: then one more token per
+    sequence, fed the prompt's present tensors as the past."""
+
+    batch: int
+    tokens: int
+    decode: bool = False
+
+    @property
+    def label(self) -> str:
+        what = f"batch {self.batch}, {self.tokens} new token{'s' if self.tokens > 1 else ''}"
+        return f"{what}, then a decode step on its KV cache" if self.decode else what
+
+
+STEPS = (Step(1, 1), Step(1, PROMPT_TOKENS), Step(2, 1), Step(2, PROMPT_TOKENS))
+
+
 @dataclass
 class Probe:
-    """One rewritten node whose output both models expose."""
+    """One rewritten node whose output both models expose (diagnostic run only)."""
 
     node: str
     value: str
     comparison: OutputComparison | None = None
     note: str | None = None
+
+
+@dataclass
+class StepResult:
+    label: str
+    feeds: dict[str, list[int]]
+    seed: int
+    routing_margin: float | None
+    passed: bool
+    max_rel: float
+    outputs: list[OutputComparison] = field(default_factory=list)
+    index: int = 0  # which chosen step (its prompt's inputs serve the diagnostic run)
 
 
 @dataclass
@@ -59,11 +101,14 @@ class VerifyResult:
     probes: list[Probe] = field(default_factory=list)
     first_divergent: Probe | None = None
     seed: int = 0
-    routing_margin: float | None = None  # smallest relative top-k gap over every router and token
-    feeds: dict[str, list[int]] = field(default_factory=dict)  # input -> shape
+    routing_margin: float | None = None  # smallest relative top-k gap over every router, token and step
+    feeds: dict[str, list[int]] = field(default_factory=dict)  # input -> shape (of the step `outputs` come from)
     max_rel_diff: dict[str, float] = field(default_factory=dict)  # output -> max |diff| / max |reference|
     mode: str = "whole model"  # or "per block" (the original is too large for ORT to build a session of it)
     notes: list[str] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    session: str = ""  # the session options both models ran with
+    not_checked: list[str] = field(default_factory=list)  # what this verdict does not cover
 
     @property
     def max_abs(self) -> float:
@@ -74,50 +119,199 @@ class VerifyResult:
         return max(self.max_rel_diff.values(), default=0.0)
 
 
-def verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, fixed_dir: Path, graph: Graph,
-           probes: list[Probe], routers: list[tuple[str, int]], settings: RunnerSettings = VERIFY_SETTINGS
-           ) -> VerifyResult:
-    """Run both models on ORT CPU and compare. `probes`: rewritten nodes' outputs present in both graphs; `routers`:
-    (router logits value, k) of each rewritten MoE block, for the tie check."""
-    signature = graph_signature(graph)
-    dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
-                              policy_file=None)
-    vocab = token_inputs(graph, None)
-    outputs = [o.name for o in original.graph.output]
-    extra = list(dict.fromkeys([p.value for p in probes] + [r for r, _ in routers]))
-    reference = _session(_with_outputs(original, extra), original_dir)
-    best: tuple[float, int, Feeds, dict] | None = None
-    for seed in SEEDS:
-        feeds = synthesize(signature, dims, step, vocab, seed=seed)
-        results = _run(reference, feeds)
-        margin = _routing_margin([results[r] for r, _ in routers], [k for _, k in routers])
-        if best is None or margin > best[0]:
-            best = (margin, seed, feeds, results)
-        if margin >= TIE_MARGIN.get(graph.dtype(routers[0][0]) or "", TIE_MARGIN_16BIT) if routers else True:
-            break
-    assert best is not None
-    margin, seed, feeds, ref = best
-    del reference  # one model's weights in memory at a time
-    fixed_session = _session(_with_outputs(fixed, [p.value for p in probes]), fixed_dir)
-    got = _run(fixed_session, feeds)
-    comparisons = compare_outputs({k: got[k] for k in outputs if k in got}, {k: ref[k] for k in outputs},
-                                  written=written_positions(graph, step))
-    checked = []
-    first = None
+@dataclass(frozen=True)
+class ModelSource:
+    """A model as ORT loads it: a file on disk (`path`), or serialized bytes whose external data lie in `folder`."""
+
+    path: Path | None = None
+    data: bytes | None = None
+    folder: Path | None = None
+
+    def where(self) -> Path:
+        return self.path if self.path is not None else (self.folder or Path("."))
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """The session options both models run with: the policy's (on CPU), or ORT's defaults."""
+
+    options: Any = None  # a callable returning a fresh onnxruntime.SessionOptions
+    label: str = "ORT's default session options"
+
+
+def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list[Probe],
+           routers: list[tuple[str, int]], *, original_model: onnx.ModelProto, fixed_model: onnx.ModelProto,
+           plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS) -> VerifyResult:
+    """Run both models as delivered on ORT CPU at every step and compare their graph outputs. `probes`: rewritten
+    nodes' outputs present in both graphs (the diagnostic run after a mismatch); `routers`: (router logits value, k)
+    of each rewritten MoE block, for the tie check. `original_model` / `fixed_model`: the graphs, for the runs with
+    added outputs (routing margin, diagnosis)."""
+    plan = plan or SessionPlan()
+    cache = kv_cache_pairs(graph)
+    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1) for s in steps]
+    signature, vocab = graph_signature(graph), token_inputs(graph, None)
+    window, head = sliding_window(graph, None), head_size(None, None)
+
+    def feeds_for(step: Step, seed: int, *, past: int = 0) -> Feeds:
+        settings = RunnerSettings(batch_size=step.batch, sequence_length=1 if past else step.tokens,
+                                  past_sequence_length=past)
+        dims, shape = resolve_dims(signature, settings, {}, window=window, head=head, policy_file=None)
+        return synthesize(signature, dims, shape, vocab, seed=seed)
+
+    # Inputs: the seed whose routing is farthest from a tie, read from the original with the router logits exposed.
+    chosen: list[tuple[Step, int, float | None, Feeds]] = []
+    probe_session = (_session(ModelSource(data=_with_outputs(original_model, [r for r, _ in routers]),
+                                          folder=original.path.parent if original.path else original.folder), plan)
+                     if routers else None)
+    threshold = TIE_MARGIN.get(graph.dtype(routers[0][0]) or "", TIE_MARGIN_16BIT) if routers else 0.0
+    pinned = _pinned_shapes(probe_session) if probe_session is not None else {}
+    for step in wanted:
+        best: tuple[float, int, Feeds] | None = None
+        if not _fits(pinned, feeds_for(step, SEEDS[0])):
+            chosen.append((step, SEEDS[0], None, feeds_for(step, SEEDS[0])))  # the compared sessions skip it too
+            continue
+        for seed in SEEDS:
+            feeds = feeds_for(step, seed)
+            if probe_session is None:
+                best = (float("inf"), seed, feeds)
+                break
+            results = _run(probe_session, feeds)
+            margin = _routing_margin([results[r] for r, _ in routers], [k for _, k in routers])
+            if step.decode and _fits(pinned, decode := _decode_feeds(feeds_for(step, seed, past=step.tokens),
+                                                                      results, cache)):
+                more = _run(probe_session, decode)
+                margin = min(margin, _routing_margin([more[r] for r, _ in routers], [k for _, k in routers]))
+            if best is None or margin > best[0]:
+                best = (margin, seed, feeds)
+            if margin >= threshold:
+                break
+        assert best is not None
+        chosen.append((step, best[1], best[0] if routers else None, best[2]))
+    del probe_session
+
+    def run_all(source: ModelSource) -> tuple[list[dict[str, np.ndarray] | None], list[dict[str, np.ndarray] | None]]:
+        session = _session(source, plan)
+        fits = _pinned_shapes(session)
+        prompts: list[dict[str, np.ndarray] | None] = []
+        decodes: list[dict[str, np.ndarray] | None] = []
+        for step, seed, _, feeds in chosen:
+            if not _fits(fits, feeds):
+                prompts.append(None)
+                decodes.append(None)
+                continue
+            out = _run(session, feeds)
+            prompts.append(out)
+            decode = _decode_feeds(feeds_for(step, seed, past=step.tokens), out, cache) if step.decode else None
+            decodes.append(_run(session, decode) if decode is not None and _fits(fits, decode) else None)
+        return prompts, decodes
+
+    ref_prompts, ref_decodes = run_all(original)
+    got_prompts, got_decodes = run_all(fixed)
+    outputs = [o.name for o in original_model.graph.output]
+    result = VerifyResult(True, session=plan.label)
+    worst: tuple[float, StepResult, dict, dict] | None = None
+    for index, (step, seed, step_margin, feeds) in enumerate(chosen):
+        runs: list[tuple[Step, Feeds | None, dict[str, np.ndarray] | None, dict[str, np.ndarray] | None, int]] = [
+            (Step(step.batch, step.tokens), feeds, ref_prompts[index], got_prompts[index], 0)]
+        if step.decode:
+            runs.append((step, None, ref_decodes[index], got_decodes[index], step.tokens))
+        for shown, step_feeds, ref, got, past in runs:
+            label = shown.label if not past else f"batch {step.batch}, 1 new token after a {past}-token prompt's KV cache"
+            if ref is None or got is None:
+                result.not_checked.append(f"{label}: the session's pinned input shapes do not take it")
+                continue
+            written = written_positions(graph, feeds_for(step, seed, past=past).step)
+            comparisons = compare_outputs({k: got[k] for k in outputs if k in got}, {k: ref[k] for k in outputs},
+                                          written=written)
+            rel = {c.output: r for c in comparisons
+                   if (r := _relative(got.get(c.output), ref.get(c.output))) is not None}
+            shapes = {k: list(v.shape) for k, v in (step_feeds or feeds_for(step, seed, past=past)).arrays.items()}
+            ok = all(c.mismatched == 0 for c in comparisons)
+            checked = StepResult(label, shapes, seed, step_margin, ok, max(rel.values(), default=0.0), comparisons, index)
+            result.steps.append(checked)
+            result.passed = result.passed and ok
+            key = (0 if not ok else 1, -checked.max_rel)
+            if worst is None or key < (0 if not worst[1].passed else 1, -worst[1].max_rel):
+                worst = (checked.max_rel, checked, rel, shapes)
+    if worst is None:
+        raise InputError("no verification step fits the session's pinned input shapes", original.where())
+    _, shown_step, rel, shapes = worst
+    result.outputs, result.max_rel_diff, result.feeds, result.seed = shown_step.outputs, rel, shapes, shown_step.seed
+    margins = [s.routing_margin for s in result.steps if s.routing_margin is not None]
+    result.routing_margin = min(margins) if margins else None
+    if not result.passed:
+        failing = next(s for s in result.steps if not s.passed)
+        _diagnose(result, original, fixed, original_model, fixed_model, probes, chosen[failing.index][3], plan)
+    return result
+
+
+def _diagnose(result: VerifyResult, original: ModelSource, fixed: ModelSource, original_model: onnx.ModelProto,
+              fixed_model: onnx.ModelProto, probes: list[Probe], feeds: Feeds, plan: SessionPlan) -> None:
+    """After a mismatch: both models again with each rewritten node's output exposed, to name the first that
+    diverges. A model whose exposed values all agree while its plain outputs differ computes differently under
+    another memory plan: an ORT kernel whose result depends on buffer reuse."""
+    if not probes:
+        return
+    values = [p.value for p in probes]
+    ref = _run(_session(ModelSource(data=_with_outputs(original_model, values), folder=_folder(original)), plan), feeds)
+    got = _run(_session(ModelSource(data=_with_outputs(fixed_model, values), folder=_folder(fixed)), plan), feeds)
     for probe in probes:
         if probe.value in got and probe.value in ref:
             probe.comparison = compare_one(probe.value, got[probe.value], ref[probe.value])
-            if first is None and (probe.comparison.mismatched or not probe.comparison.compared):
-                first = probe
-        checked.append(probe)
-    passed = all(c.mismatched == 0 for c in comparisons) and first is None
-    result = VerifyResult(passed, comparisons, checked, first, seed, margin if routers else None,
-                          {k: list(v.shape) for k, v in feeds.arrays.items()})
-    for c in result.outputs:
-        rel = _relative(got.get(c.output), ref.get(c.output))
-        if rel is not None:
-            result.max_rel_diff[c.output] = rel
-    return result
+            if result.first_divergent is None and (probe.comparison.mismatched or not probe.comparison.compared):
+                result.first_divergent = probe
+        result.probes.append(probe)
+    outputs = [o.name for o in original_model.graph.output]
+    exposed = compare_outputs({k: got[k] for k in outputs if k in got}, {k: ref[k] for k in outputs})
+    if result.first_divergent is None and all(c.mismatched == 0 for c in exposed):
+        result.notes.append("with the rewritten nodes' outputs exposed as graph outputs both models agree, but the "
+                            "model as delivered does not: ORT computes it differently under the memory plan of the "
+                            "plain session (see `ortgate explain moe-cpu-kernel-miscomputes`)")
+
+
+def _folder(source: ModelSource) -> Path | None:
+    return source.path.parent if source.path is not None else source.folder
+
+
+def kv_cache_pairs(graph: Graph) -> dict[str, str]:
+    """Past-state inputs -> the present output that feeds them on the next step (past_key_values.N.key ->
+    present.N.key, past.N.conv -> present.N.conv), when every past input has one."""
+    outputs = {o.name for o in graph.outputs}
+    pairs: dict[str, str] = {}
+    pasts = [i.name for i in graph.inputs if i.name.lower().startswith("past")]
+    for name in pasts:
+        for candidate in (name.replace("past_key_values", "present", 1), name.replace("past", "present", 1)):
+            if candidate in outputs:
+                pairs[name] = candidate
+                break
+    if pasts and len(pairs) != len(pasts):
+        presents = [o.name for o in graph.outputs if o.name.lower().startswith("present")]
+        if len(presents) == len(pasts):
+            return dict(zip(pasts, presents))
+        return {}
+    return pairs
+
+
+def _decode_feeds(feeds: Feeds, prompt: dict[str, np.ndarray], cache: dict[str, str]) -> Feeds:
+    arrays = dict(feeds.arrays)
+    for past, present in cache.items():
+        if present in prompt:
+            arrays[past] = prompt[present]
+    return Feeds(arrays, feeds.elem_types, feeds.kinds, feeds.dims, feeds.step)
+
+
+def _pinned_shapes(session) -> dict[str, tuple]:
+    return {spec.name: spec.shape for spec in session_signature(session) if spec.shape is not None}
+
+
+def _fits(pinned: dict[str, tuple], feeds: Feeds) -> bool:
+    for name, shape in pinned.items():
+        array = feeds.arrays.get(name)
+        if array is None:
+            continue
+        if len(shape) != array.ndim or any(isinstance(w, int) and w != h for w, h in zip(shape, array.shape)):
+            return False
+    return True
 
 
 def _relative(a: np.ndarray | None, r: np.ndarray | None) -> float | None:
@@ -157,17 +351,46 @@ def _with_outputs(model: onnx.ModelProto, extra: list[str]) -> bytes:
     return copy.SerializeToString()
 
 
-def _session(model_bytes: bytes, folder: Path):
+def session_plan(setup=None) -> SessionPlan:
+    """The session options of the policy's SessionSetup on CPU (its provider options belong to its provider), or
+    ORT's defaults."""
+    if setup is None:
+        import onnxruntime as ort
+
+        return SessionPlan(ort.SessionOptions, "ORT's default session options (ORT_ENABLE_ALL)")
+
+    def options():
+        return setup.ort_session_options(provider="CPUExecutionProvider")[0]
+
+    return SessionPlan(options, f"the policy's session options on CPU ({setup.effective_optimization_level})")
+
+
+def _session(source: ModelSource, plan: SessionPlan | None = None):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    options = plan.options() if plan is not None and plan.options is not None else ort.SessionOptions()
     with captured_output():
         try:
-            return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+            if source.path is not None:
+                return ort.InferenceSession(str(source.path), options, providers=["CPUExecutionProvider"])
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                             str(source.folder or "."))
+            return ort.InferenceSession(source.data, options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise InputError(f"ONNX Runtime cannot load the model for verification: {tidy(str(exc))}", folder) from None
+            raise InputError(f"ONNX Runtime cannot load the model for verification: {tidy(str(exc))}",
+                             source.where()) from None
+
+
+def _block_session(model_bytes: bytes, folder: Path):
+    """A block of a model, run alone: no optimizations, so that the block computes its nodes as written."""
+    import onnxruntime as ort
+
+    def options():
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return so
+
+    return _session(ModelSource(data=model_bytes, folder=folder), SessionPlan(options, "ORT_DISABLE_ALL"))
 
 
 def _run(session, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -228,7 +451,7 @@ def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.Mod
             result.passed = False
             result.first_divergent = result.first_divergent or probe
             continue
-        reference, fused = _session(ref_model.SerializeToString(), original_dir), None
+        reference, fused = _block_session(ref_model.SerializeToString(), original_dir), None
         best = None
         for seed in SEEDS:
             feeds = synthesize(signature, dims, step, vocab, seed=seed)
@@ -242,7 +465,7 @@ def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.Mod
         assert best is not None
         margin, seed, feeds, ref = best
         del reference
-        fused = _session(new_model.SerializeToString(), fixed_dir)
+        fused = _block_session(new_model.SerializeToString(), fixed_dir)
         got = _run(fused, feeds)
         # The block's output scale depends on its weights, not on the model's: compare on the reference's scale, so
         # the absolute tolerance means the same for a tiny test model and a real one.

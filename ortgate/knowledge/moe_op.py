@@ -40,6 +40,62 @@ class SwigluGate:
 
 
 @dataclass(frozen=True)
+class InplaceTrigger:
+    normalize_routing_weights: int  # the attribute value under which the kernel reads its input after zeroing output
+    input: str
+    output: str
+    shapes: str
+
+
+@dataclass(frozen=True)
+class InplaceWorkaround:
+    form: str
+    what: str
+    seen: str
+
+
+@dataclass(frozen=True)
+class InplaceDefect:
+    """ORT's CPU com.microsoft.MoE computing wrong values when its output takes over its input's buffer."""
+
+    effect: str
+    provider: str
+    releases_seen_affected: tuple[str, ...]
+    releases_not_tried: tuple[str, ...]
+    first_seen_fixed: str
+    trigger: InplaceTrigger
+    mechanism: str
+    not_affected_seen: str
+    workaround: InplaceWorkaround
+    cuda: str
+    sources: tuple[str, ...]
+
+    def status(self, version: str | None) -> Literal["affected", "presumed affected", "fixed", "unknown"]:
+        """What is known of ORT `version`: seen affected; between two releases seen affected, or between the last
+        seen affected and the first seen fixed, and not tried ("presumed affected"); at or after the first release
+        seen fixed; or "unknown" (not a version, or older than any release tried)."""
+        parsed = parse_version(version) if version else None
+        if parsed is None:
+            return "unknown"
+        seen = [v for v in (parse_version(r) for r in self.releases_seen_affected) if v is not None]
+        fixed = parse_version(self.first_seen_fixed)
+        if fixed is not None and parsed >= fixed:
+            return "fixed"
+        if parsed in seen:
+            return "affected"
+        if seen and min(seen) <= parsed:
+            return "presumed affected"
+        return "unknown"
+
+    def affects(self, version: str | None) -> bool:
+        return self.status(version) in ("affected", "presumed affected")
+
+    def triggered_by(self, normalize_routing_weights: int | None) -> bool:
+        """Whether a node with this attribute value (None: absent, ORT's default 0) can hit the defect."""
+        return (normalize_routing_weights or 0) == self.trigger.normalize_routing_weights
+
+
+@dataclass(frozen=True)
 class SparseMixer:
     """use_sparse_mixer (PhiMoE's sparsemixer routing) as ORT's kernels compute it."""
 
@@ -62,6 +118,7 @@ class MoeOpFacts:
     square_seen: str
     swiglu_gate: SwigluGate
     sparse_mixer: SparseMixer
+    inplace_defect: InplaceDefect
 
     def input_position(self, name: str) -> int:
         return self.inputs.index(name)
@@ -138,6 +195,21 @@ class _SparseMixer:
 
 
 @dataclass(frozen=True)
+class _InplaceDefect:
+    effect: str
+    provider: str
+    releases_seen_affected: tuple[str, ...]
+    releases_not_tried: tuple[str, ...]
+    first_seen_fixed: str
+    trigger: InplaceTrigger
+    mechanism: str
+    not_affected_seen: str
+    workaround: InplaceWorkaround
+    cuda: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class _OrtMoeFile:
     schema: Literal[1]
     ort_version: str
@@ -147,6 +219,7 @@ class _OrtMoeFile:
     cpu_swiglu_fusion: _SourcedValue
     swiglu_release_gate: _SwigluReleaseGate
     sparse_mixer: _SparseMixer
+    cpu_inplace_defect: _InplaceDefect
 
 
 def _load() -> MoeOpFacts:
@@ -157,6 +230,10 @@ def _load() -> MoeOpFacts:
                              f"formal inputs of {data.op.domain}.{data.op.op_type} {list(formal)}")
     if parse_version(data.swiglu_release_gate.first_fixed_release) is None:
         raise KnowledgeError(f"{ORT_MOE_JSON.name}: swiglu_release_gate.first_fixed_release is not a version")
+    defect = data.cpu_inplace_defect
+    for release in (*defect.releases_seen_affected, defect.first_seen_fixed):
+        if parse_version(release) is None:
+            raise KnowledgeError(f"{ORT_MOE_JSON.name}: cpu_inplace_defect release {release!r} is not a version")
     gate = data.swiglu_release_gate
     mixer = data.sparse_mixer
     contract = op_contract(data.op.domain, data.op.op_type, None)
@@ -174,6 +251,7 @@ def _load() -> MoeOpFacts:
         swiglu_gate=SwigluGate(gate.issue, gate.fixed_by, gate.first_fixed_release, gate.effect, gate.sources),
         sparse_mixer=SparseMixer(mixer.k, mixer.cpu_implemented, mixer.cpu_routes_as, mixer.cpu_seen,
                                  mixer.cuda_jitter_eps, mixer.cuda_experts),
+        inplace_defect=InplaceDefect(**{f: getattr(defect, f) for f in InplaceDefect.__dataclass_fields__}),
     )
 
 

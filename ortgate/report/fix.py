@@ -36,7 +36,8 @@ def rewrite_verdict(outcome, rewrite) -> str:
         return "not run (--no-verify)"
     probe = _probe_results(outcome).get(rewrite.output)
     if probe is None:
-        return "covered by the model outputs"
+        return "covered by the model outputs" if v.mode == "per block" or not v.passed else \
+            "proven by the delivered model's outputs"
     if probe["note"]:
         return f"not run: {probe['note']}"
     if probe["ok"] and v.mode == "per block":
@@ -94,6 +95,13 @@ def render_fix_text(outcome) -> str:
         margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
         lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
                      f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        if v.mode != "per block" and v.session:
+            lines.append(f"  the written folder loaded from disk against the original, in plain sessions with "
+                         f"{v.session}")
+        for step in v.steps:
+            lines.append(f"  {step.label}: {'equal' if step.passed else 'DIFFERS'} (max rel diff {step.max_rel:.3g})")
+        for what in v.not_checked:
+            lines.append(f"  not checked: {what}")
         for note in v.notes:
             lines.append(f"  note: {note}")
         for c in v.outputs:
@@ -183,6 +191,10 @@ def fix_json(outcome) -> dict:
                          "max_rel_diff": v.max_rel_diff.get(c.output), "mismatched": c.mismatched, "total": c.total,
                          "rtol": c.rtol, "atol": c.atol} for c in v.outputs],
             "first_divergent_node": v.first_divergent.node if v.first_divergent else None,
+            "session": v.session,
+            "steps": [{"step": st.label, "passed": st.passed, "max_rel_diff": st.max_rel, "seed": st.seed,
+                       "routing_margin": st.routing_margin, "inputs": st.feeds} for st in v.steps],
+            "not_checked": v.not_checked,
         },
         "lint": {"before": [f.code for f in outcome.findings_before], "after": [f.code for f in outcome.findings_after]},
         "measurement": None if m is None else {

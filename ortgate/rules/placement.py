@@ -632,3 +632,127 @@ def index_memcpy_in_graph(ctx: RuleContext):
     for graph, copies in _copies_without_capture(ctx):
         if not _float_copies(graph, copies):
             yield _memcpy_finding(ctx, graph, copies, [])
+
+
+# ---- ORT's CPU MoE kernel computing a node wrongly --------------------------------------------------------------
+
+
+def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
+    """The ORT release the deployment runs and where that comes from: the policy's
+    execution_provider.onnxruntime_version, else the onnxruntime installed here (None: neither is known)."""
+    declared = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy is not None else None
+    if declared is not None:
+        return str(declared), "the policy's execution_provider.onnxruntime_version"
+    from importlib import metadata
+
+    for package in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            return metadata.version(package), f"the installed {package}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None, ""
+
+
+@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR)
+def moe_cpu_kernel_miscomputes(ctx: RuleContext):
+    """A com.microsoft.MoE node that ORT's CPU kernel computes wrongly on the deployment's ORT release.
+
+    ## What it checks
+    On a CPU deployment (the policy's or genai_config.json's provider is CPUExecutionProvider), every
+    com.microsoft.MoE node in the position where ORT's planner may give its output its input's buffer: its input
+    is computed by a node (not a graph input or initializer), no node after it reads that input again, and its output
+    is not a graph output; with normalize_routing_weights=0 (ORT's default). On the releases recorded in
+    ortgate/knowledge/ort_moe.json (`cpu_inplace_defect`: seen on 1.28.0, 1.30.0 and 1.31.1, right from 1.32.0) the
+    CPU kernel zeroes its output before it reads its input, so it computes such a node from zeros. The release is the
+    policy's `execution_provider.onnxruntime_version`, else the onnxruntime installed where ortgate runs; with
+    neither, or a release older than any tried, the rule says it did not check. The kernel may only take the buffer
+    when ORT sees input and output of the same size (static or the same named dims); the rule does not see shapes as
+    ORT's planner does and reports every node in that position.
+
+    ## Why it costs throughput
+    It does not: it costs correctness. The session runs at full speed and returns wrong hidden states (72% max
+    relative error on one node; the logits of a tiny Qwen2-MoE differed by more than their own scale) without an
+    error. Any measurement of such a session measures a model that computes something else.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CPUExecutionProvider, onnxruntime_version: "1.31.1"}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float[T, 8] h, float[T, 8] residual) => (float[T, 8] y)
+    <float[8, 4] router_w, float[4, 32, 8] fc1, float[4, 8, 16] fc2, float[8] norm_w>
+    {
+      x = Mul(h, norm_w)
+      logits = MatMul(x, router_w)
+      moe = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 0>(
+          x, logits, fc1, , fc2)
+      y = Add(moe, residual)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CPUExecutionProvider, onnxruntime_version: "1.31.1"}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float[T, 8] h, float[T, 8] residual) => (float[T, 8] y)
+    <float[8, 4] router_w, float[4, 32, 8] fc1, float[4, 8, 16] fc2, float[8] norm_w, bool keep = {1}>
+    {
+      x = Mul(h, norm_w)
+      logits = MatMul(x, router_w)
+      moe = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 0>(
+          x, logits, fc1, , fc2)
+      kept = Where(keep, moe, x)
+      y = Add(kept, residual)
+    }
+    ```
+
+    ## Fix
+    Deploy onnxruntime 1.32.0 or later, or keep the MoE input alive past the node: `ortgate fix` writes
+    `Where(true, moe_output, moe_input)` after each such node it writes (bit-exact, one elementwise pass; proven on
+    1.31.1 at every optimization level). A model whose routing renormalises the top-k (normalize_routing_weights=1)
+    is not affected.
+    """
+    from ortgate.graph.patterns.moe_inplace import inplace_candidates
+    from ortgate.knowledge.moe_op import moe_op_facts
+
+    if ctx.deployment.provider != CPU:
+        return
+    defect = moe_op_facts().inplace_defect
+    graph = ctx.model
+    hit = [c for c in inplace_candidates(graph) if defect.triggered_by(c.normalize_routing_weights)]
+    if not hit:
+        return
+    release, source = target_ort_release(ctx)
+    status = defect.status(release)
+    if status == "fixed":
+        return
+    if status == "unknown":
+        why = (f"onnxruntime {release} ({source}) is older than any release tried" if release else
+               "neither the policy (execution_provider.onnxruntime_version) nor this machine names an onnxruntime "
+               "release")
+        yield ctx.undecided(f"{why}, so the release was not checked: ORT's CPU MoE kernel computes {len(hit)} node(s) here wrongly on "
+                            f"{', '.join(defect.releases_seen_affected)} (right from {defect.first_seen_fixed})",
+                            graph=graph, node=hit[0].node)
+        return
+    nodes = [c.node for c in hit]
+    seen = "seen affected" if status == "affected" else "between releases seen affected, not tried"
+    yield ctx.finding(
+        f"{len(nodes)} com.microsoft.MoE node(s){_layers_of(nodes)} read an intermediate tensor no later node reads "
+        f"(first: {hit[0].input!r}) with normalize_routing_weights=0: ORT's CPU kernel on onnxruntime {release} "
+        f"({source}; {seen}) may give the output the input's buffer and zeroes it before reading it, so these "
+        f"nodes compute wrong outputs; right from onnxruntime {defect.first_seen_fixed}",
+        node=nodes[0], graph=graph, related=nodes[1:],
+        fix=f"Deploy onnxruntime >= {defect.first_seen_fixed}, or keep each MoE input alive past its node "
+            f"({defect.workaround.form}; `ortgate fix` writes it)",
+        properties={"release": release, "status": status, "nodes": len(nodes)},
+    )
+
+
+def _layers_of(nodes: list[Node]) -> str:
+    text = layers_text(nodes)
+    return f" {text}" if text else ""
