@@ -46,15 +46,17 @@ def cmd_fix(args: argparse.Namespace) -> int:
     if not (args.no_verify or args.dry_run):
         require_onnxruntime("`ortgate fix` (it verifies the rewrite on ONNX Runtime; --no-verify skips that)")
     target = None
+    policy_files: tuple = ()
     if args.policy:
         from ortgate.config.policy import load_policy
 
         policy = load_policy(args.policy)
         value = policy.get("execution_provider", "onnxruntime_version")
         target = str(value) if value is not None else None
+        policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
                          dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
-                         policy=args.policy,
+                         policy=args.policy, policy_files=tuple(policy_files),
                          check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
                                                                   reads))
     with progress(progress_wanted()) as note:
