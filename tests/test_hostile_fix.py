@@ -4,15 +4,23 @@ stale staging folders, odd modes. Nothing the user has is deleted; every refusal
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from ortgate.cli import main
 from ortgate.engine.fix import run_fix
 from ortgate.errors import InputError
 from ortgate.fix.pipeline import FixRequest
+from tests.conftest import REPO
+
+EXAMPLE = REPO / "examples" / "qwen3-moe-tiny-fused"
 
 
 def _staging(folder: Path) -> list[Path]:
@@ -69,3 +77,148 @@ def test_the_output_folder_gets_the_mode_mkdir_gives_it(tmp_path, make_model):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
     assert ".ortgate-staging" not in os.listdir(tmp_path / "out")
+
+
+# ---- every bad input is exit 2 -----------------------------------------------------------------------------
+
+
+def _one_line_error(code: int, err: str, names: str | Path, contains: str) -> None:
+    assert code == 2, (code, err)
+    assert err.count("\n") == 1 and err.startswith(f"ortgate: error: {names}"), err
+    assert contains in err and "internal error" not in err, err
+
+
+def _external_model(folder: Path, **external: str) -> Path:
+    """x + w, w's 16 bytes in external data described by `external` (location, offset, length)."""
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(b"\0" * 16)
+    (folder / "sub").mkdir()
+    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, value in {"location": "w.bin", "offset": "0", "length": "16", **external}.items():
+        w.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [w])
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+EXTERNAL_CASES = {
+    "location-dot": ({"location": "."}, "model.onnx", "location '.'"),
+    "location-newline": ({"location": "a\nb"}, "model.onnx", "control characters"),
+    "location-trailing-slash": ({"location": "sub/"}, "model.onnx", "location 'sub/'"),
+    "location-tilde": ({"location": "~"}, "model.onnx", "location '~'"),
+    "location-dotdot-inside": ({"location": "sub/../w.bin"}, "model.onnx", "'..'"),
+    "offset-negative": ({"offset": "-8"}, "model.onnx", "offset '-8'"),
+    "offset-2^63": ({"offset": str(2**63)}, "model.onnx", "offset '9223372036854775808'"),
+    "length-negative": ({"length": "-16"}, "model.onnx", "length '-16'"),
+    "length-2^63": ({"length": str(2**63)}, "model.onnx", "length '9223372036854775808'"),
+    "offset-text": ({"offset": "abc"}, "model.onnx", "offset 'abc'"),
+    "truncated": ({"offset": "8"}, "w.bin", "truncated: tensor 'w'"),
+    "missing": ({"location": "gone.bin"}, "gone.bin", "tensor 'w' are missing"),
+    "directory": ({"location": "sub"}, "sub", "not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", EXTERNAL_CASES)
+def test_external_data_fix_would_read_is_checked_before_onnx_ir_sees_it(tmp_path, case, capsys):
+    external, names, contains = EXTERNAL_CASES[case]
+    model = _external_model(tmp_path / "m", **external)
+    code = main(["fix", str(model), "-o", str(tmp_path / "out"), "--dry-run", "--select", "rmsnorm-not-fused"])
+    _one_line_error(code, capsys.readouterr().err, model.parent / names, contains)
+
+
+def _function_model(path: Path, functions: dict[str, str], *, nodes: list | None = None) -> Path:
+    """A graph calling local function F; `functions` maps each local function to the op its body calls."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    protos = [helper.make_function("local", name, ["a"], ["b"], [helper.make_node(body, ["a"], ["b"], domain="local")],
+                                   opsets) for name, body in functions.items()]
+    graph = helper.make_graph(nodes or [helper.make_node("F", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=opsets, functions=protos), path)
+    return path
+
+
+@pytest.mark.parametrize("functions", [{"F": "F"}, {"F": "G", "G": "F"}], ids=["recursive", "mutually-recursive"])
+def test_recursive_local_functions_are_an_input_error(tmp_path, functions, capsys):
+    model = _function_model(tmp_path / "m.onnx", functions)
+    code = main(["fix", str(model), "-o", str(tmp_path / "out"), "--dry-run", "--select", "rmsnorm-not-fused"])
+    _one_line_error(code, capsys.readouterr().err, model, "Cyclic dependency detected between functions")
+
+
+def test_a_graph_onnx_ir_refuses_is_an_input_error(tmp_path, capsys):
+    """Two nodes writing one value: onnx loads it, onnx_ir refuses it."""
+    path = tmp_path / "dup.onnx"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code = main(["fix", str(path), "-o", str(tmp_path / "out"), "--dry-run", "--select", "rmsnorm-not-fused"])
+    _one_line_error(code, capsys.readouterr().err, path, "redeclared")
+
+
+def test_system_refusals_name_the_path(tmp_path, capsys):
+    long_name = tmp_path / ("a" * 300 + ".onnx")
+    code = main(["lint", str(long_name)])
+    _one_line_error(code, capsys.readouterr().err, long_name, "File name too long")
+    loop = tmp_path / "loop1"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    for args in (["lint", str(loop)], ["lint", str(EXAMPLE), "--policy", str(loop)],
+                 ["fix", str(EXAMPLE), "-o", str(loop), "--dry-run"]):
+        code = main(args)
+        _one_line_error(code, capsys.readouterr().err, loop, "loop of symbolic links")
+
+
+@pytest.mark.parametrize("out", [".", ".."])
+def test_force_never_replaces_the_working_directory_or_above(tmp_path, make_model, monkeypatch, capsys, out):
+    src = make_model(moe="dense_loop")
+    work = tmp_path / "a" / "work"  # `..` holds no input: only the working-directory rule refuses it
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("keep")
+    monkeypatch.chdir(work)
+    code = main(["fix", str(src), "-o", out, "--force", "--select", "moe-not-fused", "--no-verify"])
+    _one_line_error(code, capsys.readouterr().err, out, "working directory")
+    assert (work / "keep.txt").read_text() == "keep" and src.exists()
+
+
+def test_a_full_disk_while_writing_out_names_out_and_leaves_nothing(tmp_path, make_model, monkeypatch, capsys):
+    src = make_model(moe="dense_loop")
+
+    def disk_full(_fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    out = tmp_path / "out"
+    code = main(["fix", str(src), "-o", str(out), "--select", "moe-not-fused", "--no-verify"])
+    _one_line_error(code, capsys.readouterr().err, out, "No space left on device")
+    assert not out.exists() and not _staging(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_unreadable_inputs_are_an_input_error(tmp_path, capsys):
+    folder = tmp_path / "m"
+    shutil.copytree(EXAMPLE, folder)
+    os.chmod(folder / "genai_config.json", 0)
+    code = main(["lint", str(folder)])
+    _one_line_error(code, capsys.readouterr().err, folder / "genai_config.json", "ermission")
+
+
+def test_with_stderr_closed_the_error_line_never_lands_in_stdout(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nexecution_provider:\n  name: cpu\n" + "".join(f"bogus{i}: 1\n" for i in range(50)))
+    done = subprocess.run(f'"{sys.executable}" -m ortgate policy validate "{bad}" 2>&-', shell=True,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+
+
+def test_a_broken_pipe_never_passes(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nexecution_provider:\n  name: cpu\n" + "".join(f"bogus{i}: 1\n" for i in range(2000)))
+    done = subprocess.run(f'"{sys.executable}" -m ortgate policy validate "{bad}" 2>&1 | head -1; '
+                          'exit "${PIPESTATUS[0]}"', shell=True, executable="/bin/bash", capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Exception ignored" not in done.stderr

@@ -15,6 +15,10 @@ EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def error(message: str) -> None:
+    """The one error line on stderr; nothing when stderr is closed (`2>&-`: the line must not land in stdout's
+    report)."""
+    if sys.stderr is None:
+        return
     print(f"ortgate: error: {message}", file=sys.stderr)
 
 

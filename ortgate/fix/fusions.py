@@ -77,8 +77,40 @@ def onnxscript_available() -> bool:
     return True
 
 
-def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
-    """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report."""
+def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, *,
+                model_path: Path | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+    """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report.
+    A model onnx_ir cannot take (a recursive local function, a tensor it cannot read) is an InputError naming
+    `model_path` and onnx_ir's reason."""
+    try:
+        return _run_fusions(model, kinds, weights_dir)
+    except InputError:
+        raise
+    except Exception as exc:
+        if not _from_onnx_ir(exc):
+            raise
+        raise InputError(f"onnxscript's fusions cannot take this model: {_root_cause(exc)} (--select "
+                         "moe-not-fused skips them)", model_path) from None
+
+
+def _from_onnx_ir(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is onnx_ir's or onnxscript's error about the model it was given."""
+    seen = exc
+    while seen is not None:
+        module = type(seen).__module__ or ""
+        if module.startswith(("onnx_ir", "onnxscript")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _root_cause(exc: BaseException) -> str:
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport(kinds)
     if not kinds:
         return model, report

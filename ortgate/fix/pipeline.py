@@ -271,6 +271,10 @@ def check_output_folder(output: str, inputs: list[Path], *, force: bool) -> Path
     """OUT is a new folder that is not, and does not hold, anything ortgate reads."""
     out = Path(output)
     resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if out.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
+        raise InputError("refusing to write the fixed model over the working directory or a folder above it; "
+                         "choose a new folder", output)
     for given in inputs:
         real = given.resolve()
         if real == resolved:
@@ -332,8 +336,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if fusion_kinds and result.original_too_large:
         moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
     if fusion_kinds:
+        source.check_external()  # onnx_ir reads external tensors its own way: each is checked first
         say("running onnxscript's norm, rotary and attention fusions")
-        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
+        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model)
     result.nodes_after = len(fixed.graph.node)
     kept_from_source = [t.name for t in fixed.graph.initializer if t.name in source.tensors]
     source.check_all(kept_from_source)
@@ -341,7 +346,10 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         return StagedFix(result, None, None, graph, files.model.parent, original)
 
     remove_stale_staging(out)
-    folder = Path(tempfile.mkdtemp(prefix=f".{out.name[:100]}.ortgate-tmp-", dir=out.resolve().parent))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{out.name[:100]}.ortgate-tmp-", dir=out.resolve().parent))
+    except OSError as exc:
+        raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}", out) from None
     staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original,
                        out_identity=out_identity)
     try:
@@ -355,6 +363,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
             say("verifying on ONNX Runtime CPU")
             result.verification = _verify(original, files.model.parent, fixed, folder, graph, result, moe_only,
                                           source)
+    except OSError as exc:  # a full disk, a quota: said about OUT, not the staging folder
+        staged.discard()
+        raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
     except BaseException:
         staged.discard()
         raise
