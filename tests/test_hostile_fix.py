@@ -3,11 +3,14 @@ stale staging folders, odd modes. Nothing the user has is deleted; every refusal
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -17,7 +20,7 @@ from onnx import TensorProto, helper
 from ortgate.cli import main
 from ortgate.engine.fix import run_fix
 from ortgate.errors import InputError
-from ortgate.fix.pipeline import FixRequest
+from ortgate.fix.pipeline import FixRequest, _process_start
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "qwen3-moe-tiny-fused"
@@ -222,3 +225,62 @@ def test_a_broken_pipe_never_passes(tmp_path):
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Exception ignored" not in done.stderr
+
+
+# ---- signals and what a killed fix leaves ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_fix_removes_its_staging_folder(tmp_path, make_model, signum, code):
+    src = make_model(moe="dense_loop", layers=6, hidden=128, experts=8)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ortgate", "fix", str(src), "-o", str(out), "--select",
+                             "moe-not-fused"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not _staging(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _staging(tmp_path), "fix ended before it staged anything"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists() and not _staging(tmp_path)
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_the_next_fix_removes_staging_a_killed_fix_left_and_nothing_else(tmp_path, make_model):
+    src = make_model(moe="dense_loop")
+    out = tmp_path / "out"
+
+    def staging(name: str, marker: dict | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(b"partial")
+        if marker is not None:
+            (folder / ".ortgate-staging").write_text(json.dumps(marker))
+        return folder
+
+    stale = staging(".out.ortgate-tmp-killed", {"pid": _dead_pid(), "start": "1", "output": "out"})
+    live = staging(".out.ortgate-tmp-running", {"pid": os.getpid(), "start": _process_start(os.getpid()),
+                                                "output": "out"})
+    other_out = staging(".other.ortgate-tmp-killed", {"pid": _dead_pid(), "start": "1", "output": "other"})
+    unmarked = staging(".out.ortgate-tmp-user", None)
+    assert main(["fix", str(src), "-o", str(out), "--select", "moe-not-fused", "--no-verify"]) == 0
+    assert not stale.exists()
+    assert live.exists() and other_out.exists() and unmarked.exists()
+
+
+def test_a_disk_that_fills_while_writing_sarif_leaves_no_file(tmp_path, monkeypatch, capsys):
+    def disk_full(_fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    sarif = tmp_path / "r.sarif"
+    code = main(["lint", str(EXAMPLE), "--sarif", str(sarif)])
+    _one_line_error(code, capsys.readouterr().err, sarif, "No space left on device")
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ from ortgate.cli.output import (
     progress_wanted,
     require_onnxruntime,
     split_list,
+    terminate_cleanly,
     write,
 )
 
@@ -59,7 +60,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
                          policy=args.policy, policy_files=tuple(policy_files),
                          check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
                                                                   reads))
-    with progress(progress_wanted()) as note:
+    with terminate_cleanly(), progress(progress_wanted()) as note:
         outcome = run_fix(request, note=note)
     write(render_fix_json(outcome) if args.format == "json" else render_fix_text(outcome), None)
     return EXIT_FAIL if outcome.exit_code else EXIT_PASS

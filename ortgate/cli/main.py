@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from ortgate.cli import estimate, fix, lint, policy, rules, run
-from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, error
+from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, Terminated, error
 from ortgate.errors import InputError
 
 
@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except Terminated:
+        error("terminated")
+        return 143
     except MemoryError:
         error("out of memory")
         return EXIT_INPUT

@@ -14,6 +14,31 @@ from ortgate.errors import InputError
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so every `finally` and cleanup on the way runs; exit 143."""
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """While inside, SIGTERM raises Terminated (in the main thread) instead of killing the process outright, so a
+    command that stages files (fix) removes them before it exits."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(_signum, _frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def error(message: str) -> None:
     """The one error line on stderr; nothing when stderr is closed (`2>&-`: the line must not land in stdout's
     report)."""

@@ -6,11 +6,11 @@ discards it: an interrupted or failed fix never leaves a folder named OUT behind
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +241,15 @@ def remove_stale_staging(out: Path) -> list[Path]:
     return removed
 
 
+def discard_own_staging(output: str | Path) -> None:
+    """Remove every staging folder this process made beside OUT (its pid is in the name): the last cleanup of an
+    interrupted fix, whatever line the signal landed on."""
+    out = Path(output)
+    with contextlib.suppress(OSError, RuntimeError):
+        for folder in out.resolve().parent.glob(f".{glob.escape(out.name[:100])}.ortgate-tmp-{os.getpid()}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, ...]:
     """The repairs --select / --ignore leave on (rule names, codes or prefixes, as for lint)."""
     def codes(selectors: list[str], flag: str) -> set[str]:
@@ -346,13 +355,18 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         return StagedFix(result, None, None, graph, files.model.parent, original)
 
     remove_stale_staging(out)
-    try:
-        folder = Path(tempfile.mkdtemp(prefix=f".{out.name[:100]}.ortgate-tmp-", dir=out.resolve().parent))
-    except OSError as exc:
-        raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}", out) from None
+    # The name is chosen before the folder exists, so whenever a signal lands (even between mkdir and the next
+    # line) the cleanup below knows what to remove.
+    folder = out.resolve().parent / f".{out.name[:100]}.ortgate-tmp-{os.getpid()}-{secrets.token_hex(6)}"
     staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original,
                        out_identity=out_identity)
     try:
+        try:
+            os.mkdir(folder, 0o700)
+        except OSError as exc:
+            staged.folder = None  # nothing of ours there
+            raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}",
+                             out) from None
         _write_marker(folder, out)
         say(f"writing {len(fixed.graph.initializer)} tensors")
         _write(fixed, planned, source, staged)
