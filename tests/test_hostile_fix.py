@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ortgate.cli import main
 from ortgate.engine.fix import run_fix
@@ -132,14 +133,30 @@ def test_external_data_fix_would_read_is_checked_before_onnx_ir_sees_it(tmp_path
     _one_line_error(code, capsys.readouterr().err, model.parent / names, contains)
 
 
+def _rmsnorm(x: str, y: str) -> tuple[list, list]:
+    """A decomposed RMSNorm of `x` into `y` (nodes, initializers): something the fusions would take, so the model
+    reaches onnx_ir."""
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.ones(4, np.float32), "gamma")]
+    nodes = [helper.make_node("Pow", [x, "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Reciprocal", ["rms"], ["inv"]), helper.make_node("Mul", [x, "inv"], ["normed"]),
+             helper.make_node("Mul", ["normed", "gamma"], [y])]
+    return nodes, inits
+
+
 def _function_model(path: Path, functions: dict[str, str], *, nodes: list | None = None) -> Path:
-    """A graph calling local function F; `functions` maps each local function to the op its body calls."""
+    """A graph calling local function F after a decomposed RMSNorm; `functions` maps each local function to the op
+    its body calls."""
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
     protos = [helper.make_function("local", name, ["a"], ["b"], [helper.make_node(body, ["a"], ["b"], domain="local")],
                                    opsets) for name, body in functions.items()]
-    graph = helper.make_graph(nodes or [helper.make_node("F", ["x"], ["y"], domain="local")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    norm, inits = _rmsnorm("x", "h")
+    graph = helper.make_graph(norm + (nodes or [helper.make_node("F", ["h"], ["y"], domain="local")]), "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
     onnx.save(helper.make_model(graph, opset_imports=opsets, functions=protos), path)
     return path
 
@@ -154,9 +171,10 @@ def test_recursive_local_functions_are_an_input_error(tmp_path, functions, capsy
 def test_a_graph_onnx_ir_refuses_is_an_input_error(tmp_path, capsys):
     """Two nodes writing one value: onnx loads it, onnx_ir refuses it."""
     path = tmp_path / "dup.onnx"
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    norm, inits = _rmsnorm("x", "h")
+    graph = helper.make_graph(norm + [helper.make_node("Relu", ["h"], ["y"]), helper.make_node("Relu", ["h"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     code = main(["fix", str(path), "-o", str(tmp_path / "out"), "--dry-run", "--select", "rmsnorm-not-fused"])
     _one_line_error(code, capsys.readouterr().err, path, "redeclared")
@@ -284,3 +302,21 @@ def test_a_disk_that_fills_while_writing_sarif_leaves_no_file(tmp_path, monkeypa
     code = main(["lint", str(EXAMPLE), "--sarif", str(sarif)])
     _one_line_error(code, capsys.readouterr().err, sarif, "No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fusions_are_not_run_on_a_graph_with_nothing_they_could_match(tmp_path, monkeypatch, capsys):
+    """A 3,000-node Relu chain: onnxscript's matchers would walk it for tens of seconds to change nothing."""
+    import onnx_ir
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("onnx_ir was handed a graph with nothing to fuse")
+
+    monkeypatch.setattr(onnx_ir.serde, "deserialize_model", never)
+    nodes = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"]) for i in range(3000)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("v3000", TensorProto.FLOAT, [4])])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    for extra in (["--dry-run"], ["--no-verify"]):
+        assert main(["fix", str(path), "-o", str(tmp_path / "out"), *extra]) == 0, capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -338,10 +338,10 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
 def _describe(error: jsonschema.ValidationError, key_path: KeyPath, unknown_key: str | None = None) -> str:
     where = format_key_path(key_path)
     if error.validator == "additionalProperties":
-        unknown = _unknown_keys(error)
+        # The caller names the key: listing the unknown keys again per key would be quadratic in their number.
+        key = unknown_key if unknown_key is not None else next(iter(_unknown_keys(error)), None)
         allowed = sorted(_schema_of(error).get("properties", {}))
-        if unknown:
-            key = unknown_key or unknown[0]
+        if key is not None:
             full = format_key_path(key_path + (key,))
             hint = difflib.get_close_matches(key, allowed, n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; allowed keys: {', '.join(allowed)}"

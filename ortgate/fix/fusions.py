@@ -114,6 +114,12 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
     report = FusionReport(kinds)
     if not kinds:
         return model, report
+    before = _inventory(build_graph(model, "before"))
+    if not any(counts.get(kind, (0, 0))[0] for counts in before.values() for kind in kinds):
+        # Nothing decomposed of these kinds: onnxscript's matchers would walk the whole graph (minutes on an LLM's
+        # 10^4-10^5 nodes) to change nothing.
+        report.note = "nothing to fuse: no decomposed norm, rotary or attention of the selected kinds"
+        return model, report
     if not onnxscript_available():
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
@@ -122,7 +128,6 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import _core, shape_optimization
 
-    before = _inventory(build_graph(model, "before"))
     ir_model = ir.serde.deserialize_model(model)
     for value in ir_model.graph.initializers.values():
         tensor = value.const_value

@@ -1,0 +1,48 @@
+"""Work that must stay linear in what a hostile input holds, and outputs that must never block."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+import ortgate.config.policy as policy_module
+from ortgate.cli import main
+from tests.conftest import REPO
+
+EXAMPLE = REPO / "examples" / "qwen3-moe-tiny-fused"
+
+
+def test_describing_unknown_keys_lists_them_once_per_mapping_not_once_per_key(tmp_path, monkeypatch, capsys):
+    calls = {"n": 0}
+    original = policy_module._unknown_keys
+
+    def counted(error):
+        calls["n"] += 1
+        return original(error)
+
+    monkeypatch.setattr(policy_module, "_unknown_keys", counted)
+    bad = tmp_path / "many.yaml"
+    keys = 2000
+    bad.write_text("name: x\nexecution_provider:\n  name: cpu\n" + "".join(f"k{i}: 1\n" for i in range(keys)))
+    assert main(["policy", "validate", str(bad)]) == 2
+    assert capsys.readouterr().err.count("unknown key") == keys
+    assert calls["n"] <= 4  # once per additionalProperties error (lint and validate each check once), never per key
+
+
+@pytest.mark.parametrize("flag", ["--output", "--sarif", "--markdown", "--json", "--junit"])
+def test_an_output_fifo_with_no_reader_is_refused_not_waited_on(tmp_path, flag, capsys):
+    fifo = tmp_path / "r.fifo"
+    os.mkfifo(fifo)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.setdefault("code", main(["lint", str(EXAMPLE), flag, str(fifo)])),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    if worker.is_alive():  # unblock the writer so the test run can end, then fail
+        with open(fifo, "rb") as reader:
+            reader.read()
+        pytest.fail(f"lint {flag} FIFO blocked")
+    err = capsys.readouterr().err
+    assert result["code"] == 2 and str(fifo) in err and "no reader" in err, err
