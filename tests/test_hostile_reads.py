@@ -34,3 +34,14 @@ def test_a_decoder_symlinked_out_of_the_model_folder_is_refused(tmp_path, capsys
     assert main(["lint", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ortgate: error: {folder / 'model.onnx'}: leads outside the model folder"), err
+
+
+def test_a_genai_config_with_a_byte_order_mark_is_read_as_a_policy_with_one_is(tmp_path, capsys):
+    folder = tmp_path / "m"
+    shutil.copytree(EXAMPLE, folder)
+    config = folder / "genai_config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())
+    policy = tmp_path / "p.yaml"
+    policy.write_bytes(b"\xef\xbb\xbfname: bom\nexecution_provider:\n  name: cpu\n")
+    assert main(["lint", str(folder), "--policy", str(policy)]) in (0, 1)
+    assert capsys.readouterr().err == ""

@@ -46,3 +46,31 @@ def test_an_output_fifo_with_no_reader_is_refused_not_waited_on(tmp_path, flag, 
         pytest.fail(f"lint {flag} FIFO blocked")
     err = capsys.readouterr().err
     assert result["code"] == 2 and str(fifo) in err and "no reader" in err, err
+
+
+def test_a_report_name_of_254_bytes_is_written(tmp_path, capsys):
+    report = tmp_path / ("r" * 250 + ".txt")
+    assert main(["lint", str(EXAMPLE), "--output", str(report)]) == 0, capsys.readouterr().err
+    assert "PASS" in report.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == [report.name]
+
+
+def test_onnxscripts_warnings_and_logs_never_reach_stderr_on_success(tmp_path, make_model, monkeypatch, capsys):
+    import logging
+    import warnings
+
+    import onnx_ir
+
+    original = onnx_ir.serde.deserialize_model
+
+    def noisy(*args, **kwargs):
+        warnings.warn("onnx_ir says something", UserWarning, stacklevel=1)
+        logging.getLogger("onnx_ir.noisy").warning("and logs it")
+        print("and prints it")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_ir.serde, "deserialize_model", noisy)
+    src = make_model(moe="dense_loop", norm="decomposed")
+    assert main(["fix", str(src), "-o", str(tmp_path / "out"), "--no-verify"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "and prints it" not in captured.out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,24 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
     if not onnxscript_available():
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
+    with _quiet():  # onnxscript's and onnx_ir's warnings and logs: never on ortgate's stderr
+        out = _fuse(model, kinds, weights_dir, report)
+    after = _inventory(build_graph(out, "after"))
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+    return out, report
+
+
+@contextlib.contextmanager
+def _quiet():
+    """stdout, stderr and Python warnings go to a sink while onnxscript works (logging's last-resort handler writes
+    to whatever sys.stderr is then)."""
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport) -> onnx.ModelProto:
     import onnx_ir as ir
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
@@ -135,23 +154,18 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
             # Weights the optimizer may read (small shape constants) are found beside the input model.
             value.const_value = ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype,
                                                   shape=tensor.shape, name=tensor.name, base_dir=weights_dir)
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        common_passes.ShapeInferencePass()(ir_model)
-        optimize(ir_model)
-        shape_optimization.rules.apply_to_model(ir_model)
-        optimize(ir_model)
-        for kind, label, function in FUSION_STEPS:
-            if kind not in kinds:
-                continue
-            fuse = getattr(_core, function)
-            options = {"apply_shape_inference": True} if label == "sdpa" else {}
-            report.counts[label] = int(fuse(ir_model, **options) or 0)
-        optimize(ir_model)
-    out = ir.serde.serialize_model(ir_model)
-    after = _inventory(build_graph(out, "after"))
-    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
-    return out, report
+    common_passes.ShapeInferencePass()(ir_model)
+    optimize(ir_model)
+    shape_optimization.rules.apply_to_model(ir_model)
+    optimize(ir_model)
+    for kind, label, function in FUSION_STEPS:
+        if kind not in kinds:
+            continue
+        fuse = getattr(_core, function)
+        options = {"apply_shape_inference": True} if label == "sdpa" else {}
+        report.counts[label] = int(fuse(ir_model, **options) or 0)
+    optimize(ir_model)
+    return ir.serde.serialize_model(ir_model)
 
 
 def _inventory(graph: Graph) -> dict[int | None, dict[str, tuple[int, int]]]:
