@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -74,3 +76,20 @@ def test_onnxscripts_warnings_and_logs_never_reach_stderr_on_success(tmp_path, m
     assert main(["fix", str(src), "-o", str(tmp_path / "out"), "--no-verify"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "and prints it" not in captured.out
+
+
+def test_importing_onnxruntime_through_ortgate_writes_nothing_in_home(tmp_path):
+    """ONNX Runtime's telemetry database under ~/.cache/Microsoft/ is never written; the user may still opt in."""
+    home = tmp_path / "home"
+    home.mkdir()
+    code = ("import sys, ortgate.cli.output as o; o.require_onnxruntime('x'); import onnxruntime; "
+            "import os; print(os.environ['ORT_DISABLE_TELEMETRY'])")
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "HOME": str(home), "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    assert list(home.rglob("*")) == []
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "HOME": str(home), "PYTHONPATH": str(REPO), "ORT_DISABLE_TELEMETRY": "0"})
+    assert done.stdout.strip() == "0"  # the user's own setting wins
