@@ -165,7 +165,7 @@ def _function_model(path: Path, functions: dict[str, str], *, nodes: list | None
 def test_recursive_local_functions_are_an_input_error(tmp_path, functions, capsys):
     model = _function_model(tmp_path / "m.onnx", functions)
     code = main(["fix", str(model), "-o", str(tmp_path / "out"), "--dry-run", "--select", "rmsnorm-not-fused"])
-    _one_line_error(code, capsys.readouterr().err, model, "Cyclic dependency detected between functions")
+    _one_line_error(code, capsys.readouterr().err, model, "local functions call each other in a cycle")
 
 
 def test_a_graph_onnx_ir_refuses_is_an_input_error(tmp_path, capsys):
