@@ -96,7 +96,7 @@ def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pat
 
 def _from_onnx_ir(exc: BaseException) -> bool:
     """Whether `exc` (or what caused it) is onnx_ir's or onnxscript's error about the model it was given."""
-    seen = exc
+    seen: BaseException | None = exc
     while seen is not None:
         module = type(seen).__module__ or ""
         if module.startswith(("onnx_ir", "onnxscript")):

@@ -216,7 +216,7 @@ def remove_stale_staging(out: Path) -> list[Path]:
     """Remove the staging folders beside `out` that a fix to `out` left when it was killed (SIGKILL, a power cut):
     only folders holding ortgate's marker for this OUT whose process is gone (no process with that pid, or one
     started at another time). Returns what it removed."""
-    removed = []
+    removed: list[Path] = []
     parent = out.resolve().parent
     try:
         entries = [p for p in parent.iterdir() if ".ortgate-tmp-" in p.name]
