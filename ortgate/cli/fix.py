@@ -13,6 +13,7 @@ from ortgate.cli.output import (
     progress_wanted,
     require_onnxruntime,
     split_list,
+    terminate_cleanly,
     write,
 )
 
@@ -48,6 +49,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
         require_onnxruntime("`ortgate fix` (it verifies the rewrite on ONNX Runtime; --no-verify skips that)")
     target = None
     setup = None
+    policy_files: tuple = ()
     if args.policy:
         from ortgate.config.deployment import setup_from_policy
         from ortgate.config.policy import load_policy
@@ -56,12 +58,13 @@ def cmd_fix(args: argparse.Namespace) -> int:
         value = policy.get("execution_provider", "onnxruntime_version")
         target = str(value) if value is not None else None
         setup = setup_from_policy(policy)
+        policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
                          dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
-                         policy=args.policy, session_setup=setup,
+                         policy=args.policy, session_setup=setup, policy_files=tuple(policy_files),
                          check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
                                                                   reads))
-    with progress(progress_wanted()) as note:
+    with terminate_cleanly(), progress(progress_wanted()) as note:
         outcome = run_fix(request, note=note)
     write(render_fix_json(outcome) if args.format == "json" else render_fix_text(outcome), None)
     return EXIT_FAIL if outcome.exit_code else EXIT_PASS

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from ortgate.cli import estimate, fix, lint, policy, rules, run
-from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, error
+from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, Terminated, error
 from ortgate.errors import InputError
 
 
@@ -63,16 +63,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except Terminated:
+        error("terminated")
+        return 143
     except MemoryError:
         error("out of memory")
         return EXIT_INPUT
     except BrokenPipeError:
-        return EXIT_PASS
-    except Exception as exc:  # never a traceback in CI logs; ORTGATE_STRICT=1 shows it
-        if os.environ.get("ORTGATE_STRICT") == "1":
-            raise
-        error(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (please report this)")
-        return EXIT_INTERNAL
+        # The reader of stdout or stderr went away (`| head -1`): what the command said was not all read, so it
+        # cannot pass; exit 2 as for any output that cannot be written. Python's own flush at exit is silenced.
+        _silence_stdout()
+        return EXIT_INPUT
+    except OSError as exc:
+        if exc.filename is None:
+            return _internal(exc)
+        # A path the command line named (or one reached through it) that the system refuses: too long, unreadable,
+        # a full disk, a busy mount point. The user's input, not an ortgate bug.
+        error(InputError(exc.strerror or str(exc), exc.filename).one_line())
+        return EXIT_INPUT
+    except RuntimeError as exc:
+        if str(exc).startswith("Symlink loop from "):  # pathlib's resolve(): the path is a cycle of symlinks
+            error(InputError("a loop of symbolic links", str(exc).split("from ", 1)[1].strip("'")).one_line())
+            return EXIT_INPUT
+        return _internal(exc)
+    except Exception as exc:
+        return _internal(exc)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's StringIO): nothing to silence
+        pass
+
+
+def _internal(exc: Exception) -> int:
+    """Never a traceback in CI logs; ORTGATE_STRICT=1 shows it."""
+    if os.environ.get("ORTGATE_STRICT") == "1":
+        raise exc
+    error(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (please report this)")
+    return EXIT_INTERNAL
 
 
 def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:

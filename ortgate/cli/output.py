@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -14,7 +15,36 @@ from ortgate.errors import InputError
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so every `finally` and cleanup on the way runs; exit 143."""
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """While inside, SIGTERM raises Terminated (in the main thread) instead of killing the process outright, so a
+    command that stages files (fix) removes them before it exits."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(_signum, _frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def error(message: str) -> None:
+    """The one error line on stderr; nothing when stderr is closed (`2>&-`: the line must not land in stdout's
+    report)."""
+    if sys.stderr is None:
+        return
     print(f"ortgate: error: {message}", file=sys.stderr)
 
 
@@ -114,18 +144,18 @@ def write(text: str, output: str | None) -> None:
 
 def write_file(output: str | Path, data: bytes) -> None:
     """Replace the file `output` (through a symlink: the file it points to) with `data`, atomically. A path that
-    is not a regular file (/dev/stdout, a FIFO, a device) is written in place: it cannot be replaced, and must
-    never be."""
+    is not a regular file cannot be replaced, and must never be: a character device (/dev/stdout, a terminal) or a
+    FIFO with a reader is written in place; a FIFO nobody reads (it would block forever), a block device or a
+    socket is refused."""
     target = Path(output)
     try:
         target = target.resolve()  # a symlinked report stays a symlink; its target gets the new text
         if target.exists() and not target.is_file():
-            with open(target, "wb") as fh:
-                fh.write(data)
+            _write_special(target, data, output)
             return
         import secrets
 
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = target.with_name(_temporary_name(target.name, secrets.token_hex(4)))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -139,6 +169,39 @@ def write_file(output: str | Path, data: bytes) -> None:
             tmp.unlink(missing_ok=True)
     except (OSError, RuntimeError) as exc:
         raise InputError(f"cannot write: {getattr(exc, 'strerror', None) or exc}", output) from None
+
+
+# Longest file name most filesystems take (bytes): a temporary name beside a long report name stays under it.
+NAME_MAX = 255
+
+
+def _temporary_name(name: str, token: str) -> str:
+    """The temporary file's name beside `name`: `.NAME.PID.TOKEN.tmp`, or a short `.ortgate-PID-TOKEN.tmp` where
+    that would pass NAME_MAX (a valid 254-byte report name must still be writable)."""
+    long = f".{name}.{os.getpid()}.{token}.tmp"
+    return long if len(os.fsencode(long)) <= NAME_MAX else f".ortgate-{os.getpid()}-{token}.tmp"
+
+
+def _write_special(target: Path, data: bytes, output: str | Path) -> None:
+    import stat
+
+    mode = os.stat(target).st_mode
+    if stat.S_ISFIFO(mode):
+        try:  # non-blocking: a FIFO nobody reads fails at once (ENXIO) instead of waiting forever
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                raise InputError("is a FIFO with no reader; ortgate does not wait for one", output) from None
+            raise
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return
+    if not stat.S_ISCHR(mode):
+        raise InputError("is not a regular file (a block device or a socket); ortgate writes only files, FIFOs "
+                         "and terminals", output)
+    with open(target, "wb") as fh:
+        fh.write(data)
 
 
 def terminal_options(output: str | None) -> dict:

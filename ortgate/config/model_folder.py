@@ -38,11 +38,24 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
                 candidates.insert(0, p / filename)
         for candidate in candidates:
             if candidate.is_file():
-                return ModelFiles(candidate, config if config.is_file() else None)
+                return ModelFiles(_inside(candidate, p), config if config.is_file() else None)
         onnx_files = sorted(p.glob("*.onnx"))
         if len(onnx_files) == 1:
-            return ModelFiles(onnx_files[0], config if config.is_file() else None)
+            return ModelFiles(_inside(onnx_files[0], p), config if config.is_file() else None)
         found = f"{len(onnx_files)} .onnx files" if onnx_files else "no .onnx file"
         raise InputError(f"folder holds no model.onnx ({found}); name the model file instead", p)
     config = p.parent / GENAI_CONFIG_NAME
     return ModelFiles(p, config if config.is_file() else None)
+
+
+def _inside(file: Path, folder: Path) -> Path:
+    """A file the model folder names must be in it once symlinks are followed: a decoder symlinked out of the
+    folder is refused, not read."""
+    try:
+        inside = file.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        inside = False
+    if not inside:
+        raise InputError(f"leads outside the model folder {folder} (a symbolic link); ortgate reads only files "
+                         "inside it", file)
+    return file

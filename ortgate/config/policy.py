@@ -223,9 +223,41 @@ def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
     if candidate.is_dir() or (candidate.exists() and not candidate.is_file()):
         what = "a directory" if candidate.is_dir() else "not a regular file"
         raise InputError(f"extends: {target!r} is {what}, expected a policy file", doc.path, line=line)
+    try:
+        real = candidate.resolve()
+    except (OSError, RuntimeError):
+        raise InputError(f"extends: {target!r} cannot be resolved (a loop of symbolic links?)", doc.path,
+                         line=line) from None
+    system = next((p.parts[1] for p in (candidate.absolute(), real) if p.parts[1:2] and p.parts[1] in _SYSTEM_TREES),
+                  None)
+    if system is not None:
+        raise InputError(f"extends: {target!r} is in /{system}, not a policy file; ortgate does not read it",
+                         doc.path, line=line)
+    roots = _extends_roots(doc.path)
+    if not any(real.is_relative_to(root) for root in roots):
+        raise InputError(f"extends: {target!r} ({real}) is outside the working directory and the repository of "
+                         f"{doc.path.name}; ortgate reads a base there only when it is given as --policy itself "
+                         "(copy the base next to the policy, or run from a folder that holds it)", doc.path, line=line)
     if not candidate.is_file():
         raise InputError(f"extends: {target!r} does not exist (resolved to {candidate})", doc.path, line=line)
     return candidate
+
+
+# Pseudo-file systems and devices: never a policy, and reading them can block (/dev/stdin) or leak (/proc/self/environ).
+_SYSTEM_TREES = frozenset({"proc", "sys", "dev"})
+
+
+def _extends_roots(policy: Path) -> list[Path]:
+    """Where a policy's `extends` may lead (after symlinks): the working directory and the repository that holds
+    the policy (the nearest folder above it with a .git), or the policy's own folder when it is in none. The
+    policy named on the command line may be anywhere; what it pulls in may not."""
+    here = policy.resolve().parent
+    roots = [Path.cwd().resolve(), here]
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            roots.append(folder)
+            break
+    return roots
 
 
 def _merge(into: dict, data: dict, prefix: KeyPath, doc: LocatedDocument, sources: dict[KeyPath, Location],
@@ -354,10 +386,10 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
 def _describe(error: jsonschema.ValidationError, key_path: KeyPath, unknown_key: str | None = None) -> str:
     where = format_key_path(key_path)
     if error.validator == "additionalProperties":
-        unknown = _unknown_keys(error)
+        # The caller names the key: listing the unknown keys again per key would be quadratic in their number.
+        key = unknown_key if unknown_key is not None else next(iter(_unknown_keys(error)), None)
         allowed = sorted(_schema_of(error).get("properties", {}))
-        if unknown:
-            key = unknown_key or unknown[0]
+        if key is not None:
             full = format_key_path(key_path + (key,))
             hint = difflib.get_close_matches(key, allowed, n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; allowed keys: {', '.join(allowed)}"

@@ -138,7 +138,7 @@ def _not_json(constant: str) -> Any:
 
 def load_json(path: Path) -> LocatedDocument:
     """JSON with key lines (JSON is valid YAML flow syntax, so the YAML composer finds the lines)."""
-    text = _read_text(path)
+    text = _read_text(path).removeprefix("\ufeff")  # a UTF-8 byte order mark, as YAML (and RFC 8259) allow
     try:
         data = json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:

@@ -14,7 +14,7 @@ from ortgate.cost import StepShape
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.findings import Finding
-from ortgate.fix.pipeline import FIXES, FixRequest, FixResult, stage_fix
+from ortgate.fix.pipeline import FIXES, FixRequest, FixResult, discard_own_staging, stage_fix
 from ortgate.fix.verify import VerificationError
 
 
@@ -53,6 +53,14 @@ class FixOutcome:
 
 
 def run_fix(request: FixRequest, *, measure: bool = True, note: Callable[[str], None] | None = None) -> FixOutcome:
+    try:
+        return _run_fix(request, measure, note)
+    except BaseException:
+        discard_own_staging(request.output)  # an interrupt between two lines that each clean up
+        raise
+
+
+def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | None) -> FixOutcome:
     say = note or (lambda _m: None)
     staged = stage_fix(request, say)
     result = staged.result

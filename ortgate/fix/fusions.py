@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,17 +78,72 @@ def onnxscript_available() -> bool:
     return True
 
 
-def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
-    """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report."""
+def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, *,
+                model_path: Path | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+    """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report.
+    A model onnx_ir cannot take (a recursive local function, a tensor it cannot read) is an InputError naming
+    `model_path` and onnx_ir's reason."""
+    try:
+        return _run_fusions(model, kinds, weights_dir)
+    except InputError:
+        raise
+    except Exception as exc:
+        if not _from_onnx_ir(exc):
+            raise
+        raise InputError(f"onnxscript's fusions cannot take this model: {_root_cause(exc)} (--select "
+                         "moe-not-fused skips them)", model_path) from None
+
+
+def _from_onnx_ir(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is onnx_ir's or onnxscript's error about the model it was given."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        module = type(seen).__module__ or ""
+        if module.startswith(("onnx_ir", "onnxscript")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _root_cause(exc: BaseException) -> str:
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport(kinds)
     if not kinds:
+        return model, report
+    before = _inventory(build_graph(model, "before"))
+    if not any(counts.get(kind, (0, 0))[0] for counts in before.values() for kind in kinds):
+        # Nothing decomposed of these kinds: onnxscript's matchers would walk the whole graph (minutes on an LLM's
+        # 10^4-10^5 nodes) to change nothing.
+        report.note = "nothing to fuse: no decomposed norm, rotary or attention of the selected kinds"
         return model, report
     if not onnxscript_available():
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
+    with _quiet():  # onnxscript's and onnx_ir's warnings and logs: never on ortgate's stderr
+        out = _fuse(model, kinds, weights_dir, report)
+    after = _inventory(build_graph(out, "after"))
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+    return out, report
+
+
+@contextlib.contextmanager
+def _quiet():
+    """stdout, stderr and Python warnings go to a sink while onnxscript works (logging's last-resort handler writes
+    to whatever sys.stderr is then)."""
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport) -> onnx.ModelProto:
     import onnx_ir as ir
 
-    before = _inventory(build_graph(model, "before"))
     ir_model = ir.serde.deserialize_model(model)
     for value in ir_model.graph.initializers.values():
         tensor = value.const_value
@@ -95,18 +151,14 @@ def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pat
             # Weights the optimizer may read (small shape constants) are found beside the input model.
             value.const_value = ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, tensor.dtype,
                                                   shape=tensor.shape, name=tensor.name, base_dir=weights_dir)
-    sink = io.StringIO()
     try:
-        _apply(ir_model, kinds, report, sink)
+        _apply(ir_model, kinds, report)
     except Exception as exc:
         missing = _file_error(exc)
         if missing is None:
             raise
         raise InputError(f"onnxscript could not read the model's external weights: {missing}", weights_dir) from None
-    out = ir.serde.serialize_model(ir_model)
-    after = _inventory(build_graph(out, "after"))
-    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
-    return out, report
+    return ir.serde.serialize_model(ir_model)
 
 
 def _file_error(exc: BaseException) -> str | None:
@@ -123,23 +175,22 @@ def _file_error(exc: BaseException) -> str | None:
     return None
 
 
-def _apply(ir_model, kinds: tuple[str, ...], report: FusionReport, sink: io.StringIO) -> None:
+def _apply(ir_model, kinds: tuple[str, ...], report: FusionReport) -> None:
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import _core, shape_optimization
 
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        common_passes.ShapeInferencePass()(ir_model)
-        optimize(ir_model)
-        shape_optimization.rules.apply_to_model(ir_model)
-        optimize(ir_model)
-        for kind, label, function in FUSION_STEPS:
-            if kind not in kinds:
-                continue
-            fuse = getattr(_core, function)
-            options = {"apply_shape_inference": True} if label == "sdpa" else {}
-            report.counts[label] = int(fuse(ir_model, **options) or 0)
-        optimize(ir_model)
+    common_passes.ShapeInferencePass()(ir_model)
+    optimize(ir_model)
+    shape_optimization.rules.apply_to_model(ir_model)
+    optimize(ir_model)
+    for kind, label, function in FUSION_STEPS:
+        if kind not in kinds:
+            continue
+        fuse = getattr(_core, function)
+        options = {"apply_shape_inference": True} if label == "sdpa" else {}
+        report.counts[label] = int(fuse(ir_model, **options) or 0)
+    optimize(ir_model)
 
 
 def _inventory(graph: Graph) -> dict[int | None, dict[str, tuple[int, int]]]:

@@ -5,9 +5,12 @@ discards it: an interrupted or failed fix never leaves a folder named OUT behind
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +79,7 @@ class FixRequest:
     target_ort: str | None = None  # the ORT release the deployment runs (policy), checked against known bugs
     policy: str | None = None  # read by the caller: OUT must not hold it either
     session_setup: object | None = None  # the policy's SessionSetup: verification runs with its session options
+    policy_files: tuple[Path, ...] = ()  # the policy's whole `extends` chain, read by the caller
     # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
     check_output: Callable[[list[Path]], None] | None = None
 
@@ -116,16 +120,39 @@ class StagedFix:
     original_bytes_folder: Path
     original: onnx.ModelProto | None = None
 
+    out_identity: tuple[int, int] | None = None  # OUT's (device, inode) when it was checked; None: it did not exist
+
     def commit(self) -> None:
-        """Move the folder into place (replacing OUT with --force)."""
+        """Move the folder into place. With --force, the OUT that was checked is replaced; nothing else ever is: a
+        folder that appeared at OUT since (another process) stops the fix (InputError) and is left as it is."""
         if self.folder is None:
             return
         out = Path(self.result.output)
+        _clear_marker(self.folder)
         old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.ortgate-old-{os.getpid()}")
-            os.rename(out, old)
-        os.rename(self.folder, out)
+        if self.out_identity is not None:
+            old = out.with_name(f".{out.name[:100]}.ortgate-old-{os.getpid()}-{secrets.token_hex(4)}")
+            try:
+                os.rename(out, old)  # `old` is a fresh name: nothing is replaced
+            except FileNotFoundError:
+                old = None  # removed meanwhile: nothing to replace
+            except OSError as exc:
+                raise InputError(f"cannot move the existing folder aside: {exc.strerror or exc}", out) from None
+            if old is not None and _identity(old) != self.out_identity:
+                _rename_noreplace(old, out)  # a different folder took OUT's place since the check: put it back
+                raise InputError("was replaced by another folder while ortgate fix ran; left as it is, nothing "
+                                 "written", out)
+        try:
+            _rename_noreplace(self.folder, out, 0o777 & ~_umask())  # private while staged; then as `mkdir OUT` makes it
+        except FileExistsError:
+            kept = f"; the folder it replaces is kept as {old}" if old is not None else ""
+            raise InputError("appeared while ortgate fix ran (another process created it); left as it is, nothing "
+                             f"written{kept}", out) from None
+        except OSError as exc:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    _rename_noreplace(old, out)
+            raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
         self.folder = None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -135,6 +162,105 @@ class StagedFix:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+# Staging folders: `.OUT.ortgate-tmp-*` beside OUT, holding a marker that says which process made it for which OUT, so
+# a later fix can prove a folder left by a killed one is stale (its process is gone) and remove it.
+STAGING_MARKER = ".ortgate-staging"
+
+
+def _rename_noreplace(src: str | Path, dst: str | Path, mode: int | None = None) -> None:
+    """Move the folder `src` to `dst`, failing with FileExistsError when anything is at `dst`: os.rename would
+    replace an empty folder there, and Python has no renameat2(RENAME_NOREPLACE). mkdir claims the name (it never
+    replaces), then the entries move in one by one, the model file last; if a move fails, they move back. `dst`
+    gets `mode` (default: src's)."""
+    final = os.stat(src).st_mode & 0o7777 if mode is None else mode
+    os.mkdir(dst, 0o700)
+    moved: list[str] = []
+    try:
+        for entry in sorted(os.listdir(src), key=lambda name: name.endswith(".onnx")):
+            os.rename(os.path.join(src, entry), os.path.join(dst, entry))
+            moved.append(entry)
+        os.rmdir(src)
+        os.chmod(dst, final)
+    except BaseException:
+        for entry in moved:
+            with contextlib.suppress(OSError):
+                os.rename(os.path.join(dst, entry), os.path.join(src, entry))
+        with contextlib.suppress(OSError):
+            os.rmdir(dst)
+        raise
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, names it uniquely."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _write_marker(folder: Path, out: Path) -> None:
+    text = json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()), "output": out.name})
+    (folder / STAGING_MARKER).write_text(text + "\n")
+
+
+def _clear_marker(folder: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (folder / STAGING_MARKER).unlink()
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging folders beside `out` that a fix to `out` left when it was killed (SIGKILL, a power cut):
+    only folders holding ortgate's marker for this OUT whose process is gone (no process with that pid, or one
+    started at another time). Returns what it removed."""
+    removed: list[Path] = []
+    parent = out.resolve().parent
+    try:
+        entries = [p for p in parent.iterdir() if ".ortgate-tmp-" in p.name]
+    except OSError:
+        return removed
+    for folder in entries:
+        try:
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            marker = json.loads((folder / STAGING_MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(marker, dict) or marker.get("output") != out.name:
+            continue
+        pid, start = marker.get("pid"), marker.get("start")
+        if not isinstance(pid, int) or start is None:
+            continue
+        if _process_start(pid) == start:
+            continue  # that fix is still running
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def discard_own_staging(output: str | Path) -> None:
+    """Remove every staging folder this process made beside OUT (its pid is in the name): the last cleanup of an
+    interrupted fix, whatever line the signal landed on."""
+    out = Path(output)
+    with contextlib.suppress(OSError, RuntimeError):
+        for folder in out.resolve().parent.glob(f".{glob.escape(out.name[:100])}.ortgate-tmp-{os.getpid()}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, ...]:
@@ -167,6 +293,10 @@ def check_output_folder(output: str, inputs: list[Path], *, force: bool) -> Path
     """OUT is a new folder that is not, and does not hold, anything ortgate reads."""
     out = Path(output)
     resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if out.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
+        raise InputError("refusing to write the fixed model over the working directory or a folder above it; "
+                         "choose a new folder", output)
     for given in inputs:
         real = given.resolve()
         if real == resolved:
@@ -194,11 +324,13 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     inputs += [files.model.parent / loc for loc in graph.external_data_files]
     if request.policy:
         inputs.append(Path(request.policy))
+    inputs += [Path(p) for p in request.policy_files]
     if request.check_output is not None:
         request.check_output(inputs)
     if Path(request.model).is_dir():
         inputs.append(Path(request.model))
     out = check_output_folder(request.output, inputs, force=request.force)
+    out_identity = _identity(out)  # what --force may replace; nothing that appears at OUT later
     result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run,
                        original_too_large=len(original.graph.node) > WHOLE_MODEL_MAX_NODES)
     _ort_gate(result, request)
@@ -226,11 +358,13 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if fusion_kinds and result.original_too_large:
         moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
     if fusion_kinds:
-        # onnxscript's passes read initializers (deduplication compares their bytes): a missing or short data file
-        # is the user's, said here with the file and the tensor, before any pass reads it.
+        # onnxscript's passes read initializers (deduplication compares their bytes) and onnx_ir reads external
+        # tensors its own way: a bad location, a missing or short data file is the user's, said here with the file
+        # and the tensor, before any pass reads it.
+        source.check_external()
         source.check_all([t.name for t in fixed.graph.initializer if t.name in source.tensors])
         say("running onnxscript's norm, rotary and attention fusions")
-        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent)
+        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model)
     if result.rewrites and needs_keep_alive([result.ort_installed, request.target_ort]):
         result.kept_inputs = keep_inputs_alive(fixed)
         _note_kept(result)
@@ -242,14 +376,25 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if request.dry_run or not result.changed:
         return StagedFix(result, None, None, graph, files.model.parent, original)
 
-    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.ortgate-tmp-", dir=out.resolve().parent))
-    staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original)
+    remove_stale_staging(out)
+    # The name is chosen before the folder exists, so whenever a signal lands (even between mkdir and the next
+    # line) the cleanup below knows what to remove.
+    folder = out.resolve().parent / f".{out.name[:100]}.ortgate-tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original,
+                       out_identity=out_identity)
     try:
+        try:
+            os.mkdir(folder, 0o700)
+        except OSError as exc:
+            staged.folder = None  # nothing of ours there
+            raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}",
+                             out) from None
+        _write_marker(folder, out)
         say(f"writing {len(fixed.graph.initializer)} tensors")
         _write(fixed, planned, source, staged)
         if files.genai_config:
             shutil.copyfile(files.genai_config, folder / files.genai_config.name)
-        result.files = sorted(p.name for p in folder.iterdir())
+        result.files = sorted(p.name for p in folder.iterdir() if p.name != STAGING_MARKER)
         if request.verify:
             say("verifying on ONNX Runtime CPU")
             after_write(staged)
@@ -257,6 +402,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
             assert staged.model_file is not None
             result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
                                           source, plan)
+    except OSError as exc:  # a full disk, a quota: said about OUT, not the staging folder
+        staged.discard()
+        raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
     except BaseException:
         staged.discard()
         raise

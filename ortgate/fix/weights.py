@@ -73,17 +73,16 @@ class WeightSource:
         numel = 1
         for d in tensor.dims:
             numel *= int(d)
+        if any(d < 0 for d in tensor.dims):
+            raise InputError(f"tensor {name!r} has a negative dimension {list(tensor.dims)}", self.model_path)
         nbytes = numel * size
         info = external_info(tensor)
         if info is None:
             return TensorBytes(name, tensor.data_type, tuple(tensor.dims), None, 0, nbytes)
         location = info.get("location", "")
-        path = self.folder / location
-        try:
-            offset = int(info.get("offset", "0") or 0)
-            length = int(info["length"]) if info.get("length") else nbytes
-        except ValueError:
-            raise InputError(f"tensor {name!r}: external data offset/length are not integers", self.model_path) from None
+        path = self._data_file(name, location)
+        offset = self._integer(name, info, "offset", "0")
+        length = self._integer(name, info, "length", str(nbytes))
         if length < nbytes:
             raise InputError(f"tensor {name!r}: external data length {length} is less than its {nbytes} bytes",
                              path)
@@ -93,12 +92,51 @@ class WeightSource:
                              f"{available}", path)
         return TensorBytes(name, tensor.data_type, tuple(tensor.dims), path, offset, nbytes)
 
+    def _data_file(self, name: str, location: str) -> Path:
+        """The external data file of tensor `name`: a plain relative file name inside the model's folder (what ONNX
+        Runtime reads), checked on the text before anything is opened."""
+        problem = None
+        parts = location.split("/")
+        if not location or not location.isprintable():
+            problem = "is empty or holds control characters"
+        elif location.startswith(("/", "~")):
+            problem = "is not a path relative to the model's folder"
+        elif any(part in ("", "..") for part in parts) or os.path.normpath(location) == ".":
+            problem = "is not a file path inside the model's folder (a '..' or empty part, or the folder itself)"
+        if problem is not None:
+            raise InputError(f"tensor {name!r}: external data location {location!r} {problem}", self.model_path)
+        path = self.folder / location
+        try:
+            real = path.resolve(strict=False)
+            inside = real.is_relative_to(self.folder.resolve())
+        except (OSError, RuntimeError) as exc:
+            raise InputError(f"tensor {name!r}: external data location {location!r} cannot be resolved "
+                             f"({getattr(exc, 'strerror', None) or exc})", self.model_path) from None
+        if not inside:
+            raise InputError(f"tensor {name!r}: external data location {location!r} leads outside the model's "
+                             f"folder (through a symlink)", self.model_path)
+        return path
+
+    def _integer(self, name: str, info: dict[str, str], key: str, default: str) -> int:
+        text = info.get(key) or default
+        if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+            raise InputError(f"tensor {name!r}: external data {key} {text[:40]!r} is not an integer from 0 to "
+                             "2^63 - 1", self.model_path)
+        return int(text)
+
+    def check_external(self) -> None:
+        """Every tensor kept in external data points into a regular file of the model's folder, within its size:
+        checked before the fusions hand the model to onnx_ir, which reads them its own way."""
+        self.check_all(name for name, t in self.tensors.items() if external_info(t) is not None)
+
     def _size(self, path: Path, name: str) -> int:
         if path not in self._sizes:
             try:
-                self._sizes[path] = path.stat().st_size if path.is_file() else -1
+                self._sizes[path] = path.stat().st_size if path.is_file() else (-2 if path.exists() else -1)
             except OSError:
                 self._sizes[path] = -1
+        if self._sizes[path] == -2:
+            raise InputError(f"external weights of tensor {name!r}: not a regular file", path)
         if self._sizes[path] < 0:
             raise InputError(f"external weights of tensor {name!r} are missing: no such file", path)
         return self._sizes[path]

@@ -91,7 +91,69 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     if escaping:
         raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
                          "'..'); ONNX Runtime refuses such a model and ortgate never opens it", p)
-    return model
+    return inline_local_functions(model, p)
+
+
+# Op domains whose ops ONNX Runtime runs with its own kernels: a local function named like one of their ops
+# (a "Relu" in the default domain) is not what ORT runs, so it is not inlined either.
+_KERNEL_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+
+
+def inline_local_functions(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """The model as ONNX Runtime runs it: calls of local functions (FunctionProto) replaced by their bodies, so the
+    rules see an MoE or an attention hidden in one. A function that shadows an op ORT implements itself stays a
+    call of that op (ORT runs its kernel, not the body). Functions that call each other in a cycle are refused, as
+    ORT refuses them."""
+    if not model.functions:
+        return model
+    import onnx.defs
+    import onnx.inliner
+
+    def shadows_kernel(f: onnx.FunctionProto) -> bool:
+        if f.domain == "com.microsoft":
+            return True
+        return f.domain in _KERNEL_DOMAINS and onnx.defs.has(f.name, f.domain if f.domain != "ai.onnx" else "")
+
+    chosen = {(f.domain, f.name): f for f in model.functions if not shadows_kernel(f)}
+    if not chosen:
+        return model
+    calls = {key: {(n.domain, n.op_type) for n in f.node if (n.domain, n.op_type) in chosen}
+             for key, f in chosen.items()}
+    cycle = _function_cycle(calls)
+    if cycle:
+        names = " -> ".join(f"{d}::{n}" if d else n for d, n in cycle)
+        raise InputError(f"local functions call each other in a cycle ({names}); ONNX Runtime cannot inline them", path)
+    try:
+        return onnx.inliner.inline_selected_functions(model, list(chosen), exclude=False)
+    except Exception as exc:  # onnx's C++ inliner: its refusal is about this model
+        raise InputError(f"local functions cannot be inlined: {' '.join(str(exc).split())}", path) from None
+
+
+def _function_cycle(calls: dict[tuple[str, str], set[tuple[str, str]]]) -> list[tuple[str, str]] | None:
+    """A cycle in the call graph of local functions (first function repeated at the end), or None."""
+    state: dict[tuple[str, str], int] = {}  # 1: on the path, 2: done
+    path: list[tuple[str, str]] = []
+
+    def visit(key: tuple[str, str]) -> list[tuple[str, str]] | None:
+        state[key] = 1
+        path.append(key)
+        for callee in sorted(calls.get(key, ())):
+            if state.get(callee) == 1:
+                return path[path.index(callee):] + [callee]
+            if callee not in state:
+                found = visit(callee)
+                if found:
+                    return found
+        path.pop()
+        state[key] = 2
+        return None
+
+    for key in sorted(calls):
+        if key not in state:
+            found = visit(key)
+            if found:
+                return found
+    return None
 
 
 def _text_fields(descriptor) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:

@@ -514,6 +514,9 @@ FILES["policies/extends-missing.yaml"] = _text("name: orphan\nextends: no-such-p
 FILES["policies/extends-directory.yaml"] = _text("name: folder-parent\nextends: .\n")
 FILES["policies/extends-builtin-traversal.yaml"] = _text("name: traversal\nextends: builtin:../../../../etc/passwd\n")
 FILES["policies/extends-device.yaml"] = _text("name: device\nextends: /dev/zero\n")
+FILES["policies/extends-proc-environ.yaml"] = _text("name: environ\nextends: /proc/self/environ\n")
+FILES["policies/extends-dev-stdin.yaml"] = _text("name: stdin\nextends: /dev/stdin\n")
+FILES["policies/extends-outside-repository.yaml"] = _text("name: outside\nextends: /etc/passwd\n")
 FILES["policies/extends-not-a-policy.yaml"] = _text("name: points-at-a-model\nextends: ../models/base.onnx\n")
 FILES["policies/bad-date.yaml"] = _text(
     "name: bad-date\nwaivers:\n  - rule: moe-not-fused\n    reason: migrating\n    expires: 2025-13-45\n")
