@@ -1,0 +1,102 @@
+"""Graphs of producers beyond the exporters of test_exported_moe_families.py: ORT's own quantizer
+(`quantize_dynamic`, tests/fixtures/exported/quantdyn-*, make_quantized_fixtures.py), a torch.onnx export whose
+sequence length is the example's (dynamo-mamba) and DBRX's packed, clipped Wqkv (dynamo-dbrx; both
+make_dynamo_moe_fixtures.py). Each fixture is first run on ORT CPU, then linted: what ORT runs must not be called
+unrunnable, and what ORT refuses must be an error naming why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ortgate.findings import Kind
+from ortgate.graph import build_graph
+from ortgate.graph.load import load_model
+from tests.conftest import EXPORTED
+from tests.helpers import lint_findings
+
+QUANTDYN = EXPORTED / "quantdyn-qwen3_moe" / "model.onnx"
+MAMBA = EXPORTED / "dynamo-mamba" / "model.onnx"
+DBRX = EXPORTED / "dynamo-dbrx" / "model.onnx"
+CONTRACT_RULES = ["op-input-missing", "op-input-rank", "op-input-type", "op-attribute-missing", "op-attribute-type",
+                  "op-attribute-value", "split-sizes-mismatch"]
+
+
+def load_graph(path: str):
+    return build_graph(load_model(path), path)
+
+
+def _session(path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _ids(length: int) -> np.ndarray:
+    return np.arange(1, length + 1, dtype=np.int64).reshape(1, length)
+
+
+# ---- types through quantization ops --------------------------------------------------------------------------
+
+
+def test_quantize_dynamic_output_runs_and_breaks_no_contract():
+    ids = _ids(5)
+    logits = _session(QUANTDYN).run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    assert logits.shape == (1, 5, 128) and np.isfinite(logits).all()
+    found = [f for f in lint_findings(QUANTDYN, select=CONTRACT_RULES)]
+    assert found == []
+
+
+def test_types_of_quantization_ops_follow_their_schemas():
+    graph = load_graph(str(QUANTDYN))
+    quantizers = graph.by_op_type("DynamicQuantizeLinear")
+    matmuls = graph.by_op_type("MatMulInteger")
+    assert quantizers and matmuls
+    for node in quantizers:  # y and y_zero_point: T2 = uint8; y_scale: tensor(float)
+        assert [graph.dtype(o) for o in node.outputs] == ["uint8", "float", "uint8"]
+    for node in matmuls:
+        assert graph.dtype(node.inputs[0]) == "uint8"
+        assert graph.dtype(node.inputs[1]) == "int8"  # the quantized weight (QInt8)
+        assert graph.dtype(node.outputs[0]) == "int32"
+
+
+def _untyped_index_model(tmp_path):
+    """Multinomial's output type is its `dtype` attribute's (int32 by default): the schema leaves T2 open."""
+    table = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(8, 4), "table")
+    nodes = [helper.make_node("Multinomial", ["probs"], ["picked"], sample_size=2, seed=1.0),
+             helper.make_node("Gather", ["table", "picked"], ["rows"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 2, 4])], [table])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)]), path)
+    return path
+
+
+def test_a_type_no_schema_implies_is_not_checked_never_guessed(tmp_path):
+    path = _untyped_index_model(tmp_path)
+    rows = _session(path).run(None, {"probs": np.full((1, 8), 1.0, np.float32)})[0]
+    assert rows.shape == (1, 2, 4)
+    assert load_graph(str(path)).dtype("picked") is None
+    found = lint_findings(path, select=["op-input-type"])
+    assert [f.kind for f in found] == [Kind.UNDECIDED]
+    assert "not checked" in found[0].message and "Gather" in found[0].message
+
+
+# ---- exports that cannot decode one token --------------------------------------------------------------------
+
+
+def test_a_sequence_fixed_to_the_example_is_an_error_ort_confirms():
+    sess = _session(MAMBA)
+    assert sess.run(None, {"input_ids": _ids(7)})[0].shape == (1, 7, 128)
+    with pytest.raises(Exception, match="Got: 1 Expected: 7"):
+        sess.run(None, {"input_ids": _ids(1)})
+    found = [f for f in lint_findings(MAMBA) if f.rule == "decode-shape-specialised"]
+    assert len(found) == 1 and found[0].kind is Kind.VIOLATION and found[0].severity.label == "error"
+    props = dict(found[0].properties)
+    assert (props["input"], props["literal"]) == ("input_ids", 7)
+    assert "'input_ids'" in found[0].message and "7" in found[0].message
+    assert "dynamic_shapes" in (found[0].fix or "")
