@@ -100,3 +100,44 @@ def test_a_sequence_fixed_to_the_example_is_an_error_ort_confirms():
     assert (props["input"], props["literal"]) == ("input_ids", 7)
     assert "'input_ids'" in found[0].message and "7" in found[0].message
     assert "dynamic_shapes" in (found[0].fix or "")
+
+
+# ---- packing seen through elementwise ops --------------------------------------------------------------------
+
+
+def test_dbrx_clamped_wqkv_is_one_packed_projection():
+    """DBRX: Wqkv (one MatMul) -> Clip(clip_qkv) -> Split into q, k, v."""
+    from ortgate.graph.patterns.projections import qkv_projections
+
+    graph = load_graph(str(DBRX))
+    assert graph.by_op_type("Clip") and graph.by_op_type("Split")
+    found = qkv_projections(graph)
+    assert len(found) == 2 and all(p.packed and p.traced for p in found)
+    assert {p.layer for p in found} == {0, 1}
+
+
+OUT = None
+GRAPH_RULES = ["moe-not-fused", "gqa-not-fused", "rmsnorm-not-fused", "skip-rmsnorm-not-fused", "rotary-not-fused",
+               "qkv-not-packed", "gate-up-not-merged", "decode-shape-specialised", "op-input-type"]
+# fixture -> rule -> the layers it reports (read from the family's modeling code and the graph); a rule not named
+# reports nothing
+EXPECTED = {
+    # LayerNorm without bias (no RMSNorm finding); one packed, clamped Wqkv; w1 and v1 apart
+    "dynamo-dbrx": {"moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1],
+                    "gate-up-not-merged": [0, 1]},
+    # no attention: RMSNorm before each mixer and the final one; the residual Add of layer 1 and the final norm
+    "dynamo-mamba": {"rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [1, OUT],
+                     "decode-shape-specialised": [OUT]},
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(EXPECTED))
+def test_every_finding_in_its_layer_and_nothing_else(fixture):
+    everything = lint_findings(EXPORTED / fixture / "model.onnx", select=GRAPH_RULES)
+    assert [f.message for f in everything if f.kind is not Kind.VIOLATION] == []  # no rule left undecided
+    found = [f for f in everything if f.kind is Kind.VIOLATION]
+    got: dict[str, list] = {}
+    for f in found:
+        got.setdefault(f.rule, []).append(f.layer)
+    got = {rule: sorted(layers, key=lambda layer: (layer is None, layer or 0)) for rule, layers in got.items()}
+    assert got == EXPECTED[fixture]
