@@ -22,6 +22,7 @@ from tests.helpers import lint_findings
 QUANTDYN = EXPORTED / "quantdyn-qwen3_moe" / "model.onnx"
 MAMBA = EXPORTED / "dynamo-mamba" / "model.onnx"
 DBRX = EXPORTED / "dynamo-dbrx" / "model.onnx"
+REPO_POLICY = EXPORTED.parents[2] / "policies" / "tiny-moe-cpu.yaml"
 CONTRACT_RULES = ["op-input-missing", "op-input-rank", "op-input-type", "op-attribute-missing", "op-attribute-type",
                   "op-attribute-value", "split-sizes-mismatch"]
 
@@ -47,7 +48,7 @@ def test_quantize_dynamic_output_runs_and_breaks_no_contract():
     ids = _ids(5)
     logits = _session(QUANTDYN).run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
     assert logits.shape == (1, 5, 128) and np.isfinite(logits).all()
-    found = [f for f in lint_findings(QUANTDYN, select=CONTRACT_RULES)]
+    found = lint_findings(QUANTDYN, select=CONTRACT_RULES)
     assert found == []
 
 
@@ -141,3 +142,30 @@ def test_every_finding_in_its_layer_and_nothing_else(fixture):
         got.setdefault(f.rule, []).append(f.layer)
     got = {rule: sorted(layers, key=lambda layer: (layer is None, layer or 0)) for rule, layers in got.items()}
     assert got == EXPECTED[fixture]
+
+
+MIXTRAL_STATIC = EXPORTED / "dynamo-mixtral-static" / "model.onnx"
+
+
+def test_block_verification_feeds_the_length_a_fixed_export_accepts():
+    """dynamo-mixtral-static computes for 7 tokens everywhere: each MoE block run alone on ORT CPU gets a hidden
+    state of 7 tokens (16, the verification's default, breaks its ScatterElements), and matches itself."""
+    from ortgate.fix.verify import BlockCheck, verify_blocks
+    from ortgate.graph.patterns.moe import moe_blocks
+
+    model = load_model(str(MIXTRAL_STATIC))
+    graph = build_graph(model, str(MIXTRAL_STATIC))
+    blocks = [BlockCheck(b.combine.name, b.hidden, b.output, b.router.outputs[0], 2, 64) for b in moe_blocks(graph)]
+    assert len(blocks) == 2
+    result = verify_blocks(model, MIXTRAL_STATIC.parent, model, MIXTRAL_STATIC.parent, graph, blocks)
+    assert result.passed, [p.note for p in result.probes]
+    assert [c.mismatched for c in result.outputs] == [0, 0]
+    assert result.feeds["input_ids"] == [1, 7] and result.feeds[blocks[-1].hidden][1] == 7
+
+
+def test_run_names_an_export_that_cannot_decode_one_token():
+    from tests.helpers import run_cli_json
+
+    code, report = run_cli_json("run", MAMBA, "--policy", REPO_POLICY)
+    assert code == 1
+    assert any(f["rule"] == "decode-shape-specialised" for f in report["findings"])

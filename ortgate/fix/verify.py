@@ -10,7 +10,7 @@ first rewritten node whose output diverges.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -74,11 +74,25 @@ class VerifyResult:
         return max(self.max_rel_diff.values(), default=0.0)
 
 
+def accepted_settings(graph: Graph, settings: RunnerSettings) -> RunnerSettings:
+    """`settings` with the batch and sequence length of a token input whose dims are literals (an export fixed to
+    its example's shape refuses, or breaks inside, any other); unchanged for dynamic dims."""
+    for info in graph.inputs:
+        shape = info.shape
+        if "input_ids" not in info.name.lower() or not shape or len(shape) != 2:
+            continue
+        batch, seq = shape
+        return replace(settings, batch_size=batch if isinstance(batch, int) and batch > 0 else settings.batch_size,
+                       sequence_length=seq if isinstance(seq, int) and seq > 0 else settings.sequence_length)
+    return settings
+
+
 def verify(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, fixed_dir: Path, graph: Graph,
            probes: list[Probe], routers: list[tuple[str, int]], settings: RunnerSettings = VERIFY_SETTINGS
            ) -> VerifyResult:
     """Run both models on ORT CPU and compare. `probes`: rewritten nodes' outputs present in both graphs; `routers`:
     (router logits value, k) of each rewritten MoE block, for the tie check."""
+    settings = accepted_settings(graph, settings)
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)
@@ -210,6 +224,7 @@ def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.Mod
     """Each block alone: the original nodes from its hidden state to its routed sum against the rewritten node(s)
     from the same hidden state, on the same synthesised inputs (hidden state, and the graph inputs the block's shape
     arithmetic reads)."""
+    settings = accepted_settings(graph, settings)
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)
