@@ -169,3 +169,13 @@ def test_run_names_an_export_that_cannot_decode_one_token():
     code, report = run_cli_json("run", MAMBA, "--policy", REPO_POLICY)
     assert code == 1
     assert any(f["rule"] == "decode-shape-specialised" for f in report["findings"])
+
+
+def test_a_fix_that_recognises_no_moe_says_so(tmp_path):
+    """quantize_dynamic's int8 Qwen3-MoE: no MoE block is recognised; the report must not read as "MoE done"."""
+    from tests.helpers import run_cli
+
+    code, out, err = run_cli("fix", QUANTDYN, "-o", tmp_path / "out", "--dry-run", "--no-verify")
+    assert code in (0, 1), err
+    line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
+    assert "no MoE block recognised" in line and "moe-not-fused" in line
