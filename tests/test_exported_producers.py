@@ -179,3 +179,16 @@ def test_a_fix_that_recognises_no_moe_says_so(tmp_path):
     assert code in (0, 1), err
     line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
     assert "no MoE block recognised" in line and "moe-not-fused" in line
+
+
+# ---- words that fit the model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture, tool", [("quantdyn-qwen3_moe", "quantization tool"),
+                                           ("optimum-llama-past-o2", "transformers optimizer")])
+def test_outputs_of_orts_own_tools_say_the_tool_fuses_none_of_it(fixture, tool):
+    found = [f for f in lint_findings(EXPORTED / fixture / "model.onnx", select=["gqa-not-fused", "rotary-not-fused"])
+             if f.kind is Kind.VIOLATION]
+    assert {f.rule for f in found} == {"gqa-not-fused", "rotary-not-fused"}
+    for f in found:
+        assert tool in f.fix and "fuses none of the reported ops" in f.fix and "onnxruntime-genai" in f.fix

@@ -90,6 +90,6 @@ def rotary_not_fused(ctx: RuleContext):
             f"(rotary_interleaved={interleaved}); ORT {fusions_version()} has no pass that fuses it",
             node=group[0].neg, graph=graph, layer=layer,
             related=[n for r in group for n in r.nodes] + [t for r in group for t in r.trig],
-            fix=ROTARY_FIX,
+            fix=ROTARY_FIX, fix_form="rotary_fused",
             properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings},
         )
