@@ -126,6 +126,13 @@ EXPECTED = {
     # LayerNorm without bias (no RMSNorm finding); one packed, clamped Wqkv; w1 and v1 apart
     "dynamo-dbrx": {"moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1],
                     "gate-up-not-merged": [0, 1]},
+    # GLM-4.5-MoE: layer 0 a dense MLP, layer 1 MoE; partial rotary (said in the rotary finding)
+    "dynamo-glm4_moe": {"moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+                        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1]},
+    # Jamba: layer 0 Mamba (no attention, no rotary) + dense MLP, layer 1 attention (no rotary in Jamba) + MoE;
+    # fixed to 7 tokens
+    "dynamo-jamba": {"moe-not-fused": [1], "gqa-not-fused": [1], "rmsnorm-not-fused": [0, 1, OUT],
+                     "skip-rmsnorm-not-fused": [0, 1, OUT], "qkv-not-packed": [1], "decode-shape-specialised": [OUT]},
     # no attention: RMSNorm before each mixer and the final one; the residual Add of layer 1 and the final norm
     "dynamo-mamba": {"rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [1, OUT],
                      "decode-shape-specialised": [OUT]},
@@ -192,3 +199,25 @@ def test_outputs_of_orts_own_tools_say_the_tool_fuses_none_of_it(fixture, tool):
     assert {f.rule for f in found} == {"gqa-not-fused", "rotary-not-fused"}
     for f in found:
         assert tool in f.fix and "fuses none of the reported ops" in f.fix and "onnxruntime-genai" in f.fix
+
+
+def _one(fixture: str, rule: str, layer: int):
+    return next(f for f in lint_findings(EXPORTED / fixture / "model.onnx", select=[rule])
+                if f.kind is Kind.VIOLATION and f.layer == layer)
+
+
+def test_mamba_dt_b_c_norms_are_not_called_q_k():
+    """Jamba's mixer normalises dt (then dt_proj) and B, C (then the scan) over x_proj's outputs."""
+    f = _one("dynamo-jamba", "rmsnorm-not-fused", 0)
+    assert "q/k" not in f.message.replace("MLA's q/kv latent", "")
+    assert "1 over a projection's whole output feeding another projection" in f.message
+    assert "2 over a projection's whole output feeding neither attention nor a projection" in f.message
+    assert "per-head q/k" in _one("dynamo-qwen3_moe", "rmsnorm-not-fused", 0).message  # q_norm / k_norm stay q/k
+    assert "feeding attention (q/k)" in _one("dynamo-olmoe", "rmsnorm-not-fused", 0).message
+
+
+def test_partial_rotary_says_the_rotated_dims():
+    f = _one("dynamo-glm4_moe", "rotary-not-fused", 1)
+    assert "rotary_embedding_dim=8" in f.message and "partial rotary, factor 0.5" in f.message
+    assert (dict(f.properties)["rotary_dim"], dict(f.properties)["head_dim"]) == (8, 16)
+    assert "partial" not in _one("dynamo-qwen3_moe", "rotary-not-fused", 1).message
