@@ -3,6 +3,7 @@ expression names exporters write; and the runner feeding what those names declar
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,9 @@ def test_the_committed_models_are_found():
 
 def test_every_committed_dim_name_has_its_role():
     for name, where in sorted(committed_dim_names().items()):
+        if re.fullmatch(r"unk__\d+", name):  # onnx shape inference's name for a dim it could not infer
+            assert dim_role(name) is None, (name, where[0])
+            continue
         assert name in EXPECTED, f"dim {name!r} (in {where[0]}) is new: state its role in EXPECTED"
         assert dim_role(name) == EXPECTED[name], (name, where[0])
 
