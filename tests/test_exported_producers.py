@@ -133,6 +133,11 @@ EXPECTED = {
     # fixed to 7 tokens
     "dynamo-jamba": {"moe-not-fused": [1], "gqa-not-fused": [1], "rmsnorm-not-fused": [0, 1, OUT],
                      "skip-rmsnorm-not-fused": [0, 1, OUT], "qkv-not-packed": [1], "decode-shape-specialised": [OUT]},
+    # Qwen3-Next: layer 0 gated DeltaNet (no softmax attention, no rotary), layer 1 gated attention with partial
+    # rotary; MoE in both; fixed to 7 tokens
+    "dynamo-qwen3_next": {"moe-not-fused": [0, 1], "gqa-not-fused": [1], "rmsnorm-not-fused": [0, 1, OUT],
+                          "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [1], "qkv-not-packed": [1],
+                          "decode-shape-specialised": [OUT]},
     # no attention: RMSNorm before each mixer and the final one; the residual Add of layer 1 and the final norm
     "dynamo-mamba": {"rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [1, OUT],
                      "decode-shape-specialised": [OUT]},
@@ -216,8 +221,16 @@ def test_mamba_dt_b_c_norms_are_not_called_q_k():
     assert "feeding attention (q/k)" in _one("dynamo-olmoe", "rmsnorm-not-fused", 0).message
 
 
-def test_partial_rotary_says_the_rotated_dims():
-    f = _one("dynamo-glm4_moe", "rotary-not-fused", 1)
-    assert "rotary_embedding_dim=8" in f.message and "partial rotary, factor 0.5" in f.message
-    assert (dict(f.properties)["rotary_dim"], dict(f.properties)["head_dim"]) == (8, 16)
+def test_qwen3_next_gated_norm_is_not_called_q_k():
+    """Qwen3-Next's gated DeltaNet normalises each value head's output (then gates it): per-head, but not q/k."""
+    f = _one("dynamo-qwen3_next", "rmsnorm-not-fused", 0)
+    assert "per-head q/k" not in f.message and "1 per-head, feeding no attention" in f.message
+    assert "2 per-head q/k" in _one("dynamo-qwen3_next", "rmsnorm-not-fused", 1).message  # its attention's q/k norms
+
+
+@pytest.mark.parametrize("fixture, layer, rotated", [("dynamo-glm4_moe", 1, 8), ("dynamo-qwen3_next", 1, 4)])
+def test_partial_rotary_says_the_rotated_dims(fixture, layer, rotated):
+    f = _one(fixture, "rotary-not-fused", layer)
+    assert f"rotary_embedding_dim={rotated}" in f.message and f"partial rotary, factor {rotated / 16:g}" in f.message
+    assert (dict(f.properties)["rotary_dim"], dict(f.properties)["head_dim"]) == (rotated, 16)
     assert "partial" not in _one("dynamo-qwen3_moe", "rotary-not-fused", 1).message
