@@ -197,15 +197,7 @@ def test_legacy_trace_missing_an_expert_is_an_error_whatever_else(tmp_path):
     assert found[0].layer == 0
 
 
-# quantize_dynamic's MatMulInteger inputs are DynamicQuantizeLinear's uint8 outputs, with no value_info: op-input-type
-# guesses float for them until output types are propagated from each op's schema
-_UNTYPED_QUANTIZATION = {"quantdyn-olmoe"}
-
-
-@pytest.mark.parametrize("fixture", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="op-input-type guesses float for quantized values"))
-    if name in _UNTYPED_QUANTIZATION else name
-    for name in sorted(p.name for p in EXPORTED.iterdir() if p.is_dir())])
+@pytest.mark.parametrize("fixture", sorted(p.name for p in EXPORTED.iterdir() if p.is_dir()))
 def test_every_real_export_meets_its_contracts(fixture):
     """Every committed real-export fixture runs on ORT CPU (MANIFEST.json): no contract violation may be reported."""
     for model in sorted((EXPORTED / fixture).glob("*.onnx")):

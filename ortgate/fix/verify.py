@@ -19,7 +19,7 @@ keeps the name of the sum it replaces) to name the first rewritten node whose ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,38 @@ class SessionPlan:
     label: str = "ORT's default session options"
 
 
+def _literal_token_dims(graph: Graph) -> tuple[int | None, int | None] | None:
+    """(batch, sequence length) of a rank-2 token input where they are literals (None where a dim is dynamic); None
+    without such an input. An export fixed to its example's shape refuses, or breaks inside, any other."""
+    for info in graph.inputs:
+        shape = info.shape
+        if "input_ids" not in info.name.lower() or not shape or len(shape) != 2:
+            continue
+        batch, seq = shape
+        return (batch if isinstance(batch, int) and batch > 0 else None,
+                seq if isinstance(seq, int) and seq > 0 else None)
+    return None
+
+
+def accepted_settings(graph: Graph, settings: RunnerSettings) -> RunnerSettings:
+    """`settings` with the batch and sequence length of a token input whose dims are literals; unchanged for
+    dynamic dims."""
+    literal = _literal_token_dims(graph)
+    if literal is None:
+        return settings
+    batch, seq = literal
+    return replace(settings, batch_size=batch or settings.batch_size, sequence_length=seq or settings.sequence_length)
+
+
+def accepted_steps(graph: Graph, steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """The steps at the shapes the graph accepts: a literal batch or sequence length replaces the step's."""
+    literal = _literal_token_dims(graph)
+    if literal is None:
+        return steps
+    batch, seq = literal
+    return tuple(dict.fromkeys(replace(s, batch=batch or s.batch, tokens=seq or s.tokens) for s in steps))
+
+
 def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list[Probe],
            routers: list[tuple[str, int]], *, original_model: onnx.ModelProto, fixed_model: onnx.ModelProto,
            plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS) -> VerifyResult:
@@ -148,7 +180,7 @@ def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list
     added outputs (routing margin, diagnosis)."""
     plan = plan or SessionPlan()
     cache = kv_cache_pairs(graph)
-    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1) for s in steps]
+    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1) for s in accepted_steps(graph, steps)]
     signature, vocab = graph_signature(graph), token_inputs(graph, None)
     window, head = sliding_window(graph, None), head_size(None, None)
 
@@ -433,6 +465,7 @@ def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.Mod
     """Each block alone: the original nodes from its hidden state to its routed sum against the rewritten node(s)
     from the same hidden state, on the same synthesised inputs (hidden state, and the graph inputs the block's shape
     arithmetic reads)."""
+    settings = accepted_settings(graph, settings)
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
                               policy_file=None)

@@ -331,14 +331,59 @@ def _subgraph_output(node: Node, output: str) -> str | None:
 _BOOL_OUTPUT_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf",
 }
-# Every op type that Graph._dtype_inputs or Graph._infer_output_dtype treats specially. All others take the
-# dtype of their first input whose dtype is known (the fast path: dtype propagation visits every value).
+# Every op type that Graph._dtype_inputs or Graph._infer_output_dtype treats specially (attribute-typed outputs,
+# control flow). All others are typed by their operator's contract (_OutputTypes); an op with no contract takes
+# the dtype of its first input whose dtype is known.
 _DTYPE_SPECIAL_OPS = frozenset(
     {"Cast", "CastLike", "Constant", "ConstantOfShape", "DequantizeLinear", "QuantizeLinear", "Where", "Unique",
      "TopK"}
     | _INT64_OUTPUT_OPS | _BOOL_OUTPUT_OPS | set(_SUBGRAPH_OUTPUT_OFFSET)
     | {op for _, op in _FIXED_OUTPUT_DTYPES} | {op for _, op in _DTYPE_FROM_INPUT}
 )
+
+
+@dataclass(frozen=True)
+class _OutputType:
+    """How one output's element type follows from its operator's schema: a literal type, or the type parameter it
+    shares with some inputs (positions; `variadic_from`: every input from there on), or, when no input binds the
+    parameter, its only allowed type. Neither: unknown (the schema allows several and nothing says which)."""
+
+    fixed: str | None
+    inputs: tuple[int, ...] = ()
+    variadic_from: int | None = None
+
+
+_NO_CONTRACT = object()
+
+
+def _output_types(domain: str, op_type: str, opset: int | None) -> tuple[_OutputType, ...] | None:
+    """Per formal output of the op's contract at that opset; None when ortgate has no contract for it (or it
+    documents no outputs)."""
+    key = (domain, op_type, opset)
+    found = _OUTPUT_TYPES.get(key, _NO_CONTRACT)
+    if found is _NO_CONTRACT:
+        from ortgate.knowledge.contracts import op_contract
+
+        contract = op_contract(domain, op_type, opset)
+        found = None
+        if contract is not None and contract.outputs:
+            rules = []
+            for formal in contract.outputs:
+                allowed = contract.allowed_types(formal)
+                if formal.type not in contract.types:  # a literal type (or a sequence: not typed here)
+                    rules.append(_OutputType(allowed[0] if allowed and len(allowed) == 1 else None))
+                    continue
+                positions = tuple(i for i, f in enumerate(contract.inputs) if f.type == formal.type)
+                variadic = next((i for i in positions if contract.inputs[i].option == "variadic"), None)
+                only = allowed[0] if allowed and len(allowed) == 1 else None
+                rules.append(_OutputType(only if not positions else None, positions, variadic) if positions or only
+                             else _OutputType(None))
+            found = tuple(rules)
+        _OUTPUT_TYPES[key] = found
+    return cast("tuple[_OutputType, ...] | None", found)
+
+
+_OUTPUT_TYPES: dict[tuple[str, str, int | None], object] = {}
 
 
 class Graph:
@@ -364,6 +409,7 @@ class Graph:
         self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
         self._dtype_cache: dict[str, str | None] = {}
         self._dtypes_filled = False
+        self._output_type_rules: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
 
         g = model.graph
         self.input_infos: list[ValueInfo] = []
@@ -626,10 +672,35 @@ class Graph:
         init = self.initializers.get(name)
         return init.dtype if init is not None else None
 
+    def _output_type(self, node: Node, output: str) -> _OutputType | None:
+        """The schema's rule for `output`'s type; None when the op has no contract (or documents fewer outputs)."""
+        key = (node.domain, node.op_type)
+        rules = self._output_type_rules.get(key, _NO_CONTRACT)
+        if rules is _NO_CONTRACT:
+            rules = self._output_type_rules[key] = _output_types(node.domain, node.op_type,
+                                                                  self.opsets.get(node.domain))
+        if not rules:
+            return None
+        position = node.outputs.index(output)
+        rules = cast("tuple[_OutputType, ...]", rules)
+        if position >= len(rules):
+            return None
+        return rules[position]
+
+    def _typing_inputs(self, node: Node, rule: _OutputType) -> list[str]:
+        inputs = node.inputs
+        out = [inputs[i] for i in rule.inputs if i < len(inputs) and inputs[i]]
+        if rule.variadic_from is not None:
+            out.extend(i for i in inputs[rule.variadic_from + 1:] if i)
+        return out
+
     def _dtype_inputs(self, node: Node, output: str) -> tuple[str, ...] | list[str]:
         """The inputs whose dtypes decide `output`'s (may hold "" for omitted inputs)."""
         if node.op_type not in _DTYPE_SPECIAL_OPS:
-            return node.inputs
+            rule = self._output_type(node, output)
+            if rule is None:
+                return node.inputs
+            return [] if rule.fixed else self._typing_inputs(node, rule)
         if node.op_type in ("Cast", "Constant", "ConstantOfShape") or node.op_type in _INT64_OUTPUT_OPS:
             return []
         if (node.domain, node.op_type) in _FIXED_OUTPUT_DTYPES:
@@ -653,6 +724,15 @@ class Graph:
         op = node.op_type
         if op not in _DTYPE_SPECIAL_OPS:
             cache = self._dtype_cache
+            rule = self._output_type(node, output)
+            if rule is not None:  # the schema decides; a type it leaves open is unknown, never guessed
+                if rule.fixed:
+                    return rule.fixed
+                for i in self._typing_inputs(node, rule):
+                    found = cache.get(i)
+                    if found:
+                        return found
+                return None
             for i in node.inputs:
                 if i:
                     found = cache.get(i)
@@ -683,6 +763,8 @@ class Graph:
         if op == "ConstantOfShape":
             value = node.attr("value")
             return value.dtype if isinstance(value, TensorSummary) else "float"
+        if op in ("QuantizeLinear", "DequantizeLinear") and node.attr("output_dtype", 0):
+            return dtype_name(node.attr("output_dtype", 0))
         if op == "QuantizeLinear":
             return self._dtype_cache.get(node.input(2)) or "uint8"
         for i in self._dtype_inputs(node, output):

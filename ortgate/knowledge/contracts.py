@@ -48,6 +48,7 @@ class OpContract:
     attributes: dict[str, AttributeContract]
     types: dict[str, tuple[str, ...]]  # type parameter -> element types ("float", "float16", ...)
     source: str
+    outputs: tuple[FormalInput, ...] = ()  # formal outputs (name, type parameter or literal type, option)
 
     def allowed_types(self, formal: FormalInput) -> tuple[str, ...] | None:
         if formal.type in self.types:
@@ -83,7 +84,8 @@ def _contract(domain: str, op_type: str, v: dict, source: str) -> OpContract:
                                           tuple(a["values"]) if a.get("values") else None, a.get("values_text"))
                   for name, a in v["attributes"].items()}
     types = {k: tuple(t) for k, t in v["types"].items()}
-    return OpContract(domain, op_type, v.get("since"), inputs, attributes, types, source)
+    outputs = tuple(FormalInput(o["name"], o["type"], o["option"]) for o in v.get("outputs", ()))
+    return OpContract(domain, op_type, v.get("since"), inputs, attributes, types, source, outputs)
 
 
 @cache

@@ -35,6 +35,16 @@ class ProducedForm:
 
 
 @dataclass(frozen=True)
+class FusesNone:
+    """A tool that writes none of the fused forms a finding asks for (ORT's quantizers, its transformers optimizer on
+    a decoder): what it does, and what writes the fused forms instead."""
+
+    what: str
+    instead: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Producer:
     name: str
     label: str  # how messages name it
@@ -44,6 +54,7 @@ class Producer:
     version_recorded_since: str | None  # the first release that records producer_version; None: all do
     version_source: str
     forms: Mapping[str, ProducedForm] = field(default_factory=dict)
+    fuses_none: FusesNone | None = None
 
     def mentioned_in(self, text: str) -> bool:
         low = text.lower()
@@ -54,7 +65,10 @@ class Producer:
         None when the data knows nothing of that form."""
         entry = self.forms.get(form)
         if entry is None:
-            return None
+            if self.fuses_none is None:
+                return None
+            return (f"This model was written by {self.label}, which fuses none of the reported ops: "
+                    f"{self.fuses_none.what}; {self.fuses_none.instead}.")
         made = release(version)
         checked = f"{self.checked[0]} to {self.checked[-1]}" if len(self.checked) > 1 else self.checked[0]
         if made is not None:
@@ -85,6 +99,7 @@ class _ProducerEntry:
     version_recorded_since: str | None
     version_source: str
     forms: Mapping[str, ProducedForm] = field(default_factory=dict)
+    fuses_none: FusesNone | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,7 @@ def _load() -> dict[str, Producer]:
             if version is not None and release(version) is None:
                 raise KnowledgeError(f"{PRODUCERS_JSON.name}: producers.{name}: {version!r} is not a release number")
         producer = Producer(name, entry.label, entry.producer_names, entry.mentions, entry.checked,
-                            entry.version_recorded_since, entry.version_source, dict(entry.forms))
+                            entry.version_recorded_since, entry.version_source, dict(entry.forms), entry.fuses_none)
         for spelled in entry.producer_names:
             out[spelled.lower()] = producer
     return out

@@ -53,6 +53,16 @@ def _figures(source: str) -> str:
     return "figures probed on this machine" if source == "probe" else f"{source} figures"
 
 
+def _lint_moe(outcome) -> str:
+    """What lint says of the input's MoE, for a fix that recognised no block (so it is not read as "MoE done")."""
+    unfused = sum(1 for f in outcome.findings_before if f.rule == "moe-not-fused")
+    if unfused:
+        return (f"lint reports {unfused} unfused MoE layer{'s' if unfused != 1 else ''} (moe-not-fused), left as "
+                "they are")
+    return ("lint reports no unfused MoE (moe-not-fused 0) either: a dense model, or MoE layers ortgate does not "
+            "read, which stay as they are")
+
+
 def render_fix_text(outcome) -> str:
     r = outcome.result
     lines = [f"ortgate fix {r.model} -> {r.output}" + (" (dry run: nothing written)" if r.dry_run else "")]
@@ -62,7 +72,11 @@ def render_fix_text(outcome) -> str:
         lines.append(f"warning: {w}")
     if "moe" in r.kinds:
         lines.append("")
-        lines.append(f"MoE rewrites: {len(r.rewrites)} block(s) -> com.microsoft.MoE, {len(r.refusals)} left unchanged")
+        if r.rewrites or r.refusals:
+            lines.append(f"MoE rewrites: {len(r.rewrites)} block(s) -> com.microsoft.MoE, {len(r.refusals)} left "
+                         "unchanged")
+        else:
+            lines.append(f"MoE rewrites: none: no MoE block recognised; {_lint_moe(outcome)}")
         for rw in r.rewrites:
             a = rw.anatomy
             attrs = ", ".join(f"{k}={v}" for k, v in rw.attributes.items())

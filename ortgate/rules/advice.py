@@ -27,14 +27,16 @@ def producer_fix(graph: Graph, fix: str, form: str | None = None) -> str:
     # An aside naming the tool goes alone; a sentence or clause recommending it goes whole.
     fix = _ASIDE.sub(lambda m: "" if tool.mentioned_in(m.group(0)) else m.group(0), fix)
     dropped = fix != original
+    after_drop = False
     for part in _SENTENCES.split(fix):
         if tool.mentioned_in(part):
-            dropped = True
+            dropped = after_drop = True
             if kept and kept[-1].endswith(";") and part.rstrip().endswith("."):
                 kept[-1] = kept[-1][:-1] + "."  # the clause that ended the sentence is gone
             continue
-        if kept and kept[-1].endswith(".") and part[:1].islower():
-            part = part[:1].upper() + part[1:]
+        if after_drop and kept and kept[-1].endswith(".") and part[:1].islower():
+            part = part[:1].upper() + part[1:]  # a clause that now starts a sentence
+        after_drop = False
         kept.append(part)
     advice = tool.advice(form, graph.producer_version) if form else None
     if not dropped and advice is None:

@@ -183,15 +183,25 @@ def op_input_type(ctx: RuleContext):
 
     ## Fix
     Cast the input to an allowed type, or re-export it in one.
+
+    An input whose type neither the graph declares nor its producers' schemas imply (an output type the schema
+    leaves to an attribute or to nothing, a producer with no contract that has no typed input) is not checked: the
+    rule says so once, as undecided, and never guesses.
     """
     graph = ctx.model
+    untyped: Counter[str] = Counter()
     for node, contract in _contracted(graph):
         for i, formal in enumerate(contract.inputs):
             if i >= len(node.inputs) or not node.inputs[i]:
                 continue
             allowed = contract.allowed_types(formal)
+            if not allowed:
+                continue
             dtype = graph.dtype(node.inputs[i])
-            if not allowed or dtype is None or dtype in allowed:
+            if dtype is None:
+                untyped[node.key] += 1
+                continue
+            if dtype in allowed:
                 continue
             yield ctx.finding(
                 f"{_op(node)} input {i} '{formal.name}' ({node.inputs[i]}) is {dtype}, but its contract allows "
@@ -199,6 +209,14 @@ def op_input_type(ctx: RuleContext):
                 node=node, graph=graph, fix=CONTRACT_FIX,
                 properties={"input": formal.name, "dtype": dtype, "allowed": list(allowed), "contract": contract.source},
             )
+    if untyped:
+        count = sum(untyped.values())
+        listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(untyped.items()))
+        yield ctx.undecided(
+            f"{count} input{'s' if count > 1 else ''} of contracted nodes ha{'ve' if count > 1 else 's'} no element "
+            f"type the graph declares or its operators' schemas imply; their types are not checked: {listed}",
+            graph=graph, properties={"not_checked": dict(sorted(untyped.items()))},
+        )
 
 
 @cache

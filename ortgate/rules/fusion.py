@@ -208,7 +208,7 @@ def gqa_not_fused(ctx: RuleContext):
         if heads is None:
             yield ctx.finding(
                 f"attention {kind}, instead of com.microsoft.GroupQueryAttention", node=node, graph=graph,
-                layer=layer, related=related, fix=GQA_FIX,
+                layer=layer, related=related, fix=GQA_FIX, fix_form="gqa_fused",
             )
             continue
         qk, v = heads

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ortgate.config.expectations import POLICY
 from ortgate.findings import Severity
-from ortgate.graph.index import Graph, op_key, parse_op_key
+from ortgate.graph.index import Graph, Node, ValueInfo, op_key, parse_op_key
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
 from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state
 from ortgate.graph.patterns.moe import moe_blocks
@@ -368,3 +368,119 @@ def kv_cache_export_advice(graph: Graph) -> str:
     if exporter is None:
         return cache_export_otherwise()
     return f"This model was made by {exporter.label}: {exporter.adds_cache}."
+
+
+# torch.onnx's option that keeps a dim dynamic (torch 2.13: `dynamic_shapes` with torch.export.Dim for the dynamo
+# exporter, the default; `dynamic_axes` for the TorchScript one).
+_DYNAMIC_SEQUENCE_FIX = (
+    "Re-export with the sequence dim dynamic: torch.onnx.export(..., dynamo=True, dynamic_shapes={'input_ids': "
+    "{0: torch.export.Dim('batch_size'), 1: torch.export.Dim('sequence_length')}, ...}) (dynamic_axes with the "
+    "TorchScript exporter, dynamo=False). When torch.export refuses the dynamic dim (\"tracing inferred a static "
+    "shape\"), the model's code depends on the length (a Python loop over the sequence, a shape used as a number): "
+    "export a decode step of its own (one token, with its cache or state as inputs) or make that code "
+    "length-independent."
+)
+
+
+def _token_input(graph: Graph) -> ValueInfo | None:
+    """The decoder's token input: an integer `input_ids`, else a float `inputs_embeds`, of rank 2 or 3."""
+    for info in graph.inputs:
+        name = info.name.lower()
+        if ("input_ids" in name and info.dtype in ("int64", "int32") and info.shape is not None
+                and len(info.shape) == 2) or ("inputs_embeds" in name and info.shape is not None
+                                              and len(info.shape) == 3):
+            return info
+    return None
+
+
+def _is_decoder(graph: Graph) -> bool:
+    """Logits or a cache out, and no encoder-only input (token_type_ids)."""
+    if any("token_type" in i.name.lower() for i in graph.inputs):
+        return False
+    return (any("logits" in o.name.lower() for o in graph.outputs) or bool(cache_outputs(graph))
+            or any(carries_state(i) for i in graph.inputs))
+
+
+def _made_literal(graph: Graph, symbol: str) -> tuple[Node, tuple[int, ...]] | None:
+    """A node that turns the sequence dim into a literal: a Reshape of a value holding it to a constant shape of
+    literals only (no 0 or -1: the element count is the example's, whatever the length), or an Expand to a
+    constant shape with a literal > 1 where its input has it. (The node, the constant shape.)"""
+    for node in graph.by_op_type("Reshape", "Expand"):
+        if node.graph is not None or len(node.inputs) < 2:
+            continue
+        source, target = graph.shape(node.inputs[0]), graph.constant_value(node.inputs[1])
+        if not source or not target or symbol not in source or not all(isinstance(t, int) for t in target):
+            continue
+        if node.op_type == "Reshape":
+            if all(t > 0 for t in target):
+                return node, tuple(int(t) for t in target)
+            continue
+        axis = source.index(symbol) + len(target) - len(source)  # broadcast aligns from the right
+        if 0 <= axis < len(target) and target[axis] > 1:
+            return node, tuple(int(t) for t in target)
+    return None
+
+
+@rule("OGM014", "decode-shape-specialised", Severity.ERROR)
+def decode_shape_specialised(ctx: RuleContext):
+    """The decoder's sequence length is a literal greater than 1: it cannot run a decode step of one token.
+
+    ## What it checks
+    A decoder graph (logits or a KV cache out) whose token input (`input_ids`, or `inputs_embeds`) has a literal
+    sequence dim (dim 1) greater than 1, or a symbolic one that a Reshape or Expand to a constant shape turns into
+    a literal inside the graph (the exporter baked the example's length into the node).
+
+    ## Why it costs throughput
+    Generation feeds one token per step. ORT refuses the input of length 1 (`Got: 1 Expected: 7`), or the baked
+    node fails or computes the wrong shape: the model can only ever be run at its example's length, so every
+    token recomputes a whole padded window if it can serve at all.
+
+    ## Bad
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    decoder (int64[1, 7] input_ids) => (float[1, 7, 128] logits)
+    <float[128, 128] embed>
+    {
+      logits = Gather(embed, input_ids)
+    }
+    ```
+
+    ## Good
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21]>
+    decoder (int64[batch_size, sequence_length] input_ids) => (float[batch_size, sequence_length, 128] logits)
+    <float[128, 128] embed>
+    {
+      logits = Gather(embed, input_ids)
+    }
+    ```
+
+    ## Fix
+    Re-export with the sequence dim dynamic (torch.onnx.export `dynamic_shapes`, `torch.export.Dim`; `dynamic_axes`
+    with the TorchScript exporter), or make the model's code length-independent where torch.export specialises it.
+    """
+    graph = ctx.model
+    token = _token_input(graph)
+    if token is None or token.shape is None or not _is_decoder(graph):
+        return
+    seq = token.shape[1]
+    if isinstance(seq, int) and seq > 1:
+        yield ctx.finding(
+            f"input '{token.name}' has sequence length {seq}, a literal ({list(token.shape)}): a decode step feeds "
+            f"one token, which ORT refuses (\"Got: 1 Expected: {seq}\"); the export fixed the dim to its example's",
+            graph=graph, fix=_DYNAMIC_SEQUENCE_FIX,
+            properties={"input": token.name, "literal": seq, "where": "input", "option": "dynamic_shapes"},
+        )
+        return
+    if isinstance(seq, str):
+        made = _made_literal(graph, seq)
+        if made:
+            node, shape = made
+            yield ctx.finding(
+                f"input '{token.name}' has a dynamic sequence dim '{seq}', but {node.display_name} "
+                f"({node.op_type}) gives a value holding it the constant shape {list(shape)}, the example's: a "
+                "decode step of one token fails there or computes the wrong shape",
+                node=node, graph=graph, fix=_DYNAMIC_SEQUENCE_FIX,
+                properties={"input": token.name, "literal": list(shape), "where": node.name,
+                            "option": "dynamic_shapes"},
+            )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ortgate.findings import Severity
@@ -117,15 +118,28 @@ def rmsnorm_groups(ctx: RuleContext) -> list[RmsnormGroup]:
     return out
 
 
+# (role, what the normalised value feeds) -> how a finding names such norms
+_NORM_ROLE_TEXT = {
+    ("head", "attention"): "{n} per-head q/k",
+    ("head", "projection"): "{n} per-head, feeding a projection (not q/k)",
+    ("head", "other"): "{n} per-head, feeding no attention (an output or gated norm, not q/k)",
+    ("projection", "attention"): "{n} over a projection's whole output feeding attention (q/k), not per-head",
+    ("projection", "projection"): "{n} over a projection's whole output feeding another projection (a low-rank "
+                                  "latent: MLA's q/kv latent, a state-space mixer's dt)",
+    ("projection", "other"): "{n} over a projection's whole output feeding neither attention nor a projection "
+                             "(e.g. a state-space mixer's B/C)",
+}
+_ROLE_ORDER = {kind: i for i, kind in enumerate(_NORM_ROLE_TEXT)}
+
+
 def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
     """The one message of rmsnorm-not-fused and rmsnorm-fused-by-ort."""
     group = found.norms
     heads = sum(1 for m in group if m.head_norm)
     counts = {role: sum(1 for m in group if m.role == role) for role in ("hidden", "head", "projection")}
-    roles = [text.format(n=counts[role]) for role, text in (
-        ("hidden", "{n} hidden-state"), ("head", "{n} per-head q/k"),
-        ("projection", "{n} over a projection's whole output (q/k or MLA latent), not per-head"),
-    ) if counts[role]]
+    kinds = Counter((m.role, m.feeds) for m in group if m.role != "hidden")
+    roles = [f"{counts['hidden']} hidden-state"] if counts["hidden"] else []
+    roles += [_NORM_ROLE_TEXT[kind].format(n=n) for kind, n in sorted(kinds.items(), key=lambda kv: _ROLE_ORDER[kv[0]])]
     forms = sorted({m.form for m in group})
     chain = " -> ".join(n.op_type for n in group[0].nodes)
     what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
@@ -287,7 +301,9 @@ def norm_epsilon_default(ctx: RuleContext):
     model family's (ortgate/knowledge/model_families.json: 1e-6 for Qwen3-MoE and Qwen3.5-MoE, 1e-5 for GPT-OSS
     and Mixtral). A missing epsilon is reported when ORT's default differs from it (with no family known, a
     SkipSimplifiedLayerNormalization without epsilon is still reported: no model uses 1e-12); an explicit epsilon
-    is reported when it differs. One finding per op and value.
+    is reported when it differs. Decomposed norms are compared per role (hidden-state, per-head q/k, latent, ...):
+    where some norms of a role have the expected epsilon, the others' own epsilon is the model's arithmetic (a
+    model may use several) and is not reported. One finding per op and value.
 
     ## Why it costs throughput
     It costs correctness, which a gate that trades graphs for speed must guard: with epsilon 1e-12 instead of
@@ -357,7 +373,18 @@ def epsilon_groups(graph: Graph, expected: float | None) -> dict[tuple[str, bool
                      else absent and op_type == "SkipSimplifiedLayerNormalization")
             if wrong:
                 groups.setdefault((f"{node.key} node", absent, float(value)), []).append(node)
+    if expected is None:
+        return groups
+    # Compared per norm role: when some norms of a role have the expected epsilon, the others of that role with
+    # their own (MiniMax's lightning-attention output norm: 1e-6 beside 1e-5) are the model's arithmetic, not an
+    # export's mistake, and are never reported.
+    by_role: dict[tuple[str, str], list] = {}
     for norm in decomposed_rmsnorms(graph):
-        if expected is not None and norm.epsilon is not None and not close(norm.epsilon, expected):
+        if norm.epsilon is not None:
+            by_role.setdefault((norm.role, norm.feeds), []).append(norm)
+    for norms in by_role.values():
+        if any(close(n.epsilon, expected) for n in norms):
+            continue
+        for norm in norms:
             groups.setdefault(("decomposed RMSNorm", False, norm.epsilon), []).append(norm.last)
     return groups

@@ -24,6 +24,21 @@ PAIRING_TEXT = {
 }
 
 
+def _partial(graph, rotary) -> tuple[int, int] | None:
+    """(rotated dims, head dims) when the rotation covers only the first part of each head (partial rotary: a Slice
+    of the head's last axis is rotated, the rest passed through), from the declared shapes; else None."""
+    source = graph.producer(rotary.input)
+    if source is None or source.op_type not in ("Slice", "Split") or not source.inputs:
+        return None
+    rotated, whole = graph.shape(rotary.input), graph.shape(source.inputs[0])
+    if not rotated or not whole or len(rotated) != len(whole):
+        return None
+    d, full = rotated[-1], whole[-1]
+    if isinstance(d, int) and isinstance(full, int) and 0 < d < full:
+        return d, full
+    return None
+
+
 @rule("OGF006", "rotary-not-fused", Severity.WARNING)
 def rotary_not_fused(ctx: RuleContext):
     """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
@@ -37,7 +52,9 @@ def rotary_not_fused(ctx: RuleContext):
     interleaved (x[2i] with x[2i+1], strided `0::2` / `1::2` slices), because the fused op needs the matching
     `interleaved` / `rotary_interleaved` attribute. Fused forms are com.microsoft `RotaryEmbedding`, `MRotaryEmbedding` and
     `GemmaRotaryEmbedding`, ONNX (opset 23) `RotaryEmbedding`, and `GroupQueryAttention` with `do_rotary=1`; ops
-    are matched by (domain, op_type). One finding per decoder layer (q and k together).
+    are matched by (domain, op_type). One finding per decoder layer (q and k together). A partial rotary (only the
+    first d of each head's dims rotated, the rest passed through: GLM-4.5, Qwen3-Next) is said with its d, which the
+    fused op needs as `rotary_embedding_dim`.
 
     ## Why it costs throughput
     Each rotated tensor costs two Slices, a Neg, a Concat, two Muls and an Add (plus the Sin/Cos tables computed
@@ -83,13 +100,21 @@ def rotary_not_fused(ctx: RuleContext):
         pairings = sorted({r.pairing for r in group})
         pairing = " and ".join(PAIRING_TEXT[p] for p in pairings)
         interleaved = int(pairings == ["interleaved"])
+        partial = {p for p in (_partial(graph, r) for r in group) if p}
+        part, props = "", {}
+        if len(partial) == 1:
+            d, full = partial.pop()
+            part = (f" on the first {d} of each head's {full} dims (partial rotary, factor {d / full:g}: the fused op "
+                    f"needs rotary_embedding_dim={d})")
+            props = {"rotary_dim": d, "head_dim": full}
         yield ctx.finding(
             f"rotary embedding applied to {len(group)} tensor{'s' if len(group) > 1 else ''} (q/k) "
-            f"{layer_text(layer)}, {pairing}, with {', '.join(ops)} ({trig}){where} instead of com.microsoft "
+            f"{layer_text(layer)}{part}, {pairing}, with {', '.join(ops)} ({trig}){where} instead of com.microsoft "
             f"RotaryEmbedding (interleaved={interleaved}) or GroupQueryAttention do_rotary=1 "
             f"(rotary_interleaved={interleaved}); ORT {fusions_version()} has no pass that fuses it",
             node=group[0].neg, graph=graph, layer=layer,
             related=[n for r in group for n in r.nodes] + [t for r in group for t in r.trig],
-            fix=ROTARY_FIX,
-            properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings},
+            fix=ROTARY_FIX, fix_form="rotary_fused",
+            properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings,
+                        **props},
         )

@@ -51,6 +51,10 @@ class DecomposedRmsNorm:
     # hidden: the residual stream's norm | head: per-head (q_norm / k_norm over head_dim, after the split into
     # heads) | projection: over a projection's whole output (MLA's q_a / kv_a latent norms, OLMoE's q/k norms)
     role: str = "hidden"
+    # what the normalised value feeds (head and projection norms): "attention" (a q/k norm), "projection" (another
+    # linear projection: MLA's low-rank latent, a state-space mixer's dt), "other" (neither: a state-space mixer's
+    # B/C, a gated output norm)
+    feeds: str = "attention"
 
     @property
     def last(self) -> Node:
@@ -228,8 +232,9 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     width = _gamma_width(graph, gamma) if gamma else None
     head_norm = width is not None and hidden is not None and width < hidden
     layer = graph.layer_of_nodes(nodes)
+    role = _role(graph, source, head_norm)
     return DecomposedRmsNorm(rm, normalize, x, source, output, form, epsilon, gamma, width, head_norm, layer, nodes,
-                             role=_role(graph, source, head_norm))
+                             role=role, feeds=_feeds(graph, output, layer) if role != "hidden" else "attention")
 
 
 _LINEAR = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
@@ -247,6 +252,36 @@ def _role(graph: Graph, source: str, narrower: bool) -> str:
     if narrower:
         return "head"
     return "hidden"
+
+
+_ATTENTION_OPS = frozenset({"Softmax", "GroupQueryAttention", "MultiHeadAttention", "Attention",
+                            "PackedMultiHeadAttention", "PagedAttention"})
+_SHAPE_ONLY = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+_FEEDS_DEPTH = 256  # nodes walked downstream: from a q/k norm through reshape, rotary and repeat_kv to the scores
+
+
+def _feeds(graph: Graph, output: str, layer: int | None) -> str:
+    """What a norm's output feeds downstream in its layer: an attention ("attention"; through rotary, reshapes and
+    repeat_kv), a linear projection with a constant weight reached through shape-only ops ("projection"), or
+    neither ("other": a projection reached only after other arithmetic does not count)."""
+    frontier, seen, steps, projection = [(output, True)], {output}, 0, False
+    while frontier and steps < _FEEDS_DEPTH:
+        value, direct = frontier.pop(0)
+        for node in graph.consumers(value):
+            steps += 1
+            if layer is not None and node.layer is not None and node.layer != layer:
+                continue
+            if node.op_type in _ATTENTION_OPS:
+                return "attention"
+            if node.op_type in _LINEAR and any(weight_dims(graph, i) is not None for i in node.inputs[:2]):
+                projection = projection or direct
+                continue
+            still = direct and node.op_type in _SHAPE_ONLY
+            for out in node.outputs:
+                if out and out not in seen:
+                    seen.add(out)
+                    frontier.append((out, still))
+    return "projection" if projection else "other"
 
 
 def fused_norm_width(graph: Graph, node: Node) -> int | None:

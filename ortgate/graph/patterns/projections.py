@@ -3,8 +3,8 @@ and how is SiLU(gate) * up computed.
 
 Q/K/V: from each softmax attention (fused GroupQueryAttention / MultiHeadAttention / Attention, or a decomposed
 core) the query, key and value inputs are walked upstream through what sits between a projection and the
-attention (reshapes, transposes, casts, Splits of a packed projection, q_norm/k_norm, rotary, the KV-cache
-Concat, repeat_kv) to the linear projection (MatMul / Gemm / MatMulNBits with a constant weight) they come from.
+attention (reshapes, transposes, casts, Splits of a packed projection, elementwise ops such as a clamp between a
+projection and its Split, q_norm/k_norm, rotary, the KV-cache Concat, repeat_kv) to the linear projection (MatMul / Gemm / MatMulNBits with a constant weight) they come from.
 
 Gated MLP: anchored at SiLU, i.e. Mul(g, Sigmoid(g)) or com.microsoft QuickGelu(g, alpha=1) (ORT's fused form),
 followed by Mul(silu, up). Gate and up are walked upstream to their projections: one projection split in two
@@ -21,10 +21,11 @@ from ortgate.graph.patterns.common import cached, is_op, matmul_weight, skip_bac
 from ortgate.graph.patterns.norms import norm_by_output
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
 
-# Ops passed through (all computed inputs) between a projection and the attention it feeds.
-_PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where"})
+# Ops passed through (all computed inputs) between a projection and the attention it feeds; elementwise ops
+# between a projection and its Split (DBRX clamps its packed Wqkv: MatMul -> Clip -> Split) included.
+_PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where", "Max", "Min"})
 _PASS_FIRST = frozenset({"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand",
-                         "Tile", "Split", "Slice", "Gather"})
+                         "Tile", "Split", "Slice", "Gather", "Clip", "Relu", "Tanh", "Abs", "Softsign"})
 _NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"})
 
 
