@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ortgate.graph.index import Graph
+from ortgate.graph.index import Graph, Node
 from ortgate.knowledge.families import model_family
 from ortgate.knowledge.producers import known_producers, producer_of
 
@@ -86,3 +86,17 @@ def fusion_fix_advice(what: str) -> str:
     """The sentence that names `ortgate fix` for a form its onnxscript fusions repair where their patterns match."""
     return (f"`{FIX_COMMAND}` rewrites {what} with onnxscript's ort_fusions where their patterns match, and says per "
             "layer what it fused and what it left (`--dry-run` writes nothing).")
+
+
+# torch.onnx writes the sequence ops for a torch.split / chunk / unbind whose pieces it cannot make static.
+_TORCH_SEQUENCE_OPS = frozenset({"SplitToSequence", "SequenceAt", "ConcatFromSequence", "SequenceConstruct",
+                                 "SequenceInsert", "SequenceLength"})
+
+
+def torch_export_advice(graph: Graph, node: Node) -> str:
+    """How to export without `node` when torch.onnx wrote it (a sequence op from a dynamic split), else ''."""
+    if graph.producer_name.lower() != "pytorch" or node.op_type not in _TORCH_SEQUENCE_OPS:
+        return ""
+    return (f"torch.onnx writes {node.op_type} for a torch.split / chunk / unbind whose pieces it cannot make static: "
+            "re-export with static split sizes (a Python int list, or torch.chunk of a fixed count), or in a dtype the "
+            "kernels take (float16 or float32: `model.to(torch.float16)` before torch.onnx.export).")
