@@ -85,7 +85,7 @@ def test_the_baseline_the_actions_snippet_passes_is_an_adoption_step(tmp_path, m
     monkeypatch.chdir(REPO)
     missing = tmp_path / "ortgate-baseline.json"
     code, _, err = run_cli("lint", "examples/qwen3-moe-tiny-unfused", "--baseline", missing)
-    assert code == 2 and "create it once with" in err and f"--write-baseline {missing}" in err
+    assert code == 2 and "create the baseline once with" in err and f"--write-baseline {missing}" in err
     assert "Traceback" not in err
 
 

@@ -125,7 +125,7 @@ def load_baseline(path: str | Path) -> Baseline:
     hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"
     if not Path(path).exists():
         # The first run of a CI step that passes --baseline before anyone wrote one: say the adoption step.
-        raise InputError("no such baseline: create it once with `ortgate lint MODEL... --policy POLICY "
+        raise InputError("no such file: create the baseline once with `ortgate lint MODEL... --policy POLICY "
                          f"--write-baseline {path}` and commit it, or drop --baseline to gate on every finding", path)
     try:
         doc = load_json(Path(path))
