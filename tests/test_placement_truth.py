@@ -84,20 +84,21 @@ def test_one_bf16_split_to_sequence_is_one_finding_that_no_provider_runs(tmp_pat
 
 
 def test_op_input_type_is_one_finding_per_export_choice(tmp_path):
-    consts = ", ".join(f"int32 p{i}" for i in range(LAYERS))
-    body = "\n".join(f"  o{i} = Gather(x, p{i})" for i in range(LAYERS))
+    # eight bfloat16 SplitToSequence nodes (one per layer of a dynamic torch.split): one finding naming all eight
+    body = "\n".join(f"  s{i} = SplitToSequence<axis = 0>(x)\n  y{i} = SequenceAt(s{i}, zero)" for i in range(LAYERS))
+    outs = ", ".join(f"bfloat16[1, 4] y{i}" for i in range(LAYERS))
     text = f"""
-    <ir_version: 10, opset_import: ["" : 21]>
-    g (float[8, 4] x, int32[1] p0) => (float[1, 4] o0)
+    <ir_version: 10, opset_import: ["" : 21], producer_name: "pytorch">
+    g (bfloat16[8, 4] x) => ({outs})
+    <int64 zero = {{0}}>
     {{
-    {chr(10).join(f'  p{i} = Identity(p0)' for i in range(1, LAYERS))}
     {body}
     }}"""
-    del consts
-    path = tmp_path / "gather.onnx"
+    path = tmp_path / "splits.onnx"
     onnx.save(parser.parse_model(text), str(path))
-    found = by_rule(lint_findings(str(path), None, select=["OGX"]), "op-input-type")
-    assert len(found) <= 1  # Gather takes int32 indices: nothing, or one finding for all eight
+    [found] = by_rule(lint_findings(str(path), None, select=["OGX"]), "op-input-type")
+    assert dict(found.properties)["nodes"] == LAYERS and len(found.related_nodes) == LAYERS - 1
+    assert f"({LAYERS} nodes" in found.message and "torch.split" in found.fix
 
 
 @pytest.mark.parametrize("op", ["LinearAttention", "CausalConvWithState", "GatedRMSNorm", "GatedAdd",
