@@ -114,3 +114,26 @@ def test_real_builder_export_under_cuda_has_no_undecided_placement(tmp_path, cud
     found = by_rule(lint_findings(str(EXPORTED / "genai-qwen3_5_moe-fp16-cuda"), cuda_policy, select=["OGK"]),
                     "op-not-on-ep")
     assert not [f for f in found if "could not decide" in f.message]
+
+
+def test_a_node_its_cpu_fallback_cannot_run_either_is_said_to_refuse_the_session(tmp_path, cuda_policy):
+    # CUDA registers no Acos, and no bfloat16 Ceil; ORT's CPU has them for float (and more) only. A float16 Acos still
+    # runs on CPU (ORT casts it to float around the float kernel); a bfloat16 Ceil runs nowhere: ORT refuses it.
+    found = {}
+    for op, dtype in (("Acos", "float16"), ("Ceil", "bfloat16")):
+        path = tmp_path / f"{op}.onnx"
+        onnx.save(parser.parse_model(f"""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g ({dtype}[2, 4] x) => ({dtype}[2, 4] y)
+        {{
+          y = {op}(x)
+        }}"""), str(path))
+        [found[op]] = by_rule(lint_findings(str(path), cuda_policy, select=["OGK"]), "op-not-on-ep")
+        if dtype == "float16":
+            ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        else:
+            with pytest.raises(Exception, match=op):
+                ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert "run on CPUExecutionProvider instead" in found["Acos"].message
+    assert "has none either" not in found["Acos"].message
+    assert "has none either" in found["Ceil"].message and "ORT refuses to create the session" in found["Ceil"].message

@@ -16,6 +16,7 @@ from ortgate.graph.patterns.common import cached
 from ortgate.knowledge import (
     Support,
     SupportResult,
+    cpu_fallback_facts,
     cuda_graph_capture_facts,
     data_dependent_shape_inputs,
     kernel_free_op,
@@ -142,8 +143,10 @@ def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
     table = kernel_table()
     nodes = group.nodes
     node = nodes[0]
+    dtypes = [graph.dtype(i) if i else None for i in node.inputs]
+    cast = set(cpu_fallback_facts().cast_to_float)  # ORT runs these on CPU's float kernel between Casts
     on_cpu = table.supports(CPU, node.domain, node.op_type, graph.opsets.get(node.domain),
-                            [graph.dtype(i) if i else None for i in node.inputs])
+                            ["float" if d in cast else d for d in dtypes])
     if on_cpu.status is Support.NO:
         # The fallback has no kernel either: no provider runs the node, and ORT refuses the session outright.
         return ctx.finding(
