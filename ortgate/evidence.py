@@ -107,6 +107,24 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Ratio:
+    """One session's p50 over another's, from rounds in which the two ran in turn (so that the machine's drift falls
+    on both alike): the median of the per-round ratios, their spread, and whether the two sessions' per-round p50
+    intervals overlap, in which case the difference is within the noise of this machine."""
+
+    value: float  # median over the rounds of numerator p50 / denominator p50
+    low: float  # the smallest per-round ratio
+    high: float  # the largest
+    rounds: int
+    within_noise: bool  # the per-round p50 intervals [min, max] of the two sessions overlap
+
+    def describe(self, digits: int = 2) -> str:
+        """'1.87x (1.52x-2.10x over 5 alternated rounds)', with '; within noise' when the intervals overlap."""
+        spread = f"{self.low:.{digits}f}x-{self.high:.{digits}f}x over {self.rounds} alternated rounds"
+        return f"{self.value:.{digits}f}x ({spread}{'; within noise' if self.within_noise else ''})"
+
+
+@dataclass(frozen=True)
 class OutputComparison:
     output: str
     dtype: str
@@ -171,6 +189,8 @@ class RunEvidence:
     feeds: dict[str, dict[str, Any]] = field(default_factory=dict)  # input -> {shape, dtype, kind}
     measurement: Measurement | None = None
     baseline: Measurement | None = None
+    # the default session's p50 over the policy session's, from alternated rounds (None: not measured that way)
+    versus_default: Ratio | None = None
     correctness: Correctness | None = None
     profile: ProfileSummary | None = None
     skipped: str | None = None  # why nothing was measured
@@ -182,7 +202,9 @@ class RunEvidence:
 
     @property
     def speedup_vs_default(self) -> float | None:
-        """Default session p50 / policy p50: above 1 the fixed config is faster."""
+        """Default session p50 / policy p50: above 1 the fixed config is faster (from alternated rounds when run)."""
+        if self.versus_default is not None:
+            return self.versus_default.value
         if self.measurement is None or self.baseline is None or self.measurement.stats.p50_ms <= 0:
             return None
         return self.baseline.stats.p50_ms / self.measurement.stats.p50_ms

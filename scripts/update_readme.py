@@ -1,8 +1,10 @@
-"""Regenerate what is generated from the rules: the README's example lint output and rules table, and the rule
-catalog `ortgate rules` / `ortgate explain` read (ortgate/rules/catalog.json).
+"""Regenerate what is generated: the README's command-output blocks (every `<!-- EXAMPLE-OUTPUT: ... -->` block is
+the command run from the repository root) and rules table, and the rule catalog `ortgate rules` / `ortgate explain`
+read (ortgate/rules/catalog.json).
 
-    python scripts/update_readme.py          # rewrite README.md and ortgate/rules/catalog.json
-    python scripts/update_readme.py --check  # exit 1 if either is stale (the tests check both)
+    python scripts/update_readme.py              # rewrite README.md and ortgate/rules/catalog.json
+    python scripts/update_readme.py --remeasure  # ... and the measured blocks (`ortgate run`) with new timings
+    python scripts/update_readme.py --check      # exit 1 if either is stale (the tests check both)
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 EXAMPLE_COMMAND = "ortgate lint examples/qwen3-moe-tiny-unfused --policy policies/tiny-moe-cpu.yaml"
+# A command-output block of the README: `<!-- EXAMPLE-OUTPUT: COMMAND -->` (its output exactly), or
+# `<!-- EXAMPLE-OUTPUT measured: COMMAND -->` (a measurement: timings, the machine's CPU and memory differ from run
+# to run, so a block is stale only when its output differs in more than those; see `normalized`).
+MARKER = re.compile(r"<!-- EXAMPLE-OUTPUT( measured)?: (.*?) -->\n```text\n.*?```\n", re.S)
 
 
-def example_block() -> str:
+def run_example(command: str) -> tuple[int, str]:
+    """`command` (an `ortgate ...` line) run from the repository root: its exit code and stdout."""
     from ortgate.cli import main
 
     out = io.StringIO()
@@ -30,10 +37,42 @@ def example_block() -> str:
     os.chdir(REPO)
     try:
         with contextlib.redirect_stdout(out):
-            main(shlex.split(EXAMPLE_COMMAND)[1:])
+            code = main(shlex.split(command)[1:])
     finally:
         os.chdir(cwd)
-    return f"<!-- EXAMPLE-OUTPUT: {EXAMPLE_COMMAND} -->\n```text\n{out.getvalue()}```\n"
+    return code, out.getvalue()
+
+
+def example_block(command: str = EXAMPLE_COMMAND, measured: bool = False) -> str:
+    code, out = run_example(command)
+    exit_line = f"$ echo $?\n{code}\n"
+    return (f"<!-- EXAMPLE-OUTPUT{' measured' if measured else ''}: {command} -->\n```text\n$ {command}\n{out}"
+            f"{exit_line}```\n")
+
+
+def normalized(block: str) -> str:
+    """A measured block without what changes between runs and machines: every number, the CPU's name, ORT's log
+    lines, and whether a ratio was within noise."""
+    block = re.sub(r"on cpu: [^:\n]*:", "on cpu: CPU:", block)
+    block = re.sub(r"^ort said .*\n(?:           .*\n)*", "", block, flags=re.M)
+    block = block.replace("; within noise", "")
+    return re.sub(r"\d[\d,.]*", "N", block)
+
+
+def render(text: str, keep_measured: bool = True) -> str:
+    """`text` with every example block regenerated; a measured block whose normalized output is unchanged is kept
+    as it is (`keep_measured`), so --check does not call every timing stale."""
+
+    def block(m: re.Match) -> str:
+        fresh = example_block(m.group(2), bool(m.group(1)))
+        if m.group(1) and keep_measured and normalized(fresh) == normalized(m.group(0)):
+            return m.group(0)
+        return fresh
+
+    text = MARKER.sub(block, text)
+    text = re.sub(r"<!-- RULES-TABLE -->\n(?:.*?<!-- /RULES-TABLE -->\n)?", lambda _m: rules_block(), text,
+                  count=1, flags=re.S)
+    return text
 
 
 def rules_block() -> str:
@@ -43,14 +82,6 @@ def rules_block() -> str:
     for r in all_rules():
         rows.append(f"| {r.code} | `{r.name}` | {r.severity.label} | {r.summary.replace('|', '/')} |")
     return "\n".join(rows) + "\n<!-- /RULES-TABLE -->\n"
-
-
-def render(text: str) -> str:
-    text = re.sub(r"<!-- EXAMPLE-OUTPUT(?::.*?-->\n```text\n.*?```\n| -->\n)", lambda _m: example_block(), text,
-                  count=1, flags=re.S)
-    text = re.sub(r"<!-- RULES-TABLE -->\n(?:.*?<!-- /RULES-TABLE -->\n)?", lambda _m: rules_block(), text,
-                  count=1, flags=re.S)
-    return text
 
 
 def catalog_text() -> str:
@@ -65,9 +96,10 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--remeasure", action="store_true", help="rewrite the measured blocks too")
     args = parser.parse_args()
     readme = REPO / "README.md"
-    outputs = [(readme, render(readme.read_text())), (CATALOG_PATH, catalog_text())]
+    outputs = [(readme, render(readme.read_text(), keep_measured=not args.remeasure)), (CATALOG_PATH, catalog_text())]
     stale = [path for path, fresh in outputs if not path.is_file() or path.read_text(encoding="utf-8") != fresh]
     if args.check:
         for path in stale:

@@ -593,10 +593,12 @@ def test_phimoe_rewritten_anyway_fails_verification_at_its_first_moe_node(tmp_pa
     import dataclasses
 
     import ortgate.fix.moe as moe
+    import ortgate.graph.patterns.moe_anatomy as anatomy
 
     facts = moe_op_facts()
     claimed = dataclasses.replace(facts, sparse_mixer=dataclasses.replace(facts.sparse_mixer, cpu_implemented=True))
     monkeypatch.setattr(moe, "moe_op_facts", lambda: claimed)
+    monkeypatch.setattr(anatomy, "moe_op_facts", lambda: claimed)  # where the rewrite's refusals are decided
     code, report = fix_json(DYNAMO_PHIMOE, "-o", tmp_path / "out", "--select", "moe-not-fused")
     assert code == 1 and not report["written"] and not (tmp_path / "out").exists()
     assert [r["attributes"]["use_sparse_mixer"] for r in report["rewrites"]] == [1, 1]

@@ -98,7 +98,8 @@ def test_metadata(raw, kt):
     assert raw["source"] == "OperatorKernels.md"
     assert raw["generated_by"] == "scripts/gen_kernel_table.py"
     assert raw["commit"] == sha == kt.commit
-    assert sha[:12] in raw["ort_version"] and "1.25" in raw["ort_version"]
+    assert sha[:12] in raw["ort_version"] and "1.25" in raw["ort_version"] and "1.31.1" in raw["ort_version"]
+    assert raw["ort_release"] == "1.31.1" and raw["rtti_source"] == "rtti_kernels.json"
     assert kt.ort_version == raw["ort_version"]
 
 
@@ -139,8 +140,10 @@ def test_table_shape(raw, kt):
     assert set(raw["providers"][DML]) == {"ai.onnx", MS, "com.microsoft.dml"}
     for prov in kt.providers():
         assert len(kt.op_types(prov, "")) > 100
-    n_rows = sum(len(e["kernels"]) for d in raw["providers"].values() for ops in d.values() for e in ops.values())
-    assert n_rows == 1460  # every kernel row of OperatorKernels.md
+    rows = [e for d in raw["providers"].values() for ops in d.values() for e in ops.values()]
+    # every kernel row of OperatorKernels.md, and one per op the 1.31.1 binaries' kernel classes add
+    assert sum(len(e["kernels"]) for e in rows if "source" not in e) == 1460
+    assert sum(1 for e in rows if "source" in e) == len(raw["rtti_added"]) > 0
 
 
 def test_gqa_cuda_excludes_float(kt):
@@ -209,12 +212,19 @@ def test_supports_moe_and_qmoe_on_cuda(kt):
 
 
 @pytest.mark.parametrize("op", NEW_OPS)
-def test_ops_newer_than_the_table_are_unknown_not_no(kt, op):
-    for prov in (CPU, CUDA):
-        r = kt.supports(prov, MS, op, 1, ["float"])
-        assert r == Support.UNKNOWN_OP and r.is_unknown
-        assert kt.ort_version in r.reason
-    assert not kt.knows_op(MS, op)
+def test_ops_newer_than_the_markdown_come_from_the_installed_binaries(kt, op):
+    # OperatorKernels.md predates them; the 1.31.1 CUDA binary's kernel classes register each for float,
+    # float16 and bfloat16 (GatedDeltaNet has no CPU kernel class)
+    for dtype in ("float", "float16", "bfloat16"):
+        r = kt.supports(CUDA, MS, op, 1, [dtype])
+        assert r == Support.YES and "kernel classes" in r.reason and kt.ort_version in r.reason
+    assert kt.knows_op(MS, op)
+    assert (kt.supports(CPU, MS, op, 1, ["float"]) == Support.YES) is (op != "GatedDeltaNet")
+
+
+def test_an_op_no_table_source_lists_is_unknown_not_no(kt):
+    r = kt.supports(CUDA, MS, "NoSuchFutureOp", 1, ["float"])
+    assert r == Support.UNKNOWN_OP and r.is_unknown and kt.ort_version in r.reason
 
 
 @pytest.mark.parametrize("prov", ["TensorrtExecutionProvider", "CANNExecutionProvider", "tensorrt", "cann"])

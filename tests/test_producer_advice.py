@@ -18,7 +18,7 @@ OLD_QWEN3 = EXPORTED / "genai0.13-qwen3-fp32-cpu"  # onnxruntime-genai 0.13.2: q
 GPT_OSS = EXPORTED / "genai-gpt_oss-fp32-cpu"  # onnxruntime-genai 0.18.0
 QKV = "qkv-not-packed"
 ROUTING = "moe-routing-mismatch"
-BUILDER_PACKS = "onnxruntime-genai's builder packs qkv_proj"
+BUILDER_PACKS = "onnxruntime-genai's model builder writes one packed qkv_proj for Qwen3"
 
 
 def restamp(folder, tmp_path, *, name: str | None = None, version: str | None = None, strip_attr: str | None = None):
@@ -135,8 +135,8 @@ def test_unfused_moe_from_the_builder_is_told_the_execution_provider_turned_fusi
     found = rule_findings(folder / "model.onnx", "moe-not-fused")
     assert [f.layer for f in found] == [0, 1]
     for f in found:
-        assert "onnxruntime-genai's builder emits it" not in f.fix
+        assert "onnxruntime-genai's model builder writes it" not in f.fix
         assert "every release checked (0.13.2 to 0.18.0) writes one com.microsoft MoE / QMoE node per MoE layer" in f.fix
         assert "this model was built with an execution provider other than cpu, cuda, trt-rtx or webgpu" in f.fix
     anonymous = rule_findings(EXPORTED / "dynamo-gpt_oss" / "model.onnx", "moe-not-fused")
-    assert all("onnxruntime-genai's builder emits it" in f.fix for f in anonymous)
+    assert all("onnxruntime-genai's model builder writes it" in f.fix for f in anonymous)

@@ -37,13 +37,56 @@ def test_setup_command_lints_a_shipped_example(monkeypatch):
     assert "moe-not-fused" in out
 
 
-def test_example_output_in_readme_is_what_ortgate_prints(monkeypatch):
-    match = re.search(r"<!-- EXAMPLE-OUTPUT: (.*?) -->\n```text\n(.*?)```", README, flags=re.S)
-    assert match, "README shows real output of ortgate lint"
-    command, shown = match.group(1), match.group(2)
+def _update_readme():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme", REPO / "scripts" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_command_output_block_is_what_ortgate_prints():
+    # Every ```text block that shows a command's output is one of the generated blocks, and each is that command's
+    # output now (a measured one with its numbers masked): run, estimate and fix as well as lint.
+    update = _update_readme()
+    blocks = list(update.MARKER.finditer(README))
+    commands = [m.group(2).split()[1] for m in blocks]
+    assert {"lint", "run", "estimate", "fix"} <= set(commands), commands
+    shown = [b for b in _blocks("text") if b.startswith("$ ortgate ")]
+    assert len(shown) == len(blocks), "a command-output block that is not generated"
+    for m in blocks:
+        fresh = update.example_block(m.group(2), bool(m.group(1)))
+        if m.group(1):
+            assert update.normalized(fresh) == update.normalized(m.group(0)), m.group(2)
+        else:
+            assert fresh == m.group(0), m.group(2)
+
+
+def test_the_setup_example_is_said_to_fail_by_design():
+    update = _update_readme()
+    code, _ = update.run_example(update.EXAMPLE_COMMAND)
+    assert code == 1
+    assert "exits 1" in README[:README.index("<!-- EXAMPLE-OUTPUT")]
+    assert f"$ {update.EXAMPLE_COMMAND}\n" in README and "$ echo $?\n1\n" in README
+
+
+def test_snippets_pin_nothing_that_does_not_exist():
+    # No release tag and no package-index release exist yet: snippets install from the repository at a commit.
+    code = [line.split(" #")[0] for lang in ("yaml", "sh") for block in _blocks(lang) for line in block.splitlines()]
+    assert not [line for line in code if "0.1.0" in line]  # only comments say what changes once it is released
+    assert any("uses: ortgate/ortgate@COMMIT" in line for line in code)
+    assert any("rev: COMMIT" in line for line in code)
+    assert any("git+https://github.com/ortgate/ortgate@" in line for line in code)
+
+
+def test_the_baseline_the_actions_snippet_passes_is_an_adoption_step(tmp_path, monkeypatch):
+    assert "--write-baseline ortgate-baseline.json" in README
     monkeypatch.chdir(REPO)
-    code, out, _ = run_cli(*shlex.split(command)[1:])
-    assert out == shown
+    missing = tmp_path / "ortgate-baseline.json"
+    code, _, err = run_cli("lint", "examples/qwen3-moe-tiny-unfused", "--baseline", missing)
+    assert code == 2 and "create the baseline once with" in err and f"--write-baseline {missing}" in err
+    assert "Traceback" not in err
 
 
 def test_the_readme_rules_table_and_example_are_what_update_readme_generates():

@@ -48,7 +48,7 @@ def test_junit_has_one_test_per_rule_and_fails_exactly_the_rules_that_fail_the_g
     moe = next(c for c in cases if c.get("name") == "OGF001 moe-not-fused")
     failure = moe.find("failure")
     assert failure.get("type") == "error" and "layer 1" in failure.get("message")
-    assert "fix: Export each MoE layer" in failure.text
+    assert "fix: Run `ortgate fix MODEL -o OUT`" in failure.text
     assert "waiver: " in moe.find("system-out").text  # the waived layer 0 is listed, not failed
 
 

@@ -40,7 +40,7 @@ def test_one_annotation_per_rule_and_file_carries_the_layer_range(make_model, wr
     assert all(props["file"] == str(model) or model.name in props["file"] for _, props, _ in commands)
     message = commands[0][2].splitlines()
     assert message[0].startswith("layers 0-11 (12 layers): /model/layers.N/")  # the node, its layer abstracted
-    assert len(message) == 2 and message[1].startswith("fix: Export each MoE layer")
+    assert len(message) == 2 and message[1].startswith("fix: Run `ortgate fix MODEL -o OUT`")
     assert lines[-1] == "ortgate: FAIL  12 errors, 12 warnings, 0 infos (fails on error and above)"
 
 

@@ -44,7 +44,7 @@ def test_errors_rank_before_more_numerous_warnings(make_model, write_policy):
         ("`OGF001` moe-not-fused", "error", "1", "layer 0"),
         ("`OGF002` gqa-not-fused", "warning", "4", "layers 0–3"),
     ]
-    assert fix_first[0][5].startswith("Export each MoE layer as one com.microsoft.MoE node")
+    assert fix_first[0][5].startswith("Run `ortgate fix MODEL -o OUT`: it rewrites this block into one com.microsoft.MoE node")
 
 
 def test_among_errors_the_rule_with_more_findings_ranks_first(make_model, write_policy):

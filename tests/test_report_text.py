@@ -51,7 +51,7 @@ def test_a_48_layer_unfused_model_fits_in_60_lines_and_json_and_sarif_keep_every
     assert len(lines) <= 60, text
     assert max(len(line) for line in lines) <= 120
     assert "layers 0-47 (48 layers)" in text and "model.layers.N.mlp.gate/MatMul" in text
-    assert text.count("fix: Export each MoE layer") == 1  # the fix once, at its rule's first entry
+    assert text.count("fix: Run `ortgate fix MODEL -o OUT`") == 1  # the fix once, at its rule's first entry
 
     code, out, _ = run_cli("lint", model, "--policy", policy, "--format", "json")
     findings = json.loads(out)["findings"]

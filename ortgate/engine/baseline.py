@@ -146,6 +146,10 @@ def is_baseline_file(path: str | Path) -> bool:
 def load_baseline(path: str | Path) -> Baseline:
     """An ortgate baseline file (version 1, 2 or 3); anything else is an InputError naming the file and key."""
     hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"
+    if not Path(path).exists():
+        # The first run of a CI step that passes --baseline before anyone wrote one: say the adoption step.
+        raise InputError("no such file: create the baseline once with `ortgate lint MODEL... --policy POLICY "
+                         f"--write-baseline {path}` and commit it, or drop --baseline to gate on every finding", path)
     try:
         doc = load_json(Path(path))
     except InputError as exc:

@@ -1,5 +1,6 @@
 """Original vs fixed, measured with the runner on ORT's CPU provider: one decode step, the same synthesised inputs,
-buffers bound once (the runner's BoundSession), p50 latency of each."""
+buffers bound once (the runner's BoundSession), both sessions timed in alternated rounds: p50 latency of each, and
+their ratio with its spread over the rounds (within noise when the rounds' p50 intervals overlap)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from ortgate.evidence import Stats
+from ortgate.evidence import Ratio, Stats
 from ortgate.graph.index import Graph
 from ortgate.runner.inputs import (
     dim_role,
@@ -19,7 +20,15 @@ from ortgate.runner.inputs import (
     synthesize,
     token_inputs,
 )
-from ortgate.runner.measure import BoundSession, Deadline, latency_stats, plan_binding, timed_runs
+from ortgate.runner.measure import (
+    BoundSession,
+    Deadline,
+    alternated_rounds,
+    latency_stats,
+    plan_binding,
+    round_ratio,
+    timed_runs,
+)
 from ortgate.runner.session import CPU, captured_output, tidy
 from ortgate.runner.settings import RunnerSettings
 
@@ -35,10 +44,12 @@ class Measurement:
     batch_size: int = 1  # the step's shape, for an estimate of the same step
     new_tokens: int = 1
     context: int = 1  # tokens the step attends to: the cached ones and its own
-
+    ratio: Ratio | None = None  # original p50 / fixed p50 over the alternated rounds
 
     @property
     def speedup(self) -> float | None:
+        if self.ratio is not None:
+            return self.ratio.value
         if self.original is None or self.fixed.p50_ms <= 0:
             return None
         return self.original.p50_ms / self.fixed.p50_ms
@@ -57,24 +68,29 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
     """`skip_original`: why the original is not timed (a graph ORT cannot build a session of in reasonable time)."""
     signature, dims, step = decode_step(graph, settings)
     feeds = synthesize(signature, dims, step, token_inputs(graph, None))
-    stats: list[Stats | None] = [None] if skip_original else []
     runs = [(str(fixed_path), fixed_path.parent)]
+    labels = ["fixed"]
     if not skip_original:
         runs.insert(0, (original.SerializeToString(), original_dir))
-    for model, folder in runs:
-        session = _session(model, folder)
-        bound = BoundSession(session, plan_binding(CPU, {}), feeds)
-        bound.discover_outputs()
-        with Deadline(None) as deadline:
-            stats.append(latency_stats(timed_runs(bound, settings.warmup, settings.iterations, deadline)))
-        del bound, session
+        labels.insert(0, "original")
+    bounds = []
+    with Deadline(None) as deadline:
+        for (model, folder), label in zip(runs, labels):
+            bound = BoundSession(_session(model, folder), plan_binding(CPU, {}), feeds)
+            bound.discover_outputs()
+            timed_runs(bound, settings.warmup, 0, deadline, label=label)
+            bounds.append(bound)
+        latencies = alternated_rounds(bounds, settings.iterations, deadline, labels=labels)
+    del bounds
+    stats = [latency_stats([x for r in rounds for x in r]) for rounds in latencies]
     past = f" after {step.past_sequence_length} cached" if any(dim_role(d) == "past" for d in dims) else ""
-    what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {settings.iterations} "
-            "runs, ORT CPU, ORT_ENABLE_ALL")
-    fixed = stats[1]
-    assert fixed is not None
-    return Measurement(stats[0], fixed, what, skip_original, step.batch_size, step.sequence_length,
-                       step.total_sequence_length)
+    what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {stats[-1].iterations} "
+            f"runs{' each, alternated' if len(stats) > 1 else ''}, ORT CPU, ORT_ENABLE_ALL")
+    if skip_original:
+        return Measurement(None, stats[0], what, skip_original, step.batch_size, step.sequence_length,
+                           step.total_sequence_length)
+    return Measurement(stats[0], stats[1], what, None, step.batch_size, step.sequence_length,
+                       step.total_sequence_length, ratio=round_ratio(latencies[0], latencies[1]))
 
 
 def _session(model, folder: Path):

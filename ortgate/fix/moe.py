@@ -22,7 +22,7 @@ from ortgate.cost.model import expert_bytes_read, fused_expert_bytes_read
 from ortgate.errors import printable
 from ortgate.fix.weights import DataFile, MemorySink, WeightSource, itemsize
 from ortgate.graph.index import Graph
-from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies
+from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, rewrite_refusal
 from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.moe_op import moe_op_facts
 
@@ -81,11 +81,9 @@ def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
     taken = set(graph.initializers) | {n.name for n in graph.nodes}
     facts = moe_op_facts()
     for a in moe_anatomies(graph):
-        if a.refusal is not None:
-            refusals.append(MoeRefusal(a.layer, a.anchor.display_name, a.refusal))
-            continue
-        if a.routing == "sparsemixer" and not facts.sparse_mixer.cpu_implemented:
-            refusals.append(MoeRefusal(a.layer, a.anchor.display_name, sparse_mixer_refusal(a, facts)))
+        verdict = rewrite_refusal(a)
+        if not verdict.rewritable:
+            refusals.append(MoeRefusal(a.layer, a.anchor.display_name, verdict.reason or ""))
             continue
         prefix = f"model.layers.{a.layer}.moe" if a.layer is not None else f"moe.{a.anchor.index}"
         fc1 = _unique(f"{prefix}.experts.gate_up_proj.weight" if a.activation == "swiglu"
@@ -113,23 +111,6 @@ def _unique(name: str, taken: set[str]) -> str:
         candidate = f"{name}_{n}"
     taken.add(candidate)
     return candidate
-
-
-def sparse_mixer_refusal(a: MoeAnatomy, facts) -> str:
-    """Why a sparsemixer block stays as it is: ORT's CPU kernel, the one the rewrite is verified on, routes
-    use_sparse_mixer=1 as plain softmax top-k."""
-    mixer = facts.sparse_mixer
-    eps = f"{a.jitter_eps:.4g}" if a.jitter_eps is not None else "unknown"
-    experts = len(a.experts) or a.num_experts
-    differs = ([f"{experts} experts"] if experts not in mixer.cuda_experts else []) + (
-        [f"jitter eps {eps}"] if a.jitter_eps is None or abs(a.jitter_eps - mixer.cuda_jitter_eps) > 1e-6 else [])
-    cuda = (f"ORT's CUDA kernel implements it only for {' or '.join(map(str, mixer.cuda_experts))} experts with "
-            f"jitter eps {mixer.cuda_jitter_eps:g}" + (f"; this block has {' and '.join(differs)}" if differs else ""))
-    return (f"sparsemixer routing (PhiMoE, jitter eps {eps}): each of the {mixer.k} picks is weighted by a softmax over "
-            f"only the experts within 2 x eps relative distance of it (the first pick masked out of the second), so "
-            f"the weights need not sum to 1; com.microsoft.MoE's use_sparse_mixer=1 names this routing, but "
-            f"onnxruntime {facts.ort_version}'s CPU kernel ignores it and {mixer.cpu_routes_as}: the rewrite cannot "
-            f"be verified equal on CPU ({cuda})")
 
 
 def _attributes(a: MoeAnatomy, facts) -> dict:

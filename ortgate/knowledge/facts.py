@@ -148,6 +148,10 @@ class CpuFallback:
     disabled_behavior: str
     value_parsing: str
     source: str
+    # dtypes the CPU provider runs through a float kernel where it has none of their own: ORT's InsertCastTransformer
+    # casts such a node's inputs to float and its outputs back
+    cast_to_float: tuple[str, ...] = ()
+    cast_to_float_source: str = ""
 
 
 @dataclass(frozen=True)

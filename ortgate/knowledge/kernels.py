@@ -2,8 +2,10 @@
 
 The table answers "does provider P register a kernel for (domain, op_type) at this opset, for these input dtypes?"
 without loading ONNX Runtime. It reflects ONE ORT source tree (see `KernelTable.ort_version`), so every answer that
-depends on it names that version, and an op the table does not list at all is UNKNOWN_OP, never NO: newer ORT builds
-run ops the table predates (LinearAttention, CausalConvWithState, GatedRMSNorm, ... in 1.31).
+depends on it names that version, and an op the table does not list at all is UNKNOWN_OP, never NO. The ops newer than
+its OperatorKernels.md (LinearAttention, CausalConvWithState, GatedRMSNorm, ...) come from the installed release's
+provider binaries (sources/rtti_kernels.json). An ONNX op onnx defines as a function (CastLike) with no kernel is
+inlined by ORT into its body, so `supports` answers YES for it, saying so.
 
     from ortgate.knowledge import kernel_table, Support
     r = kernel_table().supports("CUDAExecutionProvider", "com.microsoft", "GroupQueryAttention", 1, ["float", ...])
@@ -181,6 +183,9 @@ class KernelTable:
     commit: str
     source: str
     _ops: dict[str, dict[str, dict[str, OpKernels]]] = field(repr=False)  # provider -> domain -> op -> kernels
+    # ONNX-domain ops onnx defines as functions -> (every schema's since version, those with a function body)
+    function_ops: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict, repr=False)
+    function_ops_onnx: str = ""  # the onnx release those schemas are from
 
     # ---- loading -------------------------------------------------------------------------------------------------
 
@@ -208,11 +213,16 @@ class KernelTable:
                                 since=k["since"],
                                 until=k["until"],
                                 types={name: tuple(v) for name, v in k["types"].items()},
+                                added_by=entry.get("source"),
                             )
                             for k in entry["kernels"]
                         ),
                     )
-        return cls(ort_version=data["ort_version"], commit=data["commit"], source=data["source"], _ops=ops)
+        functions = data.get("function_ops") or {}
+        return cls(ort_version=data["ort_version"], commit=data["commit"], source=data["source"], _ops=ops,
+                   function_ops={op: (tuple(v["versions"]), tuple(v["function"]))
+                                 for op, v in (functions.get("ops") or {}).items()},
+                   function_ops_onnx=functions.get("onnx", ""))
 
     @classmethod
     def load(cls, path: str | Path = KERNELS_JSON) -> KernelTable:
@@ -258,6 +268,21 @@ class KernelTable:
     def op(self, provider: str, domain: str, op_type: str) -> OpKernels | None:
         return self._ops.get(_canonical_provider(provider), {}).get(normalize_domain(domain), {}).get(op_type)
 
+    def is_function(self, domain: str, op_type: str, opset: int | None) -> bool:
+        """True when onnx defines (domain, op_type) at `opset` as a function: ORT inlines such a node into its body
+        when no provider has a kernel for it (CastLike, LayerNormalization, ...)."""
+        if normalize_domain(domain) != ONNX_DOMAIN:
+            return False
+        entry = self.function_ops.get(op_type)
+        if entry is None:
+            return False
+        versions, bodies = entry
+        if opset is None:
+            return bool(bodies)
+        # the schema in force at `opset` is the newest one at or below it: does it have a function body?
+        in_force = max((v for v in versions if v <= opset), default=None)
+        return in_force is not None and in_force in bodies
+
     def lookup(
         self, provider: str, domain: str, op_type: str, opset: int | None = None
     ) -> list[KernelRegistration] | None:
@@ -270,6 +295,29 @@ class KernelTable:
         return [r for r in entry.registrations if r.covers(opset)]
 
     def supports(
+        self,
+        provider: str,
+        domain: str,
+        op_type: str,
+        opset: int | None = None,
+        input_dtypes: InputDtypes = None,
+    ) -> SupportResult:
+        """`kernel_support`, with ONNX function ops resolved first: where the provider has no kernel for a node of an
+        op onnx defines as a function, ORT inlines the node into its function body (Graph::InlineFunction), so the
+        node itself falls back nowhere; the body's ops are placed like any others."""
+        result = self.kernel_support(provider, domain, op_type, opset, input_dtypes)
+        if result.status in (Support.YES, Support.UNKNOWN_PROVIDER) or not self.is_function(domain, op_type, opset):
+            return result
+        qual = op_type if normalize_domain(domain) == ONNX_DOMAIN else f"{domain}.{op_type}"
+        return SupportResult(
+            Support.YES,
+            f"{qual} is an ONNX function (onnx {self.function_ops_onnx}): with no {_canonical_provider(provider)} kernel "
+            f"for this node, ORT inlines it into its function body, whose ops are placed instead ({self.ort_version})",
+            None,
+            self.ort_version,
+        )
+
+    def kernel_support(
         self,
         provider: str,
         domain: str,
@@ -391,6 +439,9 @@ def _check_signature(sig: Signature, reg: KernelRegistration, input_dtypes: Inpu
             missing.append(formal.name)
             continue
         dt = normalize_dtype(raw)
+        if dt not in allowed and f"seq(tensor({dt}))" in allowed:
+            # the graph gives a sequence value its element type; a formal that takes only sequences holds one
+            dt = f"seq(tensor({dt}))"
         if dt not in allowed:
             if not _is_known_dtype(dt):
                 return Support.UNKNOWN_TYPE, f"input {formal.name!r} has unrecognized type {raw!r}"

@@ -32,6 +32,7 @@ class ProducedForm:
     applies_to: str  # which models or builds it holds for
     turned_off_by: str  # what makes a release that writes it not write it
     source: str
+    providers: tuple[str, ...] = ()  # the ORT providers it is written for when built for them (empty: every one)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,27 @@ class Producer:
     version_source: str
     forms: Mapping[str, ProducedForm] = field(default_factory=dict)
     fuses_none: FusesNone | None = None
+    command: str | None = None  # how to run it ("python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT")
+    builds: Mapping[str, str] = field(default_factory=dict)  # model family (model_families.json key) -> label
+    execution_providers: Mapping[str, str] = field(default_factory=dict)  # ORT provider -> the tool's flags for it
+
+    def builds_family(self, family: str) -> bool:
+        return family in self.builds
+
+    def command_for(self, provider: str | None) -> str | None:
+        """The command line that builds for `provider` (an ORT provider name), or None when the tool has no build
+        for it or no command is known; with no provider, the build for the first provider listed, and the flags of
+        the second after it ("`... -p fp32 -e cpu` (`-p fp16 -e cuda` for CUDAExecutionProvider)")."""
+        if self.command is None:
+            return None
+        if provider is None:
+            listed = list(self.execution_providers.items())
+            if not listed:
+                return f"`{self.command}`"
+            first = f"`{self.command} {listed[0][1]}`"
+            return first + (f" (`{listed[1][1]}` for {listed[1][0]})" if len(listed) > 1 else "")
+        flag = self.execution_providers.get(provider)
+        return f"`{self.command} {flag}`" if flag else None
 
     def mentioned_in(self, text: str) -> bool:
         low = text.lower()
@@ -100,6 +122,11 @@ class _ProducerEntry:
     version_source: str
     forms: Mapping[str, ProducedForm] = field(default_factory=dict)
     fuses_none: FusesNone | None = None
+    command: str | None = None
+    builds: Mapping[str, str] = field(default_factory=dict)
+    builds_source: str = ""
+    execution_providers: Mapping[str, str] = field(default_factory=dict)
+    execution_providers_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -118,13 +145,19 @@ def _load() -> dict[str, Producer]:
             if version is not None and release(version) is None:
                 raise KnowledgeError(f"{PRODUCERS_JSON.name}: producers.{name}: {version!r} is not a release number")
         producer = Producer(name, entry.label, entry.producer_names, entry.mentions, entry.checked,
-                            entry.version_recorded_since, entry.version_source, dict(entry.forms), entry.fuses_none)
+                            entry.version_recorded_since, entry.version_source, dict(entry.forms), entry.fuses_none,
+                            entry.command, dict(entry.builds), dict(entry.execution_providers))
         for spelled in entry.producer_names:
             out[spelled.lower()] = producer
     return out
 
 
 _PRODUCERS = _load()
+
+
+def known_producers() -> list[Producer]:
+    """Every tool producers.json knows, once each."""
+    return list({id(p): p for p in _PRODUCERS.values()}.values())
 
 
 def producer_of(producer_name: str) -> Producer | None:

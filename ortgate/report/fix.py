@@ -134,7 +134,7 @@ def render_fix_text(outcome) -> str:
             lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
         else:
             lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                         f"speedup {m.speedup:.2f}x")
+                         f"speedup {m.ratio.describe() if m.ratio is not None else f'{m.speedup:.2f}x'}")
     p = outcome.prediction
     if p is not None:
         speedup = f", speedup {p.speedup:.2f}x" if p.speedup is not None else ""
@@ -214,6 +214,9 @@ def fix_json(outcome) -> dict:
         "measurement": None if m is None else {
             "step": m.step, "original_p50_ms": m.original.p50_ms if m.original else None,
             "fixed_p50_ms": m.fixed.p50_ms, "speedup": m.speedup, "predicted_speedup": outcome.predicted_speedup,
+            "speedup_spread": None if m.ratio is None else [m.ratio.low, m.ratio.high],
+            "rounds": None if m.ratio is None else m.ratio.rounds,
+            "within_noise": None if m.ratio is None else m.ratio.within_noise,
             "note": m.note, "batch_size": m.batch_size, "new_tokens": m.new_tokens, "context_length": m.context,
         },
         "prediction": None if outcome.prediction is None else {

@@ -90,9 +90,13 @@ def _write(console: Console, ev: RunEvidence) -> None:
     if ev.baseline is not None:
         _measurement(console, "default", ev.baseline, cpu)
         if ev.speedup_vs_default is not None and ev.measurement is not None:
-            _line(console, "speedup", f"{ev.speedup_vs_default:.3f}x policy vs ORT's default session "
-                                      f"(p50 {_ms(ev.baseline.stats.p50_ms)} ms / {_ms(ev.measurement.stats.p50_ms)} ms)"
-                                      f"{cpu}")
+            if ev.versus_default is not None:
+                _line(console, "speedup", f"{ev.versus_default.describe(3)} policy vs ORT's default session (the "
+                                          f"median of the rounds' default p50 / policy p50){cpu}")
+            else:
+                _line(console, "speedup", f"{ev.speedup_vs_default:.3f}x policy vs ORT's default session "
+                                          f"(p50 {_ms(ev.baseline.stats.p50_ms)} ms / "
+                                          f"{_ms(ev.measurement.stats.p50_ms)} ms){cpu}")
     if ev.estimate is not None:
         _estimate(console, ev, cpu)
     if ev.correctness is not None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from ortgate.graph.index import Graph
-from ortgate.knowledge.producers import producer_of
+from ortgate.graph.index import Graph, Node
+from ortgate.knowledge.families import model_family
+from ortgate.knowledge.producers import known_producers, producer_of
 
 _SENTENCES = re.compile(r"(?<=[.;])\s+(?=\S)")
 _ASIDE = re.compile(r"\s*\([^()]*\)")
@@ -45,3 +46,59 @@ def producer_fix(graph: Graph, fix: str, form: str | None = None) -> str:
     if text.endswith(";"):
         text = text[:-1] + "."
     return f"{text} {advice}".strip() if advice else text
+
+
+FIX_COMMAND = "ortgate fix MODEL -o OUT"
+WAIVE = ("what remains is to waive the finding in the policy (`waivers:` with the rule, the node and a `reason`) or to "
+         "accept the cost its price shows")
+
+
+def _family_key(family: object) -> str | None:
+    """The model_families.json key of a declared family (policy model.family, genai_config.json model.type), or
+    its spelling with only letters and digits when ortgate has no entry for it."""
+    if not isinstance(family, str) or not family.strip():
+        return None
+    known = model_family(family)
+    return known.name if known is not None else re.sub(r"[^a-z0-9]", "", family.lower())
+
+
+def builder_advice(family: object, provider: str | None, writes: str, form: str | None = None) -> str:
+    """A sentence recommending each known builder that writes `writes` ('it' in the sentence) for this model: only
+    for a family it builds (every one it builds is listed when the family is not declared), with the flags of the
+    deployment's execution provider; '' when no builder applies."""
+    key = _family_key(family)
+    said: list[str] = []
+    for tool in known_producers():
+        if not tool.builds or tool.command is None:
+            continue
+        if key is not None and not tool.builds_family(key):
+            continue
+        produced = tool.forms.get(form) if form else None
+        if provider is not None and produced is not None and produced.providers and provider not in produced.providers:
+            continue
+        command = tool.command_for(provider)
+        if command is None:
+            continue
+        families = tool.builds[key] if key is not None else f"the families it builds ({', '.join(tool.builds.values())})"
+        said.append(f"{tool.label} writes {writes} for {families}: {command}.")
+    return " ".join(said)
+
+
+def fusion_fix_advice(what: str) -> str:
+    """The sentence that names `ortgate fix` for a form its onnxscript fusions repair where their patterns match."""
+    return (f"`{FIX_COMMAND}` rewrites {what} with onnxscript's ort_fusions where their patterns match, and says per "
+            "layer what it fused and what it left (`--dry-run` writes nothing).")
+
+
+# torch.onnx writes the sequence ops for a torch.split / chunk / unbind whose pieces it cannot make static.
+_TORCH_SEQUENCE_OPS = frozenset({"SplitToSequence", "SequenceAt", "ConcatFromSequence", "SequenceConstruct",
+                                 "SequenceInsert", "SequenceLength"})
+
+
+def torch_export_advice(graph: Graph, node: Node) -> str:
+    """How to export without `node` when torch.onnx wrote it (a sequence op from a dynamic split), else ''."""
+    if graph.producer_name.lower() != "pytorch" or node.op_type not in _TORCH_SEQUENCE_OPS:
+        return ""
+    return (f"torch.onnx writes {node.op_type} for a torch.split / chunk / unbind whose pieces it cannot make static: "
+            "re-export with static split sizes (a Python int list, or torch.chunk of a fixed count), or in a dtype the "
+            "kernels take (float16 or float32: `model.to(torch.float16)` before torch.onnx.export).")

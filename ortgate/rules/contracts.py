@@ -16,8 +16,9 @@ from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.common import cached
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.knowledge.contracts import OpContract, op_contract
+from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import RuleContext, layers_text
 
 CONTRACT_FIX = (
     "Re-export the node as its operator's contract requires (the finding names the contract's source), or with an "
@@ -156,6 +157,7 @@ def op_input_type(ctx: RuleContext):
     ## What it checks
     Inputs whose element type the graph declares or implies (declared types, propagated through the producers)
     against the contract's type constraint for that input (e.g. RotaryEmbedding's position_ids: tensor(int64)).
+    One finding per op, input and type (one export choice), naming every node it affects.
 
     ## Why it costs throughput
     ORT finds no kernel signature for the node and refuses the session.
@@ -192,31 +194,53 @@ def op_input_type(ctx: RuleContext):
     untyped: Counter[str] = Counter()
     for node, contract in _contracted(graph):
         for i, formal in enumerate(contract.inputs):
-            if i >= len(node.inputs) or not node.inputs[i]:
-                continue
-            allowed = contract.allowed_types(formal)
-            if not allowed:
-                continue
-            dtype = graph.dtype(node.inputs[i])
-            if dtype is None:
+            if i < len(node.inputs) and node.inputs[i] and contract.allowed_types(formal) \
+                    and graph.dtype(node.inputs[i]) is None:
                 untyped[node.key] += 1
-                continue
-            if dtype in allowed:
-                continue
-            yield ctx.finding(
-                f"{_op(node)} input {i} '{formal.name}' ({node.inputs[i]}) is {dtype}, but its contract allows "
-                f"{', '.join(allowed)} ({formal.type}, {contract.source}): ORT has no kernel for it",
-                node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"input": formal.name, "dtype": dtype, "allowed": list(allowed), "contract": contract.source},
-            )
+    for (_, i, dtype), found in type_violations(graph).items():
+        node, contract, name, allowed = found[0]
+        nodes = [n for n, *_ in found]
+        count = f" ({len(nodes)} nodes{' ' + layers_text(nodes) if layers_text(nodes) else ''})" if len(nodes) > 1 else ""
+        yield ctx.finding(
+            f"{_op(node)} input {i} '{name}' ({node.inputs[i]}) is {dtype}{count}, but its contract allows "
+            f"{', '.join(allowed)} ({contract.inputs[i].type}, {contract.source}): ORT has no kernel for it",
+            node=node, graph=graph, related=nodes[1:], fix=" ".join(filter(None, (CONTRACT_FIX, torch_export_advice(
+                graph, node)))),
+            properties={"input": name, "dtype": dtype, "allowed": list(allowed), "contract": contract.source,
+                        "nodes": len(nodes)},
+        )
     if untyped:
-        count = sum(untyped.values())
+        unknown = sum(untyped.values())
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(untyped.items()))
         yield ctx.undecided(
-            f"{count} input{'s' if count > 1 else ''} of contracted nodes ha{'ve' if count > 1 else 's'} no element "
+            f"{unknown} input{'s' if unknown > 1 else ''} of contracted nodes ha{'ve' if unknown > 1 else 's'} no element "
             f"type the graph declares or its operators' schemas imply; their types are not checked: {listed}",
             graph=graph, properties={"not_checked": dict(sorted(untyped.items()))},
         )
+
+
+Violation = tuple[Node, OpContract, str, tuple[str, ...]]
+
+
+def type_violations(graph: Graph) -> dict[tuple[str, int, str], list[Violation]]:
+    """(op, input position, dtype) -> every node whose input there has that type its contract does not allow (the
+    node, its contract, the formal's name, the allowed types): one export choice per key. op-input-type owns these
+    nodes; the placement rules leave them to it."""
+
+    def compute(g: Graph) -> dict[tuple[str, int, str], list[Violation]]:
+        groups: dict[tuple[str, int, str], list[Violation]] = {}
+        for node, contract in _contracted(g):
+            for i, formal in enumerate(contract.inputs):
+                if i >= len(node.inputs) or not node.inputs[i]:
+                    continue
+                allowed = contract.allowed_types(formal)
+                dtype = g.dtype(node.inputs[i])
+                if not allowed or dtype is None or dtype in allowed or f"seq(tensor({dtype}))" in allowed:
+                    continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
+                groups.setdefault((node.key, i, dtype), []).append((node, contract, formal.name, allowed))
+        return groups
+
+    return cached(graph, "op_type_violations", compute)
 
 
 @cache

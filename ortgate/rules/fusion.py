@@ -8,15 +8,32 @@ from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
 from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe_anatomy import block_verdict
+from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
-MOE_FIX = (
-    "Export each MoE layer as one com.microsoft.MoE node (QMoE for int4/int8 experts): activation_type=swiglu, "
-    "swiglu_fusion=1 (gate and up interleaved in fc1), k=top_k, normalize_routing_weights as the model's "
-    "norm_topk_prob. onnxruntime-genai's builder emits it (python -m onnxruntime_genai.models.builder -i HF_DIR "
-    "-o OUT -p fp16 -e cuda). ORT has no optimizer pass that fuses MoE, so no session setting can repair this graph."
+MOE_HOW = (
+    "one com.microsoft.MoE node (QMoE for int4/int8 experts): activation_type=swiglu, swiglu_fusion=1 (gate and up "
+    "interleaved in fc1), k=top_k, normalize_routing_weights as the model's norm_topk_prob"
 )
+MOE_NO_PASS = "ORT has no optimizer pass that fuses MoE, so no session setting can repair this graph."
+
+
+def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
+    """What repairs this block, as `ortgate fix`'s planner decides it (graph/patterns/moe_anatomy.rewrite_refusal):
+    `ortgate fix` where it rewrites the block, a builder only for a family it builds and for the deployment's
+    provider, and for a router no com.microsoft.MoE form expresses, that, and what remains."""
+    verdict = block_verdict(ctx.model, block) if block.router is not None and block.router.graph is None else None
+    builder = builder_advice(ctx.expect.value("family"), ctx.deployment.provider, "it", "moe_fused")
+    if verdict is not None and verdict.rewritable:
+        return (f"Run `{FIX_COMMAND}`: it rewrites this block into {MOE_HOW}, checks the result equals the original on "
+                f"ORT CPU and lints it again (`--dry-run` shows the plan). {builder} {MOE_NO_PASS}")
+    if verdict is not None and not verdict.expressible:
+        return (f"No com.microsoft.MoE form expresses this router: {verdict.reason}. Neither `ortgate fix` nor a "
+                f"re-export can fuse it; {WAIVE}.")
+    refused = f"`ortgate fix` leaves this block unchanged: {verdict.reason}. " if verdict is not None else ""
+    return (f"{refused}Export the layer as {MOE_HOW}. {builder} {MOE_NO_PASS}")
 
 
 @rule("OGF001", "moe-not-fused", Severity.ERROR)
@@ -84,10 +101,16 @@ def moe_not_fused(ctx: RuleContext):
     ```
 
     ## Fix
-    Re-export with a builder that emits com.microsoft.MoE (onnxruntime-genai's model builder does for
-    Qwen3.5/3.6-MoE, GPT-OSS, PhiMoE, ...), or rewrite the block with onnxscript into MoE: stack the experts'
-    gate/up weights into fc1 `[experts, 2*inter, hidden]` (interleaved for swiglu_fusion=1), down weights into
-    fc2 `[experts, hidden, inter]`, and pass the router logits (not probabilities) as `router_probs`.
+    Run `ortgate fix MODEL -o OUT`: it rewrites every block whose routing com.microsoft.MoE expresses
+    (softmax then top-k, or top-k then softmax, renormalised or not) into one MoE node, stacking the experts'
+    gate/up weights into fc1 `[experts, 2*inter, hidden]` (interleaved for swiglu_fusion=1) and the down weights into
+    fc2 `[experts, hidden, inter]`, with the router logits as `router_probs`; it checks the result on ORT CPU and
+    says of each block it leaves why. Or re-export with a builder that emits com.microsoft.MoE, for a family it
+    builds and with the deployment's execution provider (onnxruntime-genai's model builder builds Qwen3.5/3.6-MoE,
+    GPT-OSS, PhiMoE, LFM2-MoE, GraniteMoeHybrid and Gemma4-MoE; not Mixtral, Qwen2-MoE, OLMoE, GraniteMoE,
+    DeepSeek or Qwen3-MoE). A router no com.microsoft.MoE form expresses (sigmoid, group-limited or bias-corrected
+    scoring as in DeepSeek-V3; PhiMoE's sparsemixer outside the cases ORT's CUDA kernel implements) can only be
+    waived with a reason, or its cost accepted. Each finding's fix says which of these applies to its block.
     """
     graph = ctx.model
     blocks = moe_blocks(graph)
@@ -99,7 +122,7 @@ def moe_not_fused(ctx: RuleContext):
             "of one com.microsoft.MoE",
             node=block.router, graph=graph, layer=block.layer,
             related=[*block.routing_nodes, *block.expert_linears],
-            fix=MOE_FIX, fix_form="moe_fused",
+            fix=moe_fix(ctx, block), fix_form="moe_fused",
             properties={
                 "experts": block.experts, "top_k": block.k, "routing_form": block.routing_form.value,
                 "expert_form": block.expert_form.value, "routed_experts": block.routed_experts_found,
@@ -134,9 +157,18 @@ def moe_structure(block: MoeBlock) -> str:
 GQA_FIX = (
     "Export attention as com.microsoft.GroupQueryAttention (num_heads, kv_num_heads, packed QKV or separate "
     "q/k/v, past_key/past_value KV cache, seqlens_k, total_sequence_length; do_rotary=1 with cos/sin caches "
-    "to fold the rotary embedding in). onnxruntime-genai's builder emits it; onnxscript's ort_fusions can "
-    "rewrite SDPA into GQA on graphs that carry a KV cache."
+    "to fold the rotary embedding in)."
 )
+
+
+def gqa_fix(ctx: RuleContext, base: str = GQA_FIX) -> str:
+    """`base`, then `ortgate fix` (onnxscript's attention fusions: GroupQueryAttention only with a KV cache) and a
+    builder for a family it builds, with the deployment's provider."""
+    fix = (f"`{FIX_COMMAND}` runs onnxscript's attention fusions, which write GroupQueryAttention only on a graph with "
+           "a KV cache (past key/value inputs) and otherwise MultiHeadAttention at most, which still expands K/V "
+           "(`--dry-run` says per layer what it fused).")
+    return " ".join(filter(None, (base, fix, builder_advice(ctx.expect.value("family"), ctx.deployment.provider,
+                                                             "it"))))
 
 
 # ContribOperators.md: GroupQueryAttention's packed QKV is num_heads * head_size + 2 * kv_num_heads * head_size wide
@@ -199,8 +231,9 @@ def gqa_not_fused(ctx: RuleContext):
     ```
 
     ## Fix
-    Re-export with GroupQueryAttention (onnxruntime-genai's builder, or onnxscript's ort_fusions on a graph
-    with a KV cache), with `num_heads` / `kv_num_heads` from the model config. ORT's own
+    Re-export with GroupQueryAttention (onnxruntime-genai's builder, for the families it builds), with
+    `num_heads` / `kv_num_heads` from the model config; on a graph with a KV cache, `ortgate fix MODEL -o OUT`
+    rewrites it with onnxscript's attention fusions. ORT's own
     GroupQueryAttentionFusion only packs Q/K/V and rotary into an existing GQA node; it never creates one.
     """
     graph = ctx.executed
@@ -208,7 +241,7 @@ def gqa_not_fused(ctx: RuleContext):
         if heads is None:
             yield ctx.finding(
                 f"attention {kind}, instead of com.microsoft.GroupQueryAttention", node=node, graph=graph,
-                layer=layer, related=related, fix=GQA_FIX, fix_form="gqa_fused",
+                layer=layer, related=related, fix=gqa_fix(ctx), fix_form="gqa_fused",
             )
             continue
         qk, v = heads
@@ -217,7 +250,7 @@ def gqa_not_fused(ctx: RuleContext):
             f"size ({v}), as in multi-head latent attention (MLA): GroupQueryAttention has one head_size for q, k and "
             f"v, so it can run this attention only with V zero-padded to {qk} per head and its output sliced back "
             f"to {v}; com.microsoft.MultiHeadAttention takes a v_hidden_size of its own",
-            node=node, graph=graph, layer=layer, related=related, fix=MLA_FIX,
+            node=node, graph=graph, layer=layer, related=related, fix=gqa_fix(ctx, MLA_FIX),
             properties={"qk_head_size": qk, "v_head_size": v, "gqa_expresses_directly": False},
         )
 

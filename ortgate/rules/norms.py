@@ -10,6 +10,7 @@ from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
 from ortgate.knowledge.families import ModelFamily, model_family
 from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
+from ortgate.rules.advice import builder_advice, fusion_fix_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.targets import by_layer, judged_graph, layer_text, ort_pass_note, target
@@ -17,10 +18,16 @@ from ortgate.rules.targets import by_layer, judged_graph, layer_text, ort_pass_n
 RMSNORM_FIX = (
     "Export every RMSNorm as one SimplifiedLayerNormalization (ONNX domain; axis=-1, epsilon=rms_norm_eps, "
     "stash_type=1) and each residual Add + RMSNorm as com.microsoft SkipSimplifiedLayerNormalization "
-    "(its 4th output carries the residual on). onnxruntime-genai's builder writes both; for torch.onnx exports run "
-    "onnxscript's onnxscript.rewriter.ort_fusions.optimize_for_ort(model), which fuses RMSNorm and SkipRMSNorm. "
-    "ORT's own SimplifiedLayerNormFusion only matches the Pow -> ReduceMean -> Add -> Sqrt -> Div(x, .) -> Mul form."
+    "(its 4th output carries the residual on). ORT's own SimplifiedLayerNormFusion only matches the Pow -> "
+    "ReduceMean -> Add -> Sqrt -> Div(x, .) -> Mul form."
 )
+
+
+def rmsnorm_fix(ctx: RuleContext) -> str:
+    """RMSNORM_FIX, then what repairs this model: `ortgate fix` (onnxscript's RMSNorm and SkipRMSNorm fusions), and a
+    builder for a family it builds, with the deployment's provider."""
+    return " ".join(filter(None, (RMSNORM_FIX, fusion_fix_advice("RMSNorm and residual Add + RMSNorm"),
+                                   builder_advice(ctx.expect.value("family"), ctx.deployment.provider, "both"))))
 _FORM_TEXT = {
     "pow_div": "x / Sqrt(ReduceMean(Pow(x, 2)) + eps) * gamma",
     "pow_div_cast": "x / Sqrt(...) cast back before * gamma (fp16 upcast around the norm)",
@@ -83,8 +90,10 @@ def rmsnorm_not_fused(ctx: RuleContext):
     ```
 
     ## Fix
-    Export RMSNorm as SimplifiedLayerNormalization (onnxruntime-genai's builder does; for torch.onnx exports,
-    onnxscript's `ort_fusions.optimize_for_ort` rewrites it), or at least write the `Div` form ORT fuses.
+    Run `ortgate fix MODEL -o OUT`: onnxscript's RMSNorm fusion rewrites the forms it matches into
+    SimplifiedLayerNormalization and the report says per layer what it left. Or export RMSNorm as
+    SimplifiedLayerNormalization (onnxruntime-genai's builder does, for the families it builds), or at least write
+    the `Div` form ORT fuses.
     """
     for group in rmsnorm_groups(ctx):
         if not group.ort_fuses:
@@ -147,7 +156,7 @@ def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
         f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(found.layer)} computed with standard ops "
         f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {found.why}",
         node=group[0].last, graph=found.graph, layer=found.layer,
-        related=[n for m in group for n in m.nodes], fix=RMSNORM_FIX,
+        related=[n for m in group for n in m.nodes], fix=rmsnorm_fix(ctx),
         properties={"norms": len(group), "head_norms": heads, "hidden_norms": counts["hidden"],
                     "per_head_norms": counts["head"], "projection_norms": counts["projection"],
                     "forms": ",".join(forms), "ort_fuses": found.ort_fuses},
@@ -243,9 +252,9 @@ def skip_rmsnorm_not_fused(ctx: RuleContext):
     ```
 
     ## Fix
-    Export the residual adds as SkipSimplifiedLayerNormalization (onnxruntime-genai's builder does for every norm
-    after the first, including the final norm; onnxscript's `ort_fusions.optimize_for_ort` fuses SkipRMSNorm in
-    torch.onnx exports). Set `epsilon` explicitly: its default is 1e-12.
+    Run `ortgate fix MODEL -o OUT`: onnxscript's SkipRMSNorm fusion rewrites the residual adds it matches. Or export
+    them as SkipSimplifiedLayerNormalization (onnxruntime-genai's builder does for every norm after the first,
+    including the final norm, for the families it builds). Set `epsilon` explicitly: its default is 1e-12.
     """
     graph, is_dump = judged_graph(ctx)
     where = " in ORT's optimized dump" if is_dump else ""
@@ -263,7 +272,7 @@ def skip_rmsnorm_not_fused(ctx: RuleContext):
             f"{' and '.join(kinds)} ({pairs}){where} instead of one com.microsoft SkipSimplifiedLayerNormalization; "
             f"ORT's optimizer never builds SkipSimplifiedLayerNormalization (ORT {fusions_version()})",
             node=group[0].norm, graph=graph, layer=layer,
-            related=[r.add for r in group] + [r.norm for r in group[1:]], fix=RMSNORM_FIX,
+            related=[r.add for r in group] + [r.norm for r in group[1:]], fix=rmsnorm_fix(ctx),
             properties={"residual_adds": len(group)},
         )
 

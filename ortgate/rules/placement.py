@@ -16,6 +16,7 @@ from ortgate.graph.patterns.common import cached
 from ortgate.knowledge import (
     Support,
     SupportResult,
+    cpu_fallback_facts,
     cuda_graph_capture_facts,
     data_dependent_shape_inputs,
     kernel_free_op,
@@ -23,8 +24,10 @@ from ortgate.knowledge import (
     memcpy_ops,
     tensorrt_untaken_domain,
 )
+from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
+from ortgate.rules.contracts import type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 
 CPU = "CPUExecutionProvider"
@@ -69,8 +72,10 @@ def placements(graph: Graph, provider: str) -> list[Placement]:
 
 
 def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
-    """Nodes the kernel table says `provider` has no kernel for: ORT gives them to the CPU provider."""
-    return [p for p in placements(graph, provider) if p.result.status is Support.NO]
+    """Nodes the kernel table says `provider` has no kernel for: ORT gives them to the CPU provider. A node whose input
+    type its op's contract does not allow is op-input-type's (no provider has a kernel for it)."""
+    owned = {id(n) for found in type_violations(graph).values() for n, *_ in found}
+    return [p for p in placements(graph, provider) if p.result.status is Support.NO and id(p.node) not in owned]
 
 
 
@@ -137,6 +142,21 @@ def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
     """The one message of op-not-on-ep and index-op-not-on-ep."""
     table = kernel_table()
     nodes = group.nodes
+    node = nodes[0]
+    dtypes = [graph.dtype(i) if i else None for i in node.inputs]
+    cast = set(cpu_fallback_facts().cast_to_float)  # ORT runs these on CPU's float kernel between Casts
+    on_cpu = table.supports(CPU, node.domain, node.op_type, graph.opsets.get(node.domain),
+                            ["float" if d in cast else d for d in dtypes])
+    if on_cpu.status is Support.NO:
+        # The fallback has no kernel either: no provider runs the node, and ORT refuses the session outright.
+        return ctx.finding(
+            f"{group.reason}, and {CPU}, where ORT would put it instead, has none either ({on_cpu.reason}): "
+            f"{_count(nodes)} no provider runs, so ORT refuses to create the session (the "
+            f"{_target(list(group.labels), group.provider)})",
+            node=node, graph=graph, related=nodes[1:], fix=_nowhere_fix(graph, node),
+            properties={"provider": group.provider, "op": group.key, "nodes": len(nodes),
+                        "kernel_table": table.ort_version, "cpu_kernel": False},
+        )
     capture = _capture_providers(ctx).get(group.provider) if group.computes else None
     refused = (f"; {cuda_graph_option(capture[0])} is on, so ORT refuses to create the session (capture needs every "
                f"compute node on {group.provider})" if capture else "")
@@ -279,6 +299,12 @@ def index_op_not_on_ep(ctx: RuleContext):
     for group in cpu_groups(ctx, graph):
         if not group.computes:
             yield _cpu_group_finding(ctx, graph, group)
+
+
+def _nowhere_fix(graph: Graph, node: Node) -> str:
+    """What to do about a node no provider has a kernel for, in the terms of the exporter that wrote it."""
+    return torch_export_advice(graph, node) or (
+        "Export the model in a dtype some provider's kernel accepts, or export the op as ops that have kernels.")
 
 
 def _placement_fix(table, provider: str, node: Node) -> str:

@@ -14,6 +14,7 @@ from ortgate.knowledge.families import swiglu_parameters_text
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
 from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.providers import graph_optimization_levels
+from ortgate.rules.advice import builder_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.targets import Target, by_layer, judged_graph, layer_text, ort_pass_note, short_providers, target
@@ -22,14 +23,14 @@ QKV_FIX = (
     "Pack Q, K and V into one projection: one MatMul (or MatMulNBits) with the weights concatenated to "
     "[hidden, (num_heads + 2 * kv_num_heads) * head_size], then GroupQueryAttention with the packed QKV as its "
     "query input and key/value left empty (do_rotary=1 folds the rotary in), or a Split when q_norm/k_norm or a "
-    "gate sit between projection and attention. onnxruntime-genai's builder packs qkv_proj; on CUDA, ORT's "
-    "GroupQueryAttentionFusion packs q/k/v MatMuls that feed RotaryEmbedding -> GroupQueryAttention directly."
+    "gate sit between projection and attention. On CUDA, ORT's GroupQueryAttentionFusion packs q/k/v MatMuls that "
+    "feed RotaryEmbedding -> GroupQueryAttention directly."
 )
 GATE_UP_FIX = (
     "Export the experts as com.microsoft MoE / QMoE with activation_type=swiglu and swiglu_fusion=1: fc1 holds gate "
     "and up interleaved row by row ([experts, 2 * inter, hidden]), fc3 stays empty, so one grouped GEMM computes both "
     "and the SwiGLU runs in its epilogue (swiglu_fusion=2 concatenates instead; ORT's CPU kernel accepts only 1). "
-    "onnxruntime-genai's builder writes this form."
+    "`ortgate fix MODEL -o OUT` writes this form where it rewrites the MoE block (moe-not-fused's fix says where)."
 )
 SWIGLU_FIX = (
     "For MoE experts use com.microsoft MoE / QMoE activation_type=swiglu, swiglu_fusion=1 (activation_alpha / "
@@ -158,7 +159,8 @@ def _qkv_finding(ctx: RuleContext, found: QkvProjections, repacked: bool):
         f"{kind} {layer_text(found.layer)} reads q, k and v from {len(projections)} separate projections of the "
         f"same input ({shapes}){where}: {len(projections)} GEMMs where one packed QKV GEMM would do; {note}",
         node=projections[0], graph=graph, layer=found.layer,
-        related=[*projections[1:], found.attention], fix=QKV_FIX, fix_form="qkv_packed",
+        related=[*projections[1:], found.attention], fix=_with_builder(ctx, QKV_FIX, "one packed qkv_proj"),
+        fix_form="qkv_packed",
         properties={"projections": len(projections), "ort_packs": repacked},
     )
 
@@ -288,7 +290,7 @@ def gate_up_not_merged(ctx: RuleContext):
         yield ctx.finding(
             f"{found.what} {layer_text(found.layer)} {found.how}: gate and up run as two GEMMs instead of one merged "
             "gate_up (fc1) GEMM with swiglu_fusion=1",
-            node=found.node, graph=graph, layer=found.layer, related=found.related, fix=GATE_UP_FIX,
+            node=found.node, graph=graph, layer=found.layer, related=found.related, fix=_with_builder(ctx, GATE_UP_FIX, "this form", "moe_fused"),
             properties=found.properties,
         )
 
@@ -446,3 +448,9 @@ def _dense_silu_left_unfused(ctx: RuleContext, graph: Graph) -> list[SeparateGat
         f"compute{'' if len(group) > 1 else 's'} SiLU(gate) * up as Sigmoid -> Mul -> Mul; {why}",
         group[0].activation[0], [n for m in group for n in (*m.activation, m.product)], {"gated_mlps": len(group)})
         for (_, layer), group in by_layer(unfused, lambda m: m.product, lambda m: m.layer)]
+
+
+def _with_builder(ctx: RuleContext, fix: str, writes: str, form: str | None = None) -> str:
+    """`fix`, then a builder that writes `writes` for this model's family and the deployment's provider."""
+    builder = builder_advice(ctx.expect.value("family"), ctx.deployment.provider, writes, form)
+    return f"{fix} {builder}" if builder else fix

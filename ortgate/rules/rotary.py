@@ -5,6 +5,7 @@ from __future__ import annotations
 from ortgate.findings import Severity
 from ortgate.graph.patterns.rotary import decomposed_rotaries
 from ortgate.knowledge.fusions import fusions_version
+from ortgate.rules.advice import builder_advice, fusion_fix_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.targets import by_layer, judged_graph, layer_text
@@ -13,9 +14,15 @@ ROTARY_FIX = (
     "Fold the rotary into GroupQueryAttention (do_rotary=1 with cos_cache/sin_cache inputs [max_position, "
     "rotary_dim/2], rotary_interleaved as the model's) or export com.microsoft RotaryEmbedding (input, position_ids, "
     "cos_cache, sin_cache; interleaved=0 for half-split pairs, 1 for interleaved) / MRotaryEmbedding for multimodal RoPE. "
-    "onnxruntime-genai's builder does both; onnxscript's ort_fusions rewrites the pattern into RotaryEmbedding when "
-    "cos/sin come from cached tables (fuse_cos_sin_cache)."
+    "onnxscript's ort_fusions rewrites the pattern into RotaryEmbedding only when cos/sin come from cached tables "
+    "(fuse_cos_sin_cache)."
 )
+
+
+def rotary_fix(ctx: RuleContext) -> str:
+    """ROTARY_FIX, then `ortgate fix` (onnxscript's rotary fusions) and a builder for a family it builds."""
+    return " ".join(filter(None, (ROTARY_FIX, fusion_fix_advice("the rotary"),
+                                   builder_advice(ctx.expect.value("family"), ctx.deployment.provider, "both"))))
 
 
 PAIRING_TEXT = {
@@ -89,7 +96,9 @@ def rotary_not_fused(ctx: RuleContext):
     ```
 
     ## Fix
-    Re-export with the rotary fused (onnxruntime-genai's builder), or rewrite it with onnxscript's ort_fusions.
+    Run `ortgate fix MODEL -o OUT`: onnxscript's rotary fusions rewrite it where cos/sin come from cached tables,
+    and the report says per layer what they left. Or re-export with the rotary fused (onnxruntime-genai's builder,
+    for the families it builds).
     """
     graph, is_dump = judged_graph(ctx)
     where = " in ORT's optimized dump" if is_dump else ""
@@ -114,7 +123,7 @@ def rotary_not_fused(ctx: RuleContext):
             f"(rotary_interleaved={interleaved}); ORT {fusions_version()} has no pass that fuses it",
             node=group[0].neg, graph=graph, layer=layer,
             related=[n for r in group for n in r.nodes] + [t for r in group for t in r.trig],
-            fix=ROTARY_FIX, fix_form="rotary_fused",
+            fix=rotary_fix(ctx), fix_form="rotary_fused",
             properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings,
                         **props},
         )

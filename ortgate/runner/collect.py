@@ -171,14 +171,19 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
     evidence.feeds = feeds.describe()
 
     effective = session.get_provider_options().get(ran_on[0], {})
-    evidence.measurement, policy_outputs, output_types = _measure(
+    evidence.measurement, policy_bound = _measure(
         "policy", session, ran_on[0], effective, feeds, settings, deadline, progress, memory, evidence,
         prefill=cacheless_decoder(inputs.model) is not None)
+    policy_outputs, output_types = policy_bound.outputs(), policy_bound.output_types()
     del session, built
 
     if request.compare_default:
+        # The policy session stays alive so that the two sessions can be timed in turn, round by round: their ratio
+        # then has a spread, and a difference inside the machine's noise is said to be.
         evidence.baseline, evidence.correctness = _baseline(inputs, ran_on[0], feeds, settings, deadline, progress,
-                                                            libraries, policy_outputs, output_types, evidence)
+                                                            libraries, policy_outputs, output_types, evidence,
+                                                            policy_bound)
+    del policy_bound
     if request.profile:
         evidence.profile = _profile(request, inputs, setup, run_provider if substituted else None, feeds, settings,
                                     deadline, progress, libraries, workdir, evidence)
@@ -253,7 +258,8 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
 
 def _measure(label: str, session, provider: str, effective: dict[str, str], feeds, settings: RunnerSettings,
              deadline, progress: RunProgress, memory, evidence: RunEvidence,
-             iterations: int | None = None, prefill: bool = False) -> tuple[Measurement, dict[str, Any], dict[str, str]]:
+             iterations: int | None = None, prefill: bool = False) -> tuple[Measurement, Any]:
+    """The session measured, and its bound session (outputs of the last run, ready for more runs)."""
     from ortgate.runner.measure import (
         BoundSession,
         device_info,
@@ -303,11 +309,12 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
         io_binding=True, cuda_graph=plan.cuda_graph, peak_memory_bytes=peak, memory_source=source,
         latencies_ms=[round(x * 1000.0, 4) for x in latencies], prefill=prefill,
     )
-    return measurement, bound.outputs(), bound.output_types()
+    return measurement, bound
 
 
 def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings, deadline, progress: RunProgress,
-              libraries: tuple[str, ...], policy_outputs: dict, output_types: dict, evidence: RunEvidence):
+              libraries: tuple[str, ...], policy_outputs: dict, output_types: dict, evidence: RunEvidence,
+              policy_bound=None):
     from ortgate.evidence import Correctness
     from ortgate.runner import session as rs
     from ortgate.runner.compare import compare_outputs
@@ -319,9 +326,16 @@ def _baseline(inputs: LintInputs, provider: str, feeds, settings: RunnerSettings
     progress.note(f"creating ORT's default session on {provider}")
     default = rs.create_session(inputs.model.path, None, kind="default", provider=provider, libraries=libraries)
     effective = default.session.get_provider_options().get(provider, {})
-    baseline, _, _ = _measure("default", default.session, provider, effective, feeds, settings, deadline, progress,
-                              None, evidence)
-    del default
+    baseline, default_bound = _measure("default", default.session, provider, effective, feeds, settings, deadline,
+                                       progress, None, evidence)
+    if policy_bound is not None:
+        from ortgate.runner.measure import alternated_rounds, round_ratio
+
+        progress.note("timing the policy and default sessions in alternated rounds")
+        policy_rounds, default_rounds = alternated_rounds([policy_bound, default_bound], settings.iterations, deadline,
+                                                          labels=["policy", "default"])
+        evidence.versus_default = round_ratio(default_rounds, policy_rounds)
+    del default, default_bound
 
     deadline.enter("creating the ORT_DISABLE_ALL reference session")
     progress.note("running the ORT_DISABLE_ALL reference session")

@@ -14,16 +14,17 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ortgate.evidence import DeviceInfo, Stats
+from ortgate.evidence import DeviceInfo, Ratio, Stats
 from ortgate.knowledge import cuda_graph_capture_facts, device_option, normalize_option_value
 from ortgate.runner.inputs import Feeds
 
@@ -242,6 +243,35 @@ def timed_runs(bound: BoundSession, warmup: int, iterations: int, deadline: Dead
             raise RunTimeout(deadline.limit_s, deadline.phase) from None  # type: ignore[arg-type]
         raise
     return latencies
+
+
+ROUNDS = 5  # rounds two sessions are timed in, in turn, for a ratio with its spread
+
+
+def alternated_rounds(bounds: Sequence[BoundSession], iterations: int, deadline: Deadline, *,
+                      labels: Sequence[str], rounds: int = ROUNDS) -> list[list[list[float]]]:
+    """Per session, per round, the latencies (seconds) of `iterations` runs in all, split over `rounds` rounds in
+    which every session runs in turn (the order reversed every other round), so that what changes on the machine
+    while measuring (clock, other load, caches) falls on every session alike. Sessions are warm."""
+    per = max(1, iterations // rounds)
+    out: list[list[list[float]]] = [[] for _ in bounds]
+    for r in range(rounds):
+        order = list(range(len(bounds)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            out[i].append(timed_runs(bounds[i], 0, per, deadline, label=labels[i]))
+    return out
+
+
+def round_ratio(numerator: list[list[float]], denominator: list[list[float]]) -> Ratio:
+    """numerator p50 / denominator p50 round by round (alternated_rounds' rounds): the median ratio, its spread, and
+    whether the two sessions' per-round p50 intervals overlap (within noise)."""
+    a = [statistics.median(r) for r in numerator]
+    b = [statistics.median(r) for r in denominator]
+    ratios = sorted(x / y for x, y in zip(a, b) if y > 0)
+    if not ratios:
+        raise ValueError("no timed rounds")
+    overlap = min(a) <= max(b) and min(b) <= max(a)
+    return Ratio(statistics.median(ratios), ratios[0], ratios[-1], len(ratios), overlap)
 
 
 def latency_stats(latencies_s: list[float]) -> Stats:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached, dequantized_output, skip_back, view_chain
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
+from ortgate.knowledge.moe_op import moe_op_facts
 
 # Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
 # the views that keep every element (a rewrite reads the value whole, so no Gather of some of its entries).
@@ -75,6 +76,9 @@ class MoeAnatomy:
     hidden_size: int | None = None
     intermediate_size: int | None = None
     refusal: str | None = None  # why the block cannot become one com.microsoft.MoE node
+    # False when the refusal is the routing's meaning (sigmoid, group-limited, bias-corrected, capacity, scaled
+    # weights), which no com.microsoft.MoE attribute expresses; True when it is this graph's form only.
+    expressible: bool = True
 
     @property
     def anchor(self) -> Node:
@@ -108,6 +112,10 @@ class _Refuse(Exception):
     pass
 
 
+class _Inexpressible(_Refuse):
+    """The routing computes something com.microsoft.MoE has no attribute for: no rewrite of any form expresses it."""
+
+
 def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
     anatomy = MoeAnatomy(block, block.layer, num_experts=block.experts)
     try:
@@ -118,7 +126,57 @@ def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
         _read_experts(graph, anatomy)
     except _Refuse as why:
         anatomy.refusal = str(why)
+        anatomy.expressible = not isinstance(why, _Inexpressible)
     return anatomy
+
+
+@dataclass(frozen=True)
+class RewriteVerdict:
+    """Whether `ortgate fix` rewrites one MoE block into com.microsoft.MoE, and if not why (weight-free)."""
+
+    rewritable: bool
+    reason: str | None = None  # why not, when not
+    expressible: bool = True  # False: no com.microsoft.MoE form computes this routing (not only fix's reading)
+
+
+def rewrite_refusal(a: MoeAnatomy) -> RewriteVerdict:
+    """What the MoE rewrite decides for the block `a`: its anatomy's refusal, or sparsemixer routing, which ORT's CPU
+    kernel (the one a rewrite is verified on) does not implement. `ortgate fix` plans from this verdict, and the
+    rules that advise it read the same one."""
+    if a.refusal is not None:
+        return RewriteVerdict(False, a.refusal, a.expressible)
+    facts = moe_op_facts()
+    mixer = facts.sparse_mixer
+    if a.routing == "sparsemixer" and not mixer.cpu_implemented:
+        # ORT's CUDA kernel computes it for some expert counts and one jitter eps: there, a CUDA export expresses it.
+        on_cuda = (len(a.experts) or a.num_experts) in mixer.cuda_experts and a.jitter_eps is not None and abs(
+            a.jitter_eps - mixer.cuda_jitter_eps) <= 1e-6
+        return RewriteVerdict(False, sparse_mixer_refusal(a), on_cuda)
+    return RewriteVerdict(True)
+
+
+def block_verdict(graph: Graph, block: MoeBlock) -> RewriteVerdict | None:
+    """The rewrite's verdict for `block` of `graph`, or None when the rewrite does not consider it (fused, no
+    router, in a subgraph)."""
+    return next((rewrite_refusal(a) for a in moe_anatomies(graph) if a.block is block), None)
+
+
+def sparse_mixer_refusal(a: MoeAnatomy) -> str:
+    """Why a sparsemixer block stays as it is: ORT's CPU kernel, the one the rewrite is verified on, routes
+    use_sparse_mixer=1 as plain softmax top-k."""
+    facts = moe_op_facts()
+    mixer = facts.sparse_mixer
+    eps = f"{a.jitter_eps:.4g}" if a.jitter_eps is not None else "unknown"
+    experts = len(a.experts) or a.num_experts
+    differs = ([f"{experts} experts"] if experts not in mixer.cuda_experts else []) + (
+        [f"jitter eps {eps}"] if a.jitter_eps is None or abs(a.jitter_eps - mixer.cuda_jitter_eps) > 1e-6 else [])
+    cuda = (f"ORT's CUDA kernel implements it only for {' or '.join(map(str, mixer.cuda_experts))} experts with "
+            f"jitter eps {mixer.cuda_jitter_eps:g}" + (f"; this block has {' and '.join(differs)}" if differs else ""))
+    return (f"sparsemixer routing (PhiMoE, jitter eps {eps}): each of the {mixer.k} picks is weighted by a softmax over "
+            f"only the experts within 2 x eps relative distance of it (the first pick masked out of the second), so "
+            f"the weights need not sum to 1; com.microsoft.MoE's use_sparse_mixer=1 names this routing, but "
+            f"onnxruntime {facts.ort_version}'s CPU kernel ignores it and {mixer.cpu_routes_as}: the rewrite cannot "
+            f"be verified equal on CPU ({cuda})")
 
 
 # ---- constants -------------------------------------------------------------------------------------------------
@@ -221,7 +279,7 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     _refuse_unexpressible_scores(graph, block, topk.input(0),
                                  several_topk=sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1)
     if "CumSum" in routing_ops:
-        raise _Refuse("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
+        raise _Inexpressible("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
                       "expert capacity")
     if not topk.attr("largest", 1) or not _last_axis(graph, topk.input(0), topk.attr("axis", -1)):
         raise _Refuse("TopK is not the largest-k over the expert axis")
@@ -240,9 +298,9 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
         a.logits = _logits_value(graph, scorer.input(0), block)
         weights, a.normalize = _renormalised(graph, values)
     elif scorer is not None and scorer.op_type == "Sigmoid":
-        raise _Refuse("sigmoid scoring: com.microsoft.MoE scores experts with softmax")
+        raise _Inexpressible("sigmoid scoring: com.microsoft.MoE scores experts with softmax")
     elif scorer is not None and scorer.op_type == "Add":
-        raise _Refuse("bias-corrected top-k (a bias is added to the expert scores before TopK: DeepSeek-V3 style); "
+        raise _Inexpressible("bias-corrected top-k (a bias is added to the expert scores before TopK: DeepSeek-V3 style); "
                       "com.microsoft.MoE ranks the router logits as they are")
     elif _through_views(graph, ranked) == _through_views(graph, block.router.outputs[0]) or _is_router_output(graph, ranked, block):
         consumers, _ = _single_consumer_through_views(graph, values)
@@ -404,9 +462,9 @@ def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, 
     if several_topk and not any(f.startswith("group-limited") for f in found):
         found.append("group-limited top-k (more than one TopK ranks the experts: expert groups)")
     if len(found) > 1 or (found and "sigmoid" not in found[0]):
-        raise _Refuse("; ".join(found) + ": DeepSeek-V3-style routing, which com.microsoft.MoE cannot express")
+        raise _Inexpressible("; ".join(found) + ": DeepSeek-V3-style routing, which com.microsoft.MoE cannot express")
     if found:
-        raise _Refuse(found[0])
+        raise _Inexpressible(found[0])
 
 
 def _is_router_output(graph: Graph, value: str, block: MoeBlock) -> bool:
@@ -450,7 +508,7 @@ def _check_scaling(graph: Graph, weights: str) -> None:
             other = c.input(1) if c.input(0) in (weights,) else c.input(0)
             factor = const_floats(graph, other)
             if factor is not None and len(factor) == 1 and abs(factor[0] - 1.0) > 1e-6:
-                raise _Refuse(f"routing weights scaled by {factor[0]:g} (routed scaling factor): "
+                raise _Inexpressible(f"routing weights scaled by {factor[0]:g} (routed scaling factor): "
                               "com.microsoft.MoE has no such attribute")
 
 
