@@ -45,6 +45,13 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-minimax/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # post-norm residual
     "dynamo-minimax/model.optimized.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    "dynamo-mixtral-static/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # [1, 7] input
+    "dynamo-glm4_moe/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    "dynamo-jamba/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2), first=1),  # MoE every 2nd
+    "dynamo-mamba/model.onnx": [],  # no MoE
+    "dynamo-qwen3_next/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # quantize_dynamic of dynamo-qwen3_moe: routers and every expert linear are MatMulInteger
+    "quantdyn-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
@@ -77,7 +84,15 @@ def test_every_committed_export_has_a_row():
     assert sorted(_committed()) == sorted(EXPECTED)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+# Known misses, each a real export whose MoE layers are not all found yet: strict, so a fix shows up as a failure
+# until the mark goes.
+NOT_YET_SEEN = {
+    "quantdyn-qwen3_moe/model.onnx": "a dense expert loop whose expert linears are all MatMulInteger is not recognised",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET_SEEN[n]))
+                                  if n in NOT_YET_SEEN else n for n in sorted(EXPECTED)])
 def test_moe_layers_of_every_committed_export(name):
     path = _committed()[name]
     graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
