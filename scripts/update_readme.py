@@ -78,9 +78,12 @@ def render(text: str, keep_measured: bool = True) -> str:
 def rules_block() -> str:
     from ortgate.rules import all_rules
 
-    rows = ["<!-- RULES-TABLE -->", "| code | name | severity | what it reports |", "|---|---|---|---|"]
+    rows = ["<!-- RULES-TABLE -->", "| code | name | severity | needs | `ortgate fix` | priced | what it reports |",
+            "|---|---|---|---|---|---|---|"]
     for r in all_rules():
-        rows.append(f"| {r.code} | `{r.name}` | {r.severity.label} | {r.summary.replace('|', '/')} |")
+        needs = ", ".join(r.needs) + (" (policy alone)" if r.policy_only else "")
+        rows.append(f"| {r.code} | `{r.name}` | {r.severity.label} | {needs} | {r.fix or ''} | {r.price or ''} | "
+                    f"{r.summary.replace('|', '/')} |")
     return "\n".join(rows) + "\n<!-- /RULES-TABLE -->\n"
 
 

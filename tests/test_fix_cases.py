@@ -1,4 +1,4 @@
-"""What `ortgate fix` produces, kept in the case file of each rule it repairs (fix.pipeline.FIXES), as a fix's diff is
+"""What `ortgate fix` produces, kept in the case file of each rule it repairs (`fix=` on its `@rule`), as a fix's diff is
 snapshotted: tests/rule_cases/<CODE>.yaml ends with a `fix:` section whose entries name a model and record what
 `ortgate fix MODEL -o OUT --select CODE` must give: whether it writes OUT, whether verification passed, how many of
 the rule's findings OUT still has, and OUT's node inventory (op type -> count). ORTGATE_UPDATE_SNAPSHOTS=1 rewrites
@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ortgate.cli import main
-from ortgate.fix.pipeline import FIXES
+from ortgate.fix.pipeline import fixable_rules
 from ortgate.rules import all_rules
 from tests.conftest import REPO
 from tests.helpers import rule_findings
@@ -59,7 +59,7 @@ def outcome(code: str, model: dict, folder: Path) -> dict:
     return result
 
 
-@pytest.mark.parametrize("code", sorted(FIXES))
+@pytest.mark.parametrize("code", sorted(fixable_rules()))
 def test_each_repaired_rule_records_what_fix_produces(code, tmp_path):
     path = CASES / f"{code}.yaml"
     text = path.read_text(encoding="utf-8")

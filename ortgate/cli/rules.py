@@ -25,13 +25,23 @@ def cmd_rules(args: argparse.Namespace) -> int:
     rules = catalog()
     if args.format == "json":
         payload = [{"code": r.code, "name": r.name, "severity": r.severity_label, "family": r.family,
-                    "summary": r.summary} for r in rules]
+                    "summary": r.summary, "needs": list(r.needs), "fix": r.fix, "price": r.price,
+                    "policy_only": r.policy_only} for r in rules]
         print(json.dumps(payload, allow_nan=False, indent=2))
         return EXIT_PASS
     width = max(len(r.name) for r in rules)
     for r in rules:
         print(f"{r.code}  {r.name:<{width}}  {r.severity_label:<7}  {r.summary}")
     return EXIT_PASS
+
+
+def metadata_text(r) -> str:
+    """What the rule's `@rule` declares, in words: needs, fix, price, policy alone."""
+    needs = f"needs {', '.join(r.needs)}" if r.needs else "no declared needs"
+    fix = f"fixed by `ortgate fix` ({r.fix} repair)" if r.fix else "no automatic fix"
+    price = f"priced by the cost model ({r.price} repair)" if r.price else "not priced"
+    alone = "; judged on the policy alone (`ortgate policy validate` runs it)" if r.policy_only else ""
+    return f"{needs}; {fix}; {price}{alone}."
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -44,7 +54,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         hint = closest_name(catalog(), args.rule)
         raise InputError(f"unknown rule {args.rule!r}"
                          + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
-    text = f"# {r.code} {r.name} (default severity: {r.severity_label})\n\n{r.doc}\n"
+    text = f"# {r.code} {r.name} (default severity: {r.severity_label})\n\n{metadata_text(r)}\n\n{r.doc}\n"
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.markdown import Markdown

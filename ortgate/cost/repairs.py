@@ -2,7 +2,7 @@
 op's cost in their place (its bytes, FLOPs and launches), or turns CUDA graph on.
 
 One repair per kind and decoder layer (the findings are per layer too). Kinds (stable names;
-`ortgate.engine.pricing` maps rule names to them):
+each rule names the one that prices it, `price=` on its `@rule`):
 moe, attention, qkv, rotary, skip_rmsnorm, rmsnorm, gate_up, swiglu, cuda_graph.
 """
 

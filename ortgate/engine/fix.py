@@ -14,7 +14,7 @@ from ortgate.cost import StepShape
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.findings import Finding
-from ortgate.fix.pipeline import FIXES, FixRequest, FixResult, discard_own_staging, stage_fix
+from ortgate.fix.pipeline import FixRequest, FixResult, discard_own_staging, fixable_rules, stage_fix
 from ortgate.fix.verify import VerificationError
 
 
@@ -65,7 +65,7 @@ def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | N
     staged = stage_fix(request, say)
     result = staged.result
     outcome = FixOutcome(result)
-    codes = [c for c, kind in FIXES.items() if kind in result.kinds]
+    codes = [c for c, kind in fixable_rules().items() if kind in result.kinds]
     try:
         config = gate_config_from(None, cli_select=codes, cli_ignore=None, fail_on=None)
         say("linting the input")

@@ -169,51 +169,26 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 
 
-# Why a rule family has nothing to judge without an input the user can give lint (None: it has what it needs).
-_NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --policy"
-_GENAI_NO_SESSION = "no policy declares the session, and genai_config.json declares none of it: pass --policy"
-
-
-def _no_session(i: LintInputs) -> str:
-    return _GENAI_NO_SESSION if i.genai is not None else _NO_SESSION
-
-
-def _session_gap(i: LintInputs) -> str | None:
-    return None if i.deployment.setups else _no_session(i)
-
-
-def _provider_gap(i: LintInputs) -> str | None:
-    if not i.deployment.setups:
-        return _no_session(i)
-    return None if i.deployment.provider is not None else "no execution provider is declared: set execution_provider.name"
-
-
-def _drift_gap(i: LintInputs) -> str | None:
-    if i.policy is None:
-        if i.genai is not None:
-            return "drift compares a policy with genai_config.json, and no policy is given: pass --policy"
-        return _NO_SESSION
-    return None if i.genai is not None else "drift compares the policy with genai_config.json, and there is none"
-
-
-_FAMILY_GAPS: tuple[tuple[str, Callable[[LintInputs], str | None]], ...] = (
-    ("OGS", _session_gap), ("OGP", _session_gap), ("OGK", _provider_gap), ("OGC", _drift_gap))
-
-
 def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule]) -> list[dict]:
     """The rule families selected for this lint that had nothing to judge in any model, with why: a lint without a
-    policy says what it did not check instead of passing in silence. Families that share a reason are listed
-    together."""
+    policy says what it did not check instead of passing in silence. From the rules' own needs
+    (ortgate.rules.needs): a family is named when its rules that need a declaration (a session, a provider, a
+    policy, genai_config.json) are most of its selected rules and every one of them lacks one in every model; the
+    reason is its first such rule's, in the first model. Families that share a reason are listed together."""
     from ortgate.rules.base import FAMILIES
+    from ortgate.rules.needs import DECLARATIONS, missing_declaration
 
     many = inputs if isinstance(inputs, list) else [inputs]
     by_reason: dict[str, list[dict]] = {}
-    for prefix, gap in _FAMILY_GAPS:
-        codes = [r.code for r in rules if r.code.startswith(prefix)]
-        reasons = [gap(one) for one in many]
-        if codes and all(reasons):
-            by_reason.setdefault(str(reasons[0]), []).append(
-                {"family": FAMILIES[prefix], "prefix": prefix, "rules": len(codes)})
+    for prefix, family in FAMILIES.items():
+        selected = [r for r in rules if r.code.startswith(prefix)]
+        declaring = [r for r in selected if any(n in DECLARATIONS for n in r.needs)]
+        if not declaring or 2 * len(declaring) <= len(selected):
+            continue
+        reasons = [[missing_declaration(r.needs, one, family) for r in declaring] for one in many]
+        if all(all(each) for each in reasons):
+            by_reason.setdefault(str(reasons[0][0]), []).append(
+                {"family": family, "prefix": prefix, "rules": len(selected)})
     return [{"families": families, "reason": reason} for reason, families in by_reason.items()]
 
 

@@ -24,12 +24,7 @@ from ortgate.engine.pipeline import build_inputs, run_rules
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Severity
 from ortgate.knowledge.families import family_names, model_family
-from ortgate.rules import find_rule
-
-# The rules that judge a policy's declared session without reading a model: validate runs them as lint does.
-POLICY_RULES = ("unknown-provider-option", "provider-option-c-api-only", "provider-option-unverified",
-                "provider-option-invalid-value", "free-dim-override-range", "unknown-session-config-key",
-                "waiver-expired", "waiver-unused")
+from ortgate.rules import all_rules
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,8 @@ def check_policy(path: str | Path, *, today: _dt.date | None = None) -> PolicyCh
 
 def _rule_findings(policy: Policy, deployment, config) -> list[Finding]:
     rules = {r.code for r in selected_rules(config)}  # the policy's own rules: select / ignore / severity off
-    codes = [r.code for name in POLICY_RULES if (r := find_rule(name)) is not None and r.code in rules]
+    # The rules that judge a policy's declared session without reading a model (`policy_only=True` on `@rule`).
+    codes = [r.code for r in all_rules() if r.policy_only and r.code in rules]
     # Only these ran: waiver-unused must not call a waiver of another rule unused.
     config = dataclasses.replace(config, select=[RuleSelector(code, "policy validate") for code in codes])
     inputs = build_inputs(None, None, deployment, Expectations(), policy, None, (),  # type: ignore[arg-type]

@@ -1,36 +1,31 @@
 """Each finding's price: what fixing it would save on one decode step of the policy's device, from the cost
-model's repairs (an estimate, never a measurement). Rules are matched by name: names outlive renumbering."""
+model's repairs (an estimate, never a measurement). Each rule names the repair kind that prices it (`price=` on
+`@rule`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
+from functools import cache
 
 from ortgate.cost import Estimate, Repair
 from ortgate.cost.estimate import format_rate
 from ortgate.findings import Finding, Price
 from ortgate.rules.context import LintInputs
 
-# rule name -> the repair kind its fix is
-RULE_REPAIRS = {
-    "moe-not-fused": "moe",
-    "moe-layer-count-mismatch": "moe",
-    "gqa-not-fused": "attention",
-    "attention-layer-count-mismatch": "attention",
-    "qkv-not-packed": "qkv",
-    "rotary-not-fused": "rotary",
-    "rmsnorm-not-fused": "rmsnorm",
-    "skip-rmsnorm-not-fused": "skip_rmsnorm",
-    "gate-up-not-merged": "gate_up",
-    "swiglu-not-fused": "swiglu",
-    "cuda-graph-disabled": "cuda_graph",
-}
+
+@cache
+def price_kinds() -> dict[str, str]:
+    """Rule code -> the repair kind that prices its findings, from each rule's `price` (rules.base.rule)."""
+    from ortgate.rules import all_rules
+
+    return {r.code: r.price for r in all_rules() if r.price is not None}
 
 
 def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
     """The repairs fixing `finding` applies: those of its layer, those outside the layers for a node outside them,
     all of its kind for a finding about the whole graph (a count, a setting)."""
-    kind = RULE_REPAIRS.get(finding.rule)
+    kind = price_kinds().get(finding.code)
     if kind is None:
         return []
     if finding.layer is not None:

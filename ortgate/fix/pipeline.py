@@ -56,15 +56,20 @@ from ortgate.graph.load import load_model
 from ortgate.knowledge.moe_op import moe_op_facts
 from ortgate.rules import match_rules, suggest_rule
 
-# What `fix` repairs, by the rule whose finding it removes.
-FIXES = {
-    "OGF001": "moe",
-    "OGF004": "rmsnorm",
-    "OGF005": "rmsnorm",
-    "OGF006": "rotary",
-    "OGF002": "attention",
-}
+# The repairs `fix` makes, in the order it makes them. A rule names the one that removes its findings (`fix=` on
+# `@rule`).
 KIND_ORDER = ("moe", "rmsnorm", "rotary", "attention")
+
+
+def fixable_rules() -> dict[str, str]:
+    """Rule code -> the repair `fix` makes for its findings, from each rule's `fix` (rules.base.rule)."""
+    from ortgate.rules import all_rules
+
+    found = {r.code: r.fix for r in all_rules() if r.fix is not None}
+    unknown = sorted(f"{code} ({kind})" for code, kind in found.items() if kind not in KIND_ORDER)
+    if unknown:
+        raise RuntimeError(f"rules name repairs `fix` does not make: {', '.join(unknown)}; it makes {', '.join(KIND_ORDER)}")
+    return found
 
 
 @dataclass
@@ -275,17 +280,18 @@ def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, 
             out.update(r.code for r in rules)
         return out
 
-    chosen = set(FIXES)
+    fixes = fixable_rules()
+    chosen = set(fixes)
     if select:
         wanted = codes(select, "--select")
-        unfixable = sorted(wanted - set(FIXES))
-        if not wanted & set(FIXES):
+        unfixable = sorted(wanted - set(fixes))
+        if not wanted & set(fixes):
             raise InputError(f"--select: {', '.join(unfixable)} {'has' if len(unfixable) == 1 else 'have'} no "
-                             f"automatic fix; `ortgate fix` repairs {', '.join(sorted(FIXES))}")
+                             f"automatic fix; `ortgate fix` repairs {', '.join(sorted(fixes))}")
         chosen &= wanted
     if ignore:
         chosen -= codes(ignore, "--ignore")
-    kinds = {FIXES[c] for c in chosen}
+    kinds = {fixes[c] for c in chosen}
     return tuple(k for k in KIND_ORDER if k in kinds)
 
 

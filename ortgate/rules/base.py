@@ -53,6 +53,14 @@ class Rule:
     family: str
     check: CheckFunction
     doc: str
+    # What the rule needs to find anything (ortgate.rules.needs.NEEDS): without one of them it yields nothing.
+    needs: tuple[str, ...] = ()
+    # The cost model's repair kind (ortgate.cost.repairs.REPAIR_KINDS) that prices its findings; None: unpriced.
+    price: str | None = None
+    # The repair `ortgate fix` makes for its findings (moe, rmsnorm, rotary, attention); None: no automatic fix.
+    fix: str | None = None
+    # It judges the policy's declared session alone: `ortgate policy validate` runs it as lint does.
+    policy_only: bool = False
 
     @property
     def summary(self) -> str:
@@ -115,8 +123,12 @@ FAMILIES = {
 _REGISTRY: dict[str, Rule] = {}
 
 
-def rule(code: str, name: str, severity: Severity) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check function as a rule. Its docstring is the rule's documentation."""
+def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (), price: str | None = None,
+         fix: str | None = None, policy_only: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check function as a rule. Its docstring is the rule's documentation; the keywords are what the
+    engine and `ortgate fix` know of it: what it needs (`needs`, the names of ortgate.rules.needs.NEEDS), the cost
+    model's repair kind that prices its findings (`price`), the repair `ortgate fix` makes for them (`fix`), and
+    whether it judges the policy alone (`policy_only`)."""
 
     def register(func: CheckFunction) -> CheckFunction:
         import inspect  # only when the rule modules load: `ortgate rules` reads the catalog and never gets here
@@ -135,10 +147,22 @@ def rule(code: str, name: str, severity: Severity) -> Callable[[CheckFunction], 
         family = FAMILIES.get(code[:3])
         if family is None:
             raise ValueError(f"rule code {code!r}: unknown family prefix {code[:3]!r}")
-        _REGISTRY[code] = Rule(code, name, severity, family, func, doc)
+        _check_metadata(code, needs, price)
+        _REGISTRY[code] = Rule(code, name, severity, family, func, doc, tuple(needs), price, fix, policy_only)
         return func
 
     return register
+
+
+def _check_metadata(code: str, needs: tuple[str, ...], price: str | None) -> None:
+    from ortgate.cost.repairs import REPAIR_KINDS
+    from ortgate.rules.needs import NEEDS
+
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown or len(set(needs)) != len(needs):
+        raise ValueError(f"rule {code}: needs {list(needs)}: each one of {', '.join(NEEDS)}, once")
+    if price is not None and price not in REPAIR_KINDS:
+        raise ValueError(f"rule {code}: price {price!r} is not a repair kind ({', '.join(REPAIR_KINDS)})")
 
 
 def registered_rules() -> list[Rule]:

@@ -1,5 +1,6 @@
-"""The rule catalog as data: each rule's code, name, default severity, family and documentation, generated from
-the rules' own docstrings into catalog.json by `python scripts/update_readme.py`.
+"""The rule catalog as data: each rule's code, name, default severity, family, documentation and what its `@rule`
+declares (needs, price, fix, policy_only), generated from the rules themselves into catalog.json by
+`python scripts/update_readme.py`.
 
 `ortgate rules` and `ortgate explain` read it instead of importing the rule modules (and the graph and config
 layers under them), so they answer in about the time a bare Python start takes. tests/test_cli.py fails when it
@@ -36,6 +37,10 @@ class RuleEntry(NamedTuple):
     severity_label: str  # "error" | "warning" | "info"
     family: str
     doc: str
+    needs: tuple[str, ...] = ()  # what it needs to find anything (ortgate.rules.needs.NEEDS)
+    price: str | None = None  # the cost model's repair kind that prices its findings
+    fix: str | None = None  # the repair `ortgate fix` makes for its findings
+    policy_only: bool = False  # it judges the policy alone (`ortgate policy validate` runs it)
 
     @property
     def summary(self) -> str:
@@ -45,12 +50,15 @@ class RuleEntry(NamedTuple):
 @cache
 def catalog() -> tuple[RuleEntry, ...]:
     data = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
-    return tuple(RuleEntry(r["code"], r["name"], r["severity"], r["family"], r["doc"]) for r in data["rules"])
+    return tuple(RuleEntry(r["code"], r["name"], r["severity"], r["family"], r["doc"], tuple(r["needs"]), r["price"],
+                           r["fix"], r["policy_only"]) for r in data["rules"])
 
 
 def catalog_text(rules: Iterable) -> str:
-    """catalog.json for these rules (anything with code, name, severity, family and doc), deterministic."""
-    entries = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family, "doc": r.doc}
+    """catalog.json for these rules (anything with code, name, severity, family, doc, needs, price, fix and
+    policy_only), deterministic."""
+    entries = [{"code": r.code, "name": r.name, "severity": r.severity.label, "family": r.family,
+                "needs": list(r.needs), "price": r.price, "fix": r.fix, "policy_only": r.policy_only, "doc": r.doc}
                for r in sorted(rules, key=lambda r: r.code)]
     return json.dumps({"rules": entries}, allow_nan=False, indent=1, ensure_ascii=False) + "\n"
 

@@ -57,7 +57,7 @@ def _session_value(setting: Setting | None) -> tuple[Any, str]:
     return value, f"has {setting.value!r}"
 
 
-@rule("OGC001", "config-drift", Severity.ERROR)
+@rule("OGC001", "config-drift", Severity.ERROR, needs=("policy", "genai_config"))
 def config_drift(ctx: RuleContext):
     """genai_config.json configures the session differently from the policy.
 
@@ -159,7 +159,7 @@ def _provider_option_drift(ctx: RuleContext, policy: SessionSetup, genai: Sessio
 GENAI_SESSION_ATTRIBUTES = ("intra_op_num_threads", "inter_op_num_threads", "enable_mem_pattern", "enable_cpu_mem_arena")
 
 
-@rule("OGC002", "session-option-drift", Severity.WARNING)
+@rule("OGC002", "session-option-drift", Severity.WARNING, needs=("policy", "genai_config"))
 def session_option_drift(ctx: RuleContext):
     """genai_config.json sets a thread or memory session option differently from the policy.
 

@@ -36,7 +36,7 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
     return (f"{refused}Export the layer as {MOE_HOW}. {builder} {MOE_NO_PASS}")
 
 
-@rule("OGF001", "moe-not-fused", Severity.ERROR)
+@rule("OGF001", "moe-not-fused", Severity.ERROR, price="moe", fix="moe")
 def moe_not_fused(ctx: RuleContext):
     """A Mixture-of-Experts layer is computed with standard ops instead of com.microsoft MoE / QMoE.
 
@@ -182,7 +182,7 @@ MLA_FIX = (
 )
 
 
-@rule("OGF002", "gqa-not-fused", Severity.ERROR)
+@rule("OGF002", "gqa-not-fused", Severity.ERROR, price="attention", fix="attention")
 def gqa_not_fused(ctx: RuleContext):
     """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
 
@@ -283,7 +283,7 @@ def _unfused_attention(ctx: RuleContext, graph: Graph):
                    "GroupQueryAttention reads each kv head once per group"), node, node.layer, [], None)
 
 
-@rule("OGF003", "fusedmatmul-missing", Severity.WARNING)
+@rule("OGF003", "fusedmatmul-missing", Severity.WARNING, needs=("optimized",))
 def fusedmatmul_missing(ctx: RuleContext):
     """The optimized dump still has MatMuls that ORT's EXTENDED level folds into com.microsoft FusedMatMul.
 

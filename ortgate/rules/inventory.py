@@ -31,7 +31,7 @@ def _count_mismatch(ctx: RuleContext, key: str, what: str, graph: Graph, found: 
     )
 
 
-@rule("OGM008", "moe-layer-count-mismatch", Severity.ERROR)
+@rule("OGM008", "moe-layer-count-mismatch", Severity.ERROR, price="moe")
 def moe_layer_count_mismatch(ctx: RuleContext):
     """The graph has another number of MoE layers than the policy's `model.moe_layers`.
 
@@ -65,7 +65,7 @@ def moe_layer_count_mismatch(ctx: RuleContext):
     yield from _count_mismatch(ctx, "moe_layers", "MoE layers", ctx.model, len(blocks), detail)
 
 
-@rule("OGM009", "attention-layer-count-mismatch", Severity.ERROR)
+@rule("OGM009", "attention-layer-count-mismatch", Severity.ERROR, price="attention")
 def attention_layer_count_mismatch(ctx: RuleContext):
     """The graph has another number of softmax-attention layers than the policy or genai_config.json declares.
 

@@ -410,7 +410,7 @@ def gqa_heads_not_grouped(ctx: RuleContext):
             )
 
 
-@rule("OGM006", "gqa-window-mismatch", Severity.ERROR)
+@rule("OGM006", "gqa-window-mismatch", Severity.ERROR, needs=("genai_config",))
 def gqa_window_mismatch(ctx: RuleContext):
     """A GroupQueryAttention's local_window_size disagrees with genai_config.json's sliding-window layers.
 

@@ -40,7 +40,7 @@ _FORM_TEXT = {
 }
 
 
-@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING)
+@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING, price="rmsnorm", fix="rmsnorm")
 def rmsnorm_not_fused(ctx: RuleContext):
     """An RMSNorm is computed with Pow/ReduceMean/Add/Sqrt/Div or Reciprocal/Mul instead of SimplifiedLayerNormalization.
 
@@ -211,7 +211,7 @@ def rmsnorm_fused_by_ort(ctx: RuleContext):
             yield _rmsnorm_finding(ctx, group)
 
 
-@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING)
+@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING, price="skip_rmsnorm", fix="rmsnorm")
 def skip_rmsnorm_not_fused(ctx: RuleContext):
     """A residual Add feeds an RMSNorm instead of one com.microsoft SkipSimplifiedLayerNormalization.
 

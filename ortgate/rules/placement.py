@@ -170,7 +170,7 @@ def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
     )
 
 
-@rule("OGK001", "op-not-on-ep", Severity.ERROR)
+@rule("OGK001", "op-not-on-ep", Severity.ERROR, needs=("provider",))
 def op_not_on_ep(ctx: RuleContext):
     """A compute node has no kernel on the deployment's GPU provider: ORT runs it on CPU, with copies around it.
 
@@ -249,7 +249,7 @@ def op_not_on_ep(ctx: RuleContext):
             yield _cpu_group_finding(ctx, graph, cpu_group)
 
 
-@rule("OGK004", "index-op-not-on-ep", Severity.WARNING)
+@rule("OGK004", "index-op-not-on-ep", Severity.WARNING, needs=("provider",))
 def index_op_not_on_ep(ctx: RuleContext):
     """An integer-only node (index or shape arithmetic) has no kernel on the deployment's GPU provider.
 
@@ -371,7 +371,7 @@ def _capture_providers(ctx: RuleContext) -> dict[str, list]:
     return dict(out)
 
 
-@rule("OGK002", "cuda-graph-blocker", Severity.ERROR)
+@rule("OGK002", "cuda-graph-blocker", Severity.ERROR, needs=("provider",))
 def cuda_graph_blocker(ctx: RuleContext):
     """CUDA graph capture is on, but the graph holds something that makes capture fail or impossible.
 
@@ -679,7 +679,7 @@ def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
     return None, ""
 
 
-@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR)
+@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider",))
 def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     """A com.microsoft.MoE node that ORT's CPU kernel computes wrongly on the deployment's ORT release.
 

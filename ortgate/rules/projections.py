@@ -70,7 +70,7 @@ def _ort_packs(graph: Graph, found: QkvProjections, tgt: Target) -> bool:
     return False
 
 
-@rule("OGF007", "qkv-not-packed", Severity.WARNING)
+@rule("OGF007", "qkv-not-packed", Severity.WARNING, price="qkv")
 def qkv_not_packed(ctx: RuleContext):
     """Attention reads Q, K and V from separate projections of the same hidden state instead of one packed QKV GEMM.
 
@@ -236,7 +236,7 @@ def _routed(mlp: GatedMlp, routed_linears: set[int]) -> bool:
     return any(n is not None and n.index in routed_linears for n in (mlp.gate, mlp.up))
 
 
-@rule("OGF008", "gate-up-not-merged", Severity.WARNING)
+@rule("OGF008", "gate-up-not-merged", Severity.WARNING, price="gate_up")
 def gate_up_not_merged(ctx: RuleContext):
     """MoE experts compute the gate and up projections as two GEMMs instead of one merged (w13) GEMM.
 
@@ -354,7 +354,7 @@ def _below(level: str, floor: str) -> bool:
     return levels.get(level, 99) < levels[floor]
 
 
-@rule("OGF009", "swiglu-not-fused", Severity.WARNING)
+@rule("OGF009", "swiglu-not-fused", Severity.WARNING, price="swiglu")
 def swiglu_not_fused(ctx: RuleContext):
     """SiLU(gate) * up is computed with Sigmoid and Mul nodes that no ORT fusion will fold.
 

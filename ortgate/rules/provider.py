@@ -49,7 +49,7 @@ def cuda_graph_enabled(setup: SessionSetup) -> bool:
     return key is not None and is_true(setup.option(key))
 
 
-@rule("OGP001", "cuda-graph-disabled", Severity.ERROR)
+@rule("OGP001", "cuda-graph-disabled", Severity.ERROR, needs=("provider",), price="cuda_graph")
 def cuda_graph_disabled(ctx: RuleContext):
     """CUDA graph capture is off for a CUDA or TensorRT deployment.
 
@@ -107,7 +107,7 @@ def _options_path(setup: SessionSetup, key: str) -> str:
     return f"model.decoder.session_options.provider_options.{key}"
 
 
-@rule("OGP002", "unknown-provider-option", Severity.ERROR)
+@rule("OGP002", "unknown-provider-option", Severity.ERROR, needs=("session",), policy_only=True)
 def unknown_provider_option(ctx: RuleContext):
     """A provider option key the execution provider does not have.
 
@@ -179,7 +179,7 @@ def _rejection(setup: SessionSetup) -> str:
     return "session creation fails in onnxruntime-genai"
 
 
-@rule("OGP007", "provider-option-c-api-only", Severity.ERROR)
+@rule("OGP007", "provider-option-c-api-only", Severity.ERROR, needs=("session",), policy_only=True)
 def provider_option_c_api_only(ctx: RuleContext):
     """A provider option in the policy exists only in ORT's C/C++ API: Python's InferenceSession rejects it.
 
@@ -222,7 +222,7 @@ def provider_option_c_api_only(ctx: RuleContext):
         )
 
 
-@rule("OGP008", "provider-option-unverified", Severity.WARNING)
+@rule("OGP008", "provider-option-unverified", Severity.WARNING, needs=("session",), policy_only=True)
 def provider_option_unverified(ctx: RuleContext):
     """A provider option key that some ORT builds accept and the catalog's ORT version does not verify.
 
@@ -267,7 +267,7 @@ def provider_option_unverified(ctx: RuleContext):
         )
 
 
-@rule("OGP003", "provider-option-invalid-value", Severity.ERROR)
+@rule("OGP003", "provider-option-invalid-value", Severity.ERROR, needs=("session",), policy_only=True)
 def provider_option_invalid_value(ctx: RuleContext):
     """A provider option has a value the execution provider cannot parse.
 
@@ -338,7 +338,7 @@ def unset_words(provider: str | None, key: str) -> str:
     return f"is not set ({option.default_words})" if option else "is not set"
 
 
-@rule("OGP004", "tf32-disabled", Severity.WARNING)
+@rule("OGP004", "tf32-disabled", Severity.WARNING, needs=("provider",))
 def tf32_disabled(ctx: RuleContext):
     """TF32 is turned off for a float32 model on the CUDA provider.
 
@@ -412,7 +412,7 @@ def _config_on(setup: SessionSetup, key: str) -> bool:
     return (setup.config_entry(key) or "").strip() == "1"
 
 
-@rule("OGP005", "compile-cache-disabled", Severity.WARNING)
+@rule("OGP005", "compile-cache-disabled", Severity.WARNING, needs=("provider",))
 def compile_cache_disabled(ctx: RuleContext):
     """A compiling provider rebuilds its engines at every session start: no engine cache, no EP context model.
 
@@ -474,7 +474,7 @@ def _tensorrt_setups(ctx: RuleContext, value_of: Callable[[SessionSetup], Any]) 
     return [s for s in judged_setups(ctx, value_of) if s.provider_name == "TensorrtExecutionProvider"]
 
 
-@rule("OGP009", "trt-timing-cache-disabled", Severity.INFO)
+@rule("OGP009", "trt-timing-cache-disabled", Severity.INFO, needs=("provider",))
 def trt_timing_cache_disabled(ctx: RuleContext):
     """TensorRT's timing cache is off: every engine build re-times every tactic.
 
@@ -517,7 +517,7 @@ def trt_timing_cache_disabled(ctx: RuleContext):
         )
 
 
-@rule("OGP006", "cann-graph-disabled", Severity.ERROR)
+@rule("OGP006", "cann-graph-disabled", Severity.ERROR, needs=("provider",))
 def cann_graph_disabled(ctx: RuleContext):
     """CANN's graph mode is turned off: the Ascend NPU runs the model operator by operator.
 

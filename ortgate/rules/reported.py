@@ -43,7 +43,7 @@ def _on_cuda(ctx: RuleContext) -> str | None:
 # ---- onnxruntime-genai and CUDA graph -------------------------------------------------------------------------
 
 
-@rule("OGP010", "genai-cuda-graph-unsupported", Severity.ERROR)
+@rule("OGP010", "genai-cuda-graph-unsupported", Severity.ERROR, needs=("provider", "policy"))
 def genai_cuda_graph_unsupported(ctx: RuleContext):
     """CUDA graph is on for onnxruntime-genai 0.8.0 to 0.13.x, which refuse it: the model never loads.
 
@@ -94,7 +94,7 @@ def genai_cuda_graph_unsupported(ctx: RuleContext):
         )
 
 
-@rule("OGP011", "cuda-graph-recurrent-state", Severity.WARNING)
+@rule("OGP011", "cuda-graph-recurrent-state", Severity.WARNING, needs=("provider",))
 def cuda_graph_recurrent_state(ctx: RuleContext):
     """CUDA graph capture over a hybrid model whose linear-attention state is fed back in place: reported to
     corrupt the state.
@@ -177,7 +177,7 @@ def _qmoe_nodes(ctx: RuleContext) -> list[Node]:
     return [n for n in ctx.inputs.executed.by_op(MS_DOMAIN, "QMoE") if n.graph is None]
 
 
-@rule("OGK007", "qmoe-block-size-cuda", Severity.ERROR)
+@rule("OGK007", "qmoe-block-size-cuda", Severity.ERROR, needs=("provider",))
 def qmoe_block_size_cuda(ctx: RuleContext):
     """A QMoE node's `block_size` is not one the CUDA QMoE kernels take (32, 64, 128, or 0 for per-column
     scales).
@@ -244,7 +244,7 @@ def qmoe_block_size_cuda(ctx: RuleContext):
     )
 
 
-@rule("OGK008", "qmoe-cuda-kernel-set", Severity.WARNING)
+@rule("OGK008", "qmoe-cuda-kernel-set", Severity.WARNING, needs=("provider", "policy"))
 def qmoe_cuda_kernel_set(ctx: RuleContext):
     """A QMoE form that ONNX Runtime 1.30's default CUDA kernel set may not compile: bfloat16 activations, zero
     points, or blocks above 32.
@@ -325,7 +325,7 @@ def qmoe_cuda_kernel_set(ctx: RuleContext):
 # ---- ONNX-domain Attention on CUDA ----------------------------------------------------------------------------
 
 
-@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING)
+@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider",))
 def onnx_attention_cuda_decode(ctx: RuleContext):
     """ONNX-domain Attention (opset 23/24) on the CUDA provider, which has none of GroupQueryAttention's decode
     kernels: about 34 us against 10 us per layer and step.
@@ -487,7 +487,7 @@ def rotary_position_ids_batch_one(ctx: RuleContext):
 # ---- session options that need another ------------------------------------------------------------------------
 
 
-@rule("OGS012", "moe-statistics-without-profiling", Severity.WARNING)
+@rule("OGS012", "moe-statistics-without-profiling", Severity.WARNING, needs=("session",))
 def moe_statistics_without_profiling(ctx: RuleContext):
     """`session.enable_moe_expert_statistics` is on without profiling: the statistics have nowhere to go.
 
@@ -533,7 +533,7 @@ def moe_statistics_without_profiling(ctx: RuleContext):
         )
 
 
-@rule("OGP012", "provider-option-deprecated", Severity.WARNING)
+@rule("OGP012", "provider-option-deprecated", Severity.WARNING, needs=("session",))
 def provider_option_deprecated(ctx: RuleContext):
     """A provider option that an ONNX Runtime release deprecated (`enable_skip_layer_norm_strict_mode` since 1.28).
 

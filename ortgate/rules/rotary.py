@@ -46,7 +46,7 @@ def _partial(graph, rotary) -> tuple[int, int] | None:
     return None
 
 
-@rule("OGF006", "rotary-not-fused", Severity.WARNING)
+@rule("OGF006", "rotary-not-fused", Severity.WARNING, price="rotary", fix="rotary")
 def rotary_not_fused(ctx: RuleContext):
     """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
 

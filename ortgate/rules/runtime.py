@@ -33,7 +33,7 @@ def _provider_location(ctx: RuleContext, run: RunEvidence) -> Location:
     return run.session.provider.location or _policy_location(ctx, "execution_provider")
 
 
-@rule("OGR001", "ep-unavailable", Severity.ERROR)
+@rule("OGR001", "ep-unavailable", Severity.ERROR, needs=("evidence",))
 def ep_unavailable(ctx: RuleContext):
     """The execution provider the policy asks for cannot be created on the machine that ran the check.
 
@@ -81,7 +81,7 @@ def ep_unavailable(ctx: RuleContext):
     )
 
 
-@rule("OGR009", "ep-substituted", Severity.INFO)
+@rule("OGR009", "ep-substituted", Severity.INFO, needs=("evidence",))
 def ep_substituted(ctx: RuleContext):
     """The policy's provider cannot be created here, and `--allow-cpu` ran the same config on CPUExecutionProvider.
 
@@ -127,7 +127,7 @@ def ep_substituted(ctx: RuleContext):
     )
 
 
-@rule("OGR002", "ep-fallback", Severity.ERROR)
+@rule("OGR002", "ep-fallback", Severity.ERROR, needs=("evidence",))
 def ep_fallback(ctx: RuleContext):
     """The session runs on another execution provider than the one the policy asks for.
 
@@ -179,7 +179,7 @@ def ep_fallback(ctx: RuleContext):
     )
 
 
-@rule("OGR003", "option-not-applied", Severity.ERROR)
+@rule("OGR003", "option-not-applied", Severity.ERROR, needs=("evidence",))
 def option_not_applied(ctx: RuleContext):
     """A provider option of the policy is not in effect in the created session.
 
@@ -236,7 +236,7 @@ def option_not_applied(ctx: RuleContext):
         )
 
 
-@rule("OGR004", "free-dim-unresolved", Severity.ERROR)
+@rule("OGR004", "free-dim-unresolved", Severity.ERROR, needs=("evidence",))
 def free_dim_unresolved(ctx: RuleContext):
     """A free-dimension override of the policy did not make the session's input shapes concrete.
 
@@ -285,7 +285,7 @@ def free_dim_unresolved(ctx: RuleContext):
             )
 
 
-@rule("OGR005", "optimization-changed-outputs", Severity.ERROR)
+@rule("OGR005", "optimization-changed-outputs", Severity.ERROR, needs=("evidence",))
 def optimization_changed_outputs(ctx: RuleContext):
     """The policy's session computes different outputs than ORT_DISABLE_ALL on the same inputs.
 
@@ -356,7 +356,7 @@ THRESHOLDS = (
 )
 
 
-@rule("OGR006", "throughput-target-missed", Severity.ERROR)
+@rule("OGR006", "throughput-target-missed", Severity.ERROR, needs=("evidence",))
 def throughput_target_missed(ctx: RuleContext):
     """The measured throughput or latency misses a target in the policy's `throughput:` block.
 
@@ -462,7 +462,7 @@ def _targets_not_applicable(run: RunEvidence, tp: ThroughputPolicy | None, keys:
     return None
 
 
-@rule("OGR007", "optimized-dump-unavailable", Severity.WARNING)
+@rule("OGR007", "optimized-dump-unavailable", Severity.WARNING, needs=("evidence",))
 def optimized_dump_unavailable(ctx: RuleContext):
     """ORT could not save the session's optimized model, so what it executes was not linted.
 
@@ -503,7 +503,7 @@ def optimized_dump_unavailable(ctx: RuleContext):
     )
 
 
-@rule("OGR008", "compute-off-requested-provider", Severity.WARNING)
+@rule("OGR008", "compute-off-requested-provider", Severity.WARNING, needs=("evidence",))
 def compute_off_requested_provider(ctx: RuleContext):
     """Compute-heavy nodes run on the CPU provider in a session created for a GPU provider.
 
@@ -574,7 +574,7 @@ def _failure_node(ctx: RuleContext, name: str | None):
     return None, None
 
 
-@rule("OGR010", "session-failed", Severity.ERROR)
+@rule("OGR010", "session-failed", Severity.ERROR, needs=("evidence",))
 def session_failed(ctx: RuleContext):
     """ONNX Runtime refused to create or to run a session of the model as the policy configures it.
 
@@ -634,7 +634,7 @@ def session_failed(ctx: RuleContext):
         )
 
 
-@rule("OGR011", "run-timeout", Severity.ERROR)
+@rule("OGR011", "run-timeout", Severity.ERROR, needs=("evidence",))
 def run_timeout(ctx: RuleContext):
     """`ortgate run` passed its `--timeout` before it finished: what it did not get to was not checked.
 

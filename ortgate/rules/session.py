@@ -23,7 +23,7 @@ from ortgate.rules.context import RuleContext, judged_setups
 from ortgate.rules.provider import cuda_graph_enabled
 
 
-@rule("OGS001", "optimization-level-not-all", Severity.ERROR)
+@rule("OGS001", "optimization-level-not-all", Severity.ERROR, needs=("session",))
 def optimization_level_not_all(ctx: RuleContext):
     """The session's graph optimization level is set below ORT_ENABLE_ALL.
 
@@ -116,7 +116,7 @@ def _step_dim_finding(ctx: RuleContext, name: str, kind: str, uses: list[str], c
     )
 
 
-@rule("OGS002", "free-dim-override-missing", Severity.WARNING)
+@rule("OGS002", "free-dim-override-missing", Severity.WARNING, needs=("session", "policy"))
 def free_dim_override_missing(ctx: RuleContext):
     """A symbolic batch or sequence dim of a graph input has no free-dimension override.
 
@@ -156,7 +156,7 @@ def free_dim_override_missing(ctx: RuleContext):
         yield _step_dim_finding(ctx, name, kind, uses, "")
 
 
-@rule("OGS008", "capture-dim-not-pinned", Severity.ERROR)
+@rule("OGS008", "capture-dim-not-pinned", Severity.ERROR, needs=("session", "policy"))
 def capture_dim_not_pinned(ctx: RuleContext):
     """CUDA graph capture is on, but a symbolic batch or sequence dim of a graph input has no free-dimension override.
 
@@ -194,7 +194,7 @@ def capture_dim_not_pinned(ctx: RuleContext):
         yield _step_dim_finding(ctx, name, kind, uses, ": CUDA graph capture needs fixed shapes")
 
 
-@rule("OGS009", "static-kv-dim-not-pinned", Severity.INFO)
+@rule("OGS009", "static-kv-dim-not-pinned", Severity.INFO, needs=("session", "policy", "genai_config"))
 def static_kv_dim_not_pinned(ctx: RuleContext):
     """A KV-cache dim is not pinned although genai_config.json declares a static KV buffer that fixes its length.
 
@@ -267,7 +267,7 @@ def _output_only_dims(graph: Graph) -> set[str]:
     return {d for info in graph.outputs for d in (info.shape or ()) if isinstance(d, str) and d}
 
 
-@rule("OGS003", "free-dim-override-unknown", Severity.ERROR)
+@rule("OGS003", "free-dim-override-unknown", Severity.ERROR, needs=("session", "policy"))
 def free_dim_override_unknown(ctx: RuleContext):
     """A free-dimension override names a dim that no graph input has: ORT ignores it without a word.
 
@@ -400,7 +400,7 @@ def _conflict_finding(ctx: RuleContext, conflict: PinConflict):
     )
 
 
-@rule("OGS004", "free-dim-override-conflict", Severity.ERROR)
+@rule("OGS004", "free-dim-override-conflict", Severity.ERROR, needs=("session", "policy"))
 def free_dim_override_conflict(ctx: RuleContext):
     """Free-dimension overrides that cannot all hold while the model decodes.
 
@@ -452,7 +452,7 @@ def free_dim_override_conflict(ctx: RuleContext):
             yield _conflict_finding(ctx, conflict)
 
 
-@rule("OGS010", "kv-dim-pinned", Severity.WARNING)
+@rule("OGS010", "kv-dim-pinned", Severity.WARNING, needs=("session", "policy"))
 def kv_dim_pinned(ctx: RuleContext):
     """A KV-cache dim is pinned, and no genai_config.json says whether the KV buffer is static.
 
@@ -490,7 +490,7 @@ def kv_dim_pinned(ctx: RuleContext):
             yield _conflict_finding(ctx, conflict)
 
 
-@rule("OGS005", "free-dim-override-range", Severity.ERROR)
+@rule("OGS005", "free-dim-override-range", Severity.ERROR, needs=("session", "policy"), policy_only=True)
 def free_dim_override_range(ctx: RuleContext):
     """A free-dimension override is a range: ORT pins a dim to one integer and has no ranges.
 
@@ -542,7 +542,7 @@ def free_dim_override_range(ctx: RuleContext):
         )
 
 
-@rule("OGS006", "cpu-fallback-allowed", Severity.WARNING)
+@rule("OGS006", "cpu-fallback-allowed", Severity.WARNING, needs=("provider",))
 def cpu_fallback_allowed(ctx: RuleContext):
     """A GPU session lets nodes fall back to CPU silently: session.disable_cpu_ep_fallback is not "1".
 
@@ -602,7 +602,7 @@ def _config_path(setup, key: str) -> str:
     return f"model.decoder.session_options.{key}"
 
 
-@rule("OGS007", "unknown-session-config-key", Severity.WARNING)
+@rule("OGS007", "unknown-session-config-key", Severity.WARNING, needs=("session",), policy_only=True)
 def unknown_session_config_key(ctx: RuleContext):
     """A session config entry key ORT does not know: it is stored and never read.
 

@@ -80,7 +80,7 @@ def _properties(v: TargetVerdict, est: Estimate) -> dict:
             "ms_per_step_expected_with_fixes": round(v.fixed_expected_s * 1e3, 4)}
 
 
-@rule("OGT001", "throughput-below-policy", Severity.ERROR)
+@rule("OGT001", "throughput-below-policy", Severity.ERROR, needs=("throughput", "device"))
 def throughput_below_policy(ctx: RuleContext):
     """The policy asks for more throughput than the graph as exported can ever reach on its device.
 
@@ -136,7 +136,7 @@ def throughput_below_policy(ctx: RuleContext):
         )
 
 
-@rule("OGT002", "throughput-below-estimate", Severity.WARNING)
+@rule("OGT002", "throughput-below-estimate", Severity.WARNING, needs=("throughput", "device"))
 def throughput_below_estimate(ctx: RuleContext):
     """The policy asks for more throughput than the decode cost model expects the graph to reach on its device.
 
@@ -183,7 +183,7 @@ def throughput_below_estimate(ctx: RuleContext):
         )
 
 
-@rule("OGT003", "throughput-not-judged", Severity.INFO)
+@rule("OGT003", "throughput-not-judged", Severity.INFO, needs=("throughput",))
 def throughput_not_judged(ctx: RuleContext):
     """A throughput target of the policy that `ortgate lint` cannot judge from the graph, and why.
 
@@ -295,7 +295,7 @@ def _memory_properties(mem) -> dict:
             "batch_size": mem.batch, **{f"{p.name}_bytes": round(p.bytes) for p in mem.parts}}
 
 
-@rule("OGT004", "memory-exceeds-device", Severity.ERROR)
+@rule("OGT004", "memory-exceeds-device", Severity.ERROR, needs=("device",))
 def memory_exceeds_device(ctx: RuleContext):
     """The deployment needs more memory than its device has: weights, KV cache and workspace added up.
 
@@ -350,7 +350,7 @@ def memory_exceeds_device(ctx: RuleContext):
     )
 
 
-@rule("OGT005", "memory-near-device", Severity.WARNING)
+@rule("OGT005", "memory-near-device", Severity.WARNING, needs=("device",))
 def memory_near_device(ctx: RuleContext):
     """The deployment's estimated memory is above the policy's share of the device (default 90%) but within it.
 

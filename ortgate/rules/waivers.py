@@ -8,7 +8,7 @@ from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 
 
-@rule("OGW001", "waiver-expired", Severity.ERROR)
+@rule("OGW001", "waiver-expired", Severity.ERROR, policy_only=True)
 def waiver_expired(ctx: RuleContext):
     """A waiver in the policy is past its `expires` date.
 
@@ -38,7 +38,7 @@ def waiver_expired(ctx: RuleContext):
     return ()  # raised by the gate, which owns waivers
 
 
-@rule("OGW002", "waiver-unused", Severity.WARNING)
+@rule("OGW002", "waiver-unused", Severity.WARNING, policy_only=True)
 def waiver_unused(ctx: RuleContext):
     """A waiver in the policy matched no finding.
 
