@@ -24,7 +24,10 @@ RULE_REPAIRS = {
     "gate-up-not-merged": "gate_up",
     "swiglu-not-fused": "swiglu",
     "cuda-graph-disabled": "cuda_graph",
+    "onnx-attention-cuda-decode": "onnx_attention",
 }
+# rules whose one finding is about every node of its kind (it names the first): priced with all their repairs
+WHOLE_GRAPH_RULES = frozenset({"onnx-attention-cuda-decode"})
 
 
 def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
@@ -33,6 +36,8 @@ def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
     kind = RULE_REPAIRS.get(finding.rule)
     if kind is None:
         return []
+    if finding.rule in WHOLE_GRAPH_RULES:
+        return est.repairs_of(kind)
     if finding.layer is not None:
         return est.repairs_of(kind, finding.layer)
     if finding.node is not None:
