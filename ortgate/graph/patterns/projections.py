@@ -117,7 +117,8 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
 
 def _source(graph: Graph, node: Node) -> str:
     """The hidden state a projection reads (for a MatMulInteger, what DynamicQuantizeLinear quantized)."""
-    return skip_back(graph, dequantized_input(graph, node), ("Cast", "Identity", "Reshape", "DequantizeLinear"))
+    return skip_back(graph, dequantized_input(graph, node), ("Cast", "Identity", "Reshape", "DequantizeLinear",
+                                                            "QuantizeLinear"))
 
 
 @dataclass
