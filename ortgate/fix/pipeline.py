@@ -216,7 +216,7 @@ def _process_start(pid: int) -> str | None:
 
 
 def _write_marker(folder: Path, out: Path) -> None:
-    text = json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()), "output": out.name})
+    text = json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()), "output": out.name}, allow_nan=False)
     (folder / STAGING_MARKER).write_text(text + "\n")
 
 
