@@ -117,6 +117,21 @@ def test_dbrx_clamped_wqkv_is_one_packed_projection():
     assert {p.layer for p in found} == {0, 1}
 
 
+@pytest.mark.parametrize("fixture", ["qwen3_moe", "olmoe"])
+def test_quantize_dynamic_projections_are_judged_as_their_float_twins(fixture):
+    """quantize_dynamic's q, k and v: three MatMulIntegers of one DynamicQuantizeLinear output, each dequantized by
+    Cast -> Mul(scale): the same three separate projections of one input as in the float export it was made from."""
+    quantized = lint_findings(EXPORTED / f"quantdyn-{fixture}" / "model.onnx", select=["qkv-not-packed"])
+    original = lint_findings(EXPORTED / f"dynamo-{fixture}" / "model.onnx", select=["qkv-not-packed"])
+    assert [f.message for f in quantized if f.kind is not Kind.VIOLATION] == []  # decided
+    assert [(f.layer, dict(f.properties)["projections"]) for f in quantized] == \
+        [(f.layer, dict(f.properties)["projections"]) for f in original] == [(0, 3), (1, 3)]
+    graph = load_graph(str(EXPORTED / f"quantdyn-{fixture}" / "model.onnx"))
+    ops = {n.name: n.op_type for n in graph.nodes}
+    assert {ops[f.node] for f in quantized} == {"MatMulInteger"}
+    assert all("[64, 64]" in f.message and "[64, 32]" in f.message for f in quantized)
+
+
 OUT = None
 GRAPH_RULES = ["moe-not-fused", "gqa-not-fused", "rmsnorm-not-fused", "skip-rmsnorm-not-fused", "rotary-not-fused",
                "qkv-not-packed", "gate-up-not-merged", "decode-shape-specialised", "op-input-type"]

@@ -194,3 +194,46 @@ def test_gated_mlp_inside_an_if_branch_is_found(tmp_path, write_policy):
     ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     found = findings(path, SWIGLU, write_policy(BASIC_POLICY))
     assert len(found) == 1 and found[0].graph == "branch/then_branch" and found[0].op_type == "Sigmoid"
+
+
+def _qdq_attention(tmp_path, *, packed: bool):
+    """MultiHeadAttention fed by QDQ-wrapped MatMuls (QuantizeLinear -> DequantizeLinear around the activations and
+    the int8 weights, as a static QDQ quantizer writes them): three of one input, or one packed and Split."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    def init(name, value, dtype):
+        return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+    inits = [init("s", 0.05, np.float32), init("zp", 0, np.int8)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xd"])]
+    widths = [24] if packed else [8, 8, 8]
+    outs = []
+    for i, width in enumerate(widths):
+        inits.append(init(f"w{i}", np.ones((8, width)), np.int8))
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", "s", "zp"], [f"wd{i}"]),
+                  helper.make_node("MatMul", ["xd", f"wd{i}"], [f"y{i}"]),
+                  helper.make_node("QuantizeLinear", [f"y{i}", "s", "zp"], [f"yq{i}"]),
+                  helper.make_node("DequantizeLinear", [f"yq{i}", "s", "zp"], [f"yd{i}"])]
+        outs.append(f"yd{i}")
+    if packed:
+        inits.append(init("sizes", [8, 8, 8], np.int64))
+        nodes.append(helper.make_node("Split", ["yd0", "sizes"], ["q", "k", "v"], axis=-1))
+        outs = ["q", "k", "v"]
+    nodes.append(helper.make_node("MultiHeadAttention", outs, ["out"], domain="com.microsoft", num_heads=2))
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8])], inits)
+    model = helper.make_model(graph, ir_version=10,
+                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / ("packed.onnx" if packed else "separate.onnx")
+    onnx.save(model, path)
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # ORT takes it as it is
+    return path
+
+
+def test_qdq_wrapped_projections_are_projections(tmp_path):
+    found = findings(_qdq_attention(tmp_path, packed=False), QKV)
+    assert [f.kind.name for f in found] == ["VIOLATION"], [f.message for f in found]
+    assert "3 separate projections" in found[0].message and "[8, 8]" in found[0].message
+    assert findings(_qdq_attention(tmp_path, packed=True), QKV) == []

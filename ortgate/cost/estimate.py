@@ -18,8 +18,9 @@ from typing import Any
 from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, expert_bytes_read, step_model
 from ortgate.cost.repairs import Repair, find_repairs, partial
 from ortgate.cost.shapes import StepShape
-from ortgate.graph.index import Graph
+from ortgate.graph.index import DEFAULT_DOMAIN, Graph
 from ortgate.knowledge import cuda_providers
+from ortgate.knowledge.deployment_facts import deployment_fact
 from ortgate.knowledge.devices import Device
 
 GPU_GRAPH_PROVIDERS = cuda_providers()  # their graph capture is CUDA graph
@@ -310,6 +311,7 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
                        optimization_level=setup.optimization_level, optimized=setup.optimized)
     times, totals = _node_times(model, device)
     repairs = list(_repairs(model))
+    repairs += _onnx_attention_on_cuda(model, setup, times, totals)
     cuda_graph_now = setup.cuda_graph and _graph_capturable(setup, model.control_flow, totals.syncs)
     as_exported = _step("as exported", totals, setup, cuda_graph_now, None, model)
     est = Estimate(setup, model, as_exported, as_exported, repairs, times)
@@ -317,6 +319,40 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
         repairs.append(Repair("cuda_graph", None, "", frozenset(), []))
     est.with_fixes = _apply(est, repairs, label="with fixes")
     return est
+
+
+CUDA = "CUDAExecutionProvider"
+
+
+def _onnx_attention_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, tuple[float, float, float]],
+                            totals: Totals) -> list[Repair]:
+    """ONNX-domain Attention on the CUDA provider runs a generic kernel without GroupQueryAttention's decode paths
+    (knowledge/deployment_facts.json, onnx_attention_cuda_decode: about 34 us against 10 us per layer and decode
+    step). Each such node's time gains the difference (`times` and `totals` are updated), and a repair per node puts
+    a GroupQueryAttention with the same bytes, FLOPs and launches in its place: the difference is its saving."""
+    if not setup.gpu or (setup.provider or CUDA) != CUDA:
+        return []
+    nodes = [n for n in model.graph.by_op(DEFAULT_DOMAIN, "Attention") if n.graph is None]
+    if not nodes:
+        return []
+    slow_us, fast_us = deployment_fact("onnx_attention_cuda_decode").values[:2]
+    extra = (slow_us - fast_us) * 1e-6
+    out = []
+    for node in nodes:
+        roof, floor, roof_cache = times.get(node.index, (0.0, 0.0, 0.0))
+        times[node.index] = (roof + extra, floor, roof_cache + extra)
+        totals.roofline_s += extra
+        totals.roofline_cache_s += extra
+        nc = model.costs.get(node.index)
+        cost = nc.cost.copy() if nc is not None else Cost()
+        cost.launches = model.launches[node.index]
+        gqa = "com.microsoft.GroupQueryAttention"
+        added = NodeCost(-1, f"{gqa} (onnx_attention repair, layer {node.layer})", gqa, node.layer,
+                         nc.component if nc is not None else "attention", cost,
+                         compute_dtype=nc.compute_dtype if nc is not None else None,
+                         label="GroupQueryAttention's decode kernels in place of the ONNX Attention's generic one")
+        out.append(Repair("onnx_attention", node.layer, node.display_name, frozenset({node.index}), [added]))
+    return out
 
 
 def _repairs(model: StepModel) -> list[Repair]:

@@ -3,7 +3,8 @@ op's cost in their place (its bytes, FLOPs and launches), or turns CUDA graph on
 
 One repair per kind and decoder layer (the findings are per layer too). Kinds (stable names;
 each rule names the one that prices it, `price=` on its `@rule`):
-moe, attention, qkv, rotary, skip_rmsnorm, rmsnorm, gate_up, swiglu, cuda_graph.
+moe, attention, qkv, rotary, skip_rmsnorm, rmsnorm, gate_up, swiglu, cuda_graph, and onnx_attention (an ONNX-domain
+Attention on CUDA replaced by GroupQueryAttention; made by the estimate, which knows the provider).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ortgate.graph.patterns.projections import gated_mlps, qkv_projections
 from ortgate.graph.patterns.rotary import decomposed_rotaries
 from ortgate.knowledge.devices import op_costs
 
-REPAIR_KINDS = ("moe", "attention", "qkv", "rotary", "skip_rmsnorm", "rmsnorm", "gate_up", "swiglu", "cuda_graph")
+REPAIR_KINDS = ("moe", "attention", "onnx_attention", "qkv", "rotary", "skip_rmsnorm", "rmsnorm", "gate_up", "swiglu",
+                "cuda_graph")
 _ORDER = {kind: i for i, kind in enumerate(REPAIR_KINDS)}
 _FUSED_OP = {
     "moe": "com.microsoft.MoE",
@@ -43,6 +45,7 @@ _COMPONENT = {"moe": "moe", "attention": "attention", "qkv": "attention", "rotar
 _WHAT = {
     "moe": "decomposed MoE -> com.microsoft.MoE",
     "attention": "decomposed attention -> com.microsoft.GroupQueryAttention",
+    "onnx_attention": "ONNX-domain Attention on CUDA -> com.microsoft.GroupQueryAttention",
     "qkv": "q, k, v -> one packed GEMM",
     "rotary": "rotate_half -> com.microsoft.RotaryEmbedding",
     "skip_rmsnorm": "residual Add + RMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization",

@@ -22,12 +22,22 @@ def price_kinds() -> dict[str, str]:
     return {r.code: r.price for r in all_rules() if r.price is not None}
 
 
+@cache
+def _priced_whole() -> frozenset[str]:
+    """Codes of the rules whose one finding is about every node of its kind (`price_all` on their `@rule`)."""
+    from ortgate.rules import all_rules
+
+    return frozenset(r.code for r in all_rules() if r.price_all)
+
+
 def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
     """The repairs fixing `finding` applies: those of its layer, those outside the layers for a node outside them,
     all of its kind for a finding about the whole graph (a count, a setting)."""
     kind = price_kinds().get(finding.code)
     if kind is None:
         return []
+    if finding.code in _priced_whole():
+        return est.repairs_of(kind)
     if finding.layer is not None:
         return est.repairs_of(kind, finding.layer)
     if finding.node is not None:

@@ -180,6 +180,11 @@ def _apply(ir_model, kinds: tuple[str, ...], report: FusionReport) -> None:
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import _core, shape_optimization
 
+    with _bounded_multi_output_matching():
+        _steps(ir_model, kinds, report, common_passes, optimize, _core, shape_optimization)
+
+
+def _steps(ir_model, kinds, report, common_passes, optimize, _core, shape_optimization) -> None:
     common_passes.ShapeInferencePass()(ir_model)
     optimize(ir_model)
     shape_optimization.rules.apply_to_model(ir_model)
@@ -191,6 +196,81 @@ def _apply(ir_model, kinds: tuple[str, ...], report: FusionReport) -> None:
         options = {"apply_shape_inference": True} if label == "sdpa" else {}
         report.counts[label] = int(fuse(ir_model, **options) or 0)
     optimize(ir_model)
+
+
+@contextlib.contextmanager
+def _bounded_multi_output_matching():
+    """While onnxscript works, its rules whose pattern ends in several nodes (SlicesSplit: two Slices of one x) look
+    for the other end nodes among the consumers of the first one's inputs instead of among every node of the graph.
+
+    onnxscript's SimplePatternMatcher pairs each candidate with every graph node of the other end nodes' op types,
+    rebuilding that list from a full walk of the graph per candidate: O(nodes x Slices) per pass, which is what makes
+    `optimize()` take minutes on a decoder of 10^4 nodes (2 layers of a 128-expert loop under cProfile: 80 s of 85
+    in that one rule). Where each other end node shares an input variable with the first (checked on the pattern),
+    any node that can match consumes the value the first one reads in that variable's place, so its consumers are a
+    superset of the matches, tried in the order they were added as consumers (the graph's order on a loaded model,
+    which is onnxscript's order): the same rewrites. Rules of any other shape keep onnxscript's matcher."""
+    rules = [rule for rule in _multi_output_rules() if _ends_share_an_input(rule._target_pattern)]
+    saved = [rule._matcher for rule in rules]
+    try:
+        for rule in rules:
+            rule._matcher = _neighbour_matcher(rule._target_pattern)
+        yield
+    finally:
+        for rule, matcher in zip(rules, saved):
+            rule._matcher = matcher
+
+
+def _multi_output_rules() -> list:
+    from onnxscript import rewriter
+    from onnxscript.rewriter import _matcher
+
+    return [rule for rule in rewriter._DEFAULT_REWRITE_RULES
+            if len(rule._target_pattern.output_nodes) > 1 and type(rule._matcher) is _matcher.SimplePatternMatcher]
+
+
+def _ends_share_an_input(pattern) -> bool:
+    first, *others = pattern.output_nodes
+    first_inputs = {id(value) for value in first.inputs if value is not None}
+    return all(any(value is not None and id(value) in first_inputs for value in node.inputs) for node in others)
+
+
+def _neighbour_matcher(pattern):
+    import itertools
+
+    import onnx_ir as ir
+    from onnxscript.rewriter import _basics, _matcher
+
+    first, *others = pattern.output_nodes
+    # per other end node: the input positions of the first end node whose variable it reads too
+    shared = [[j for j, value in enumerate(first.inputs) if value is not None and any(value is v for v in node.inputs)]
+              for node in others]
+
+    class NeighbourMatcher(_matcher.SimplePatternMatcher):
+        def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
+            self._tracer = tracer
+            self._graph = graph_or_function if isinstance(graph_or_function, ir.Graph) else graph_or_function.graph
+
+            def candidates(pattern_node, positions):
+                wanted = pattern_node.op_identifier()
+                found: dict[int, ir.Node] = {}
+                for j in positions:
+                    value = node.inputs[j] if j < len(node.inputs) else None
+                    for consumer in value.consumers() if value is not None else ():
+                        if consumer.graph is self._graph and (wanted is None or consumer.op_identifier() == wanted):
+                            found.setdefault(id(consumer), consumer)
+                return list(found.values())
+
+            match = None
+            ends = [candidates(pn, positions) for pn, positions in zip(others, shared)]
+            for combination in itertools.product([node], *ends):
+                self._init_match(verbose)
+                match = self._multi_match(combination, check_removable=remove_nodes)
+                if match:
+                    return match
+            return match if match is not None else _basics.MatchResult().fail("No match found.")
+
+    return NeighbourMatcher(pattern)
 
 
 def _inventory(graph: Graph) -> dict[int | None, dict[str, tuple[int, int]]]:

@@ -57,6 +57,8 @@ class Rule:
     needs: tuple[str, ...] = ()
     # The cost model's repair kind (ortgate.cost.repairs.REPAIR_KINDS) that prices its findings; None: unpriced.
     price: str | None = None
+    # Its one finding is about every node of its kind (it names the first): priced with all repairs of `price`.
+    price_all: bool = False
     # The repair `ortgate fix` makes for its findings (moe, rmsnorm, rotary, attention); None: no automatic fix.
     fix: str | None = None
     # It judges the policy's declared session alone: `ortgate policy validate` runs it as lint does.
@@ -124,10 +126,12 @@ _REGISTRY: dict[str, Rule] = {}
 
 
 def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (), price: str | None = None,
-         fix: str | None = None, policy_only: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+         price_all: bool = False, fix: str | None = None, policy_only: bool = False
+         ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check function as a rule. Its docstring is the rule's documentation; the keywords are what the
     engine and `ortgate fix` know of it: what it needs (`needs`, the names of ortgate.rules.needs.NEEDS), the cost
-    model's repair kind that prices its findings (`price`), the repair `ortgate fix` makes for them (`fix`), and
+    model's repair kind that prices its findings (`price`; `price_all`: with every repair of that kind, for a rule
+    whose one finding is about every node of its kind), the repair `ortgate fix` makes for them (`fix`), and
     whether it judges the policy alone (`policy_only`)."""
 
     def register(func: CheckFunction) -> CheckFunction:
@@ -148,7 +152,10 @@ def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (
         if family is None:
             raise ValueError(f"rule code {code!r}: unknown family prefix {code[:3]!r}")
         _check_metadata(code, needs, price)
-        _REGISTRY[code] = Rule(code, name, severity, family, func, doc, tuple(needs), price, fix, policy_only)
+        if price_all and price is None:
+            raise ValueError(f"rule {code}: price_all without a price")
+        _REGISTRY[code] = Rule(code, name, severity, family, func, doc, tuple(needs), price, price_all, fix,
+                               policy_only)
         return func
 
     return register

@@ -9,7 +9,7 @@ from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
-from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, projection_dims, qkv_projections
+from ortgate.graph.patterns.projections import GatedMlp, QkvProjections, gated_mlps, linear_dims, qkv_projections
 from ortgate.knowledge.families import swiglu_parameters_text
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
 from ortgate.knowledge.moe import moe_inputs
@@ -128,7 +128,8 @@ def qkv_not_packed(ctx: RuleContext):
     for untraced in (p for p in qkv_projections(graph) if not p.traced and not p.packed):
         yield ctx.undecided(
             f"{untraced.attention.key} {layer_text(untraced.layer)}: its query, key and value do not each lead to one "
-            "projection (MatMul / Gemm / MatMulNBits with a constant weight), so whether they are packed is unknown",
+            "projection (MatMul / Gemm / MatMulNBits / FusedMatMul / MatMulInteger with a constant weight), so whether "
+            "they are packed is unknown",
             graph=graph, node=untraced.attention)
     for found, repacked in separate_qkv(ctx):
         if not repacked:
@@ -152,7 +153,7 @@ def _qkv_finding(ctx: RuleContext, found: QkvProjections, repacked: bool):
         "RotaryEmbedding -> GroupQueryAttention directly")
     projections = found.separate
     kind = found.attention.key if found.fused else "decomposed attention"
-    widths = [projection_dims(graph, p) for p in projections]
+    widths = [linear_dims(graph, p) for p in projections]
     shapes = ", ".join(f"{p.display_name} {list(w)}" if w else p.display_name for p, w in zip(projections, widths))
     where = " in ORT's optimized dump" if is_dump else ""
     return ctx.finding(

@@ -325,7 +325,8 @@ def qmoe_cuda_kernel_set(ctx: RuleContext):
 # ---- ONNX-domain Attention on CUDA ----------------------------------------------------------------------------
 
 
-@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider",))
+@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider",), price="onnx_attention",
+      price_all=True)
 def onnx_attention_cuda_decode(ctx: RuleContext):
     """ONNX-domain Attention (opset 23/24) on the CUDA provider, which has none of GroupQueryAttention's decode
     kernels: about 34 us against 10 us per layer and step.
@@ -334,7 +335,9 @@ def onnx_attention_cuda_decode(ctx: RuleContext):
     Every ai.onnx Attention node of a deployment on the CUDA provider. The CUDA provider runs it with a generic
     kernel; com.microsoft GroupQueryAttention has the decode fast paths (about 34 us against 10 us per decode step
     and layer, microsoft/onnxruntime#28352, #29714). The message prices the difference over the graph's Attention
-    layers, and its share of the estimated step when a device is named.
+    layers, and its share of the estimated step when a device is named; the cost model counts it too (the step as
+    exported pays it on CUDA, and the finding's price and the with-fixes estimate are what GroupQueryAttention
+    saves).
 
     ## Why it costs throughput
     24 us per layer and step: 1.2 ms per token on a 48-layer model, 10-20% of a fine-grained MoE's decode step.

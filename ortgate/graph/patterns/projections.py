@@ -4,7 +4,10 @@ and how is SiLU(gate) * up computed.
 Q/K/V: from each softmax attention (fused GroupQueryAttention / MultiHeadAttention / Attention, or a decomposed
 core) the query, key and value inputs are walked upstream through what sits between a projection and the
 attention (reshapes, transposes, casts, Splits of a packed projection, elementwise ops such as a clamp between a
-projection and its Split, q_norm/k_norm, rotary, the KV-cache Concat, repeat_kv) to the linear projection (MatMul / Gemm / MatMulNBits with a constant weight) they come from.
+projection and its Split, q_norm/k_norm, rotary, the KV-cache Concat, repeat_kv, a QDQ pair) to the linear
+projection they come from: a MatMul / Gemm / MatMulNBits / FusedMatMul with a constant weight (one seen through
+DequantizeLinear included: a QDQ-wrapped MatMul), or a MatMulInteger of a constant int8 weight (quantize_dynamic's
+form, reached through the Cast and the Mul by the scale that dequantize its output).
 
 Gated MLP: anchored at SiLU, i.e. Mul(g, Sigmoid(g)) or com.microsoft QuickGelu(g, alpha=1) (ORT's fused form),
 followed by Mul(silu, up). Gate and up are walked upstream to their projections: one projection split in two
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
-from ortgate.graph.patterns.common import cached, is_op, matmul_weight, skip_back
+from ortgate.graph.patterns.common import cached, dequantized_input, is_op, matmul_weight, quantized_weight, skip_back
 from ortgate.graph.patterns.norms import norm_by_output
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
 
@@ -25,7 +28,8 @@ from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
 # between a projection and its Split (DBRX clamps its packed Wqkv: MatMul -> Clip -> Split) included.
 _PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where", "Max", "Min"})
 _PASS_FIRST = frozenset({"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand",
-                         "Tile", "Split", "Slice", "Gather", "Clip", "Relu", "Tanh", "Abs", "Softsign"})
+                         "Tile", "Split", "Slice", "Gather", "Clip", "Relu", "Tanh", "Abs", "Softsign",
+                         "QuantizeLinear", "DequantizeLinear"})
 _NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"})
 
 
@@ -47,6 +51,12 @@ def projection_dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return None
     rows, cols = init.dims[1], init.dims[2]
     return (cols, rows) if transposed else (rows, cols)
+
+
+def linear_dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """[in, out] of any linear projection: what `projection_dims` takes, or a MatMulInteger of a constant quantized
+    weight (quantize_dynamic's MatMul, whose int32 output a Cast and a Mul by the scales dequantize)."""
+    return projection_dims(graph, node) or quantized_weight(graph, node)
 
 
 @dataclass
@@ -83,7 +93,7 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
             node = graph.producer(v)
             if node is None:
                 continue
-            if projection_dims(graph, node) is not None:
+            if linear_dims(graph, node) is not None:
                 found[node.index] = node
                 continue
             key = (node.domain, node.op_type)
@@ -106,7 +116,9 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
 
 
 def _source(graph: Graph, node: Node) -> str:
-    return skip_back(graph, node.input(0), ("Cast", "Identity", "Reshape"))
+    """The hidden state a projection reads (for a MatMulInteger, what DynamicQuantizeLinear quantized)."""
+    return skip_back(graph, dequantized_input(graph, node), ("Cast", "Identity", "Reshape", "DequantizeLinear",
+                                                            "QuantizeLinear"))
 
 
 @dataclass
