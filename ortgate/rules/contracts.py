@@ -9,13 +9,13 @@ Types and ranks are checked only where the graph declares or implies them.
 from __future__ import annotations
 
 from collections import Counter
-from functools import cache
 
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.common import cached
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.knowledge.contracts import OpContract, op_contract
+from ortgate.proto import attribute_type_names
 from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
@@ -243,18 +243,10 @@ def type_violations(graph: Graph) -> dict[tuple[str, int, str], list[Violation]]
     return cached(graph, "op_type_violations", compute)
 
 
-@cache
-def _attribute_types() -> dict[int, str]:
-    # onnx is imported where a model is read, never by `ortgate rules`, `explain` or `policy validate`.
-    from onnx import AttributeProto
-
-    return {v: k for k, v in AttributeProto.AttributeType.items()}
-
-
 def _attribute_type(node: Node, name: str) -> str | None:
     for a in node.proto.attribute:
         if a.name == name:
-            return _attribute_types().get(a.type)
+            return attribute_type_names().get(a.type)
     return None
 
 
