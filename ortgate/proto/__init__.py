@@ -7,6 +7,11 @@ so they never clash with onnx's, which registers the same file in protobuf's def
 same wire format: a graph index reads them exactly as it reads onnx.ModelProto, but they are other classes (code that
 hands a model to onnx, `ortgate fix`, parses it with onnx's).
 
+Loading onnx's own generated module (onnx/onnx_ml_pb2.py) by its file path, without the package's __init__, parses
+as fast, but it executes a file found at run time, registers onnx's file in the default pool (the classes would be
+onnx's own, so anything that later imports onnx shares them) and ties the linter to onnx's file layout and to the
+protobuf runtime that file was generated for; a schema committed here is data, checked against onnx by a test.
+
 `ModelProto` is the schema as a protobuf edition that verifies UTF-8 while parsing (ONNX's proto2 does not: a name
 that is not UTF-8 would reach Python as bytes); `PlainModelProto` is the schema as written, which accepts such bytes.
 """
