@@ -23,7 +23,7 @@ from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
-from ortgate.graph.load import load_model
+from ortgate.graph.load import read_model
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
 
@@ -47,14 +47,14 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     genai: GenaiConfig | None = load_genai_config(config_path) if config_path else None
     policy: Policy | None = load_policy(request.policy) if request.policy else None
     note(f"loading {files.model}")
-    proto = load_model(files.model)
+    proto = read_model(files.model)
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
     model = build_graph(proto, str(files.model), role="model")
     del proto
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
-        proto = load_model(request.optimized)
+        proto = read_model(request.optimized)
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
         optimized = build_graph(proto, str(request.optimized), role="optimized", reference=model)
         del proto

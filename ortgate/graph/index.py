@@ -16,8 +16,28 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from ortgate.errors import printable
+from ortgate.graph.tensors import small_tensor_values
+from ortgate.proto import (
+    ATTR_FLOAT,
+    ATTR_FLOATS,
+    ATTR_GRAPH,
+    ATTR_GRAPHS,
+    ATTR_INT,
+    ATTR_INTS,
+    ATTR_SPARSE_TENSOR,
+    ATTR_SPARSE_TENSORS,
+    ATTR_STRING,
+    ATTR_STRINGS,
+    ATTR_TENSOR,
+    ATTR_TENSORS,
+    ATTR_TYPE_PROTO,
+    ATTR_TYPE_PROTOS,
+    ATTR_UNDEFINED,
+    DATA_EXTERNAL,
+    dtype_names,
+)
 
-if TYPE_CHECKING:  # onnx is imported where a model is parsed: `ortgate rules`, `explain` and `policy` never need it
+if TYPE_CHECKING:  # the models are duck-typed: onnx.ModelProto, or ortgate.proto's classes of the same schema
     import onnx
 
 DEFAULT_DOMAIN = "ai.onnx"
@@ -29,9 +49,6 @@ _SMALL_CONSTANT_ELEMENTS = 64
 _SMALL_CONSTANT_BYTES = 64 * 1024
 # Attribute lists longer than this (a Constant's value_floats holding a weight) are not decoded.
 _MAX_ATTRIBUTE_ELEMENTS = 1 << 20
-# onnx.proto enum values, fixed by the ONNX IR spec (AttributeProto.AttributeType, TensorProto.DataLocation).
-_ATTR_TENSOR, _ATTR_GRAPH, _ATTR_GRAPHS = 4, 5, 10
-_DATA_EXTERNAL = 1
 # The only ONNX ops with graph attributes; nodes of other domains are checked attribute by attribute.
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -60,13 +77,8 @@ def dtype_name(elem_type: int) -> str | None:
         return None
     name = _DTYPE_NAMES.get(elem_type, "")
     if name == "":
-        from onnx import TensorProto
-
-        try:
-            name = TensorProto.DataType.Name(elem_type).lower() if elem_type else None
-        except ValueError:
-            name = None
-        _DTYPE_NAMES[elem_type] = name
+        known = dtype_names().get(elem_type) if elem_type else None
+        name = _DTYPE_NAMES[elem_type] = known.lower() if known else None
     return name
 
 
@@ -108,7 +120,7 @@ class Initializer:
     def _decode_storage(self) -> tuple[bool, str | None]:
         t = self._proto
         location = None
-        external = t.data_location == _DATA_EXTERNAL
+        external = t.data_location == DATA_EXTERNAL
         if external:
             for entry in t.external_data:
                 if entry.key == "location":
@@ -222,25 +234,43 @@ class Node:
 
 
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
-    if attr.type == _ATTR_GRAPH:
+    if attr.type == ATTR_GRAPH:
         return f"<graph {attr.g.name}>"
-    if attr.type == _ATTR_GRAPHS:
+    if attr.type == ATTR_GRAPHS:
         return [f"<graph {g.name}>" for g in attr.graphs]
-    if attr.type == _ATTR_TENSOR:
+    if attr.type == ATTR_TENSOR:
         return _tensor_summary(attr.t)
     if max(len(attr.ints), len(attr.floats), len(attr.strings)) > _MAX_ATTRIBUTE_ELEMENTS:
         return None  # a weight smuggled into an attribute list: never decoded into Python objects
-    from onnx import helper
-
-    try:
-        value = helper.get_attribute_value(attr)
-    except Exception:  # malformed attribute: report its absence rather than crash
+    if attr.ref_attr_name:  # a reference to an attribute of an enclosing function: no value of its own
         return None
+    read = _ATTRIBUTE_READERS.get(attr.type)
+    if read is None:  # unknown type: report its absence rather than crash
+        return None
+    value = read(attr)
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8", errors="replace") for v in value]
     return value
+
+
+# What onnx.helper.get_attribute_value returns, by AttributeProto.AttributeType (TENSOR and GRAPH(S) are summarised
+# before). UNDEFINED reads as None.
+_ATTRIBUTE_READERS: dict[int, Callable[[Any], Any]] = {
+    ATTR_UNDEFINED: lambda a: None,
+    ATTR_FLOAT: lambda a: a.f,
+    ATTR_INT: lambda a: a.i,
+    ATTR_STRING: lambda a: a.s,
+    ATTR_SPARSE_TENSOR: lambda a: a.sparse_tensor,
+    ATTR_TYPE_PROTO: lambda a: a.tp,
+    ATTR_FLOATS: lambda a: list(a.floats),
+    ATTR_INTS: lambda a: list(a.ints),
+    ATTR_STRINGS: lambda a: list(a.strings),
+    ATTR_TENSORS: lambda a: list(a.tensors),
+    ATTR_SPARSE_TENSORS: lambda a: list(a.sparse_tensors),
+    ATTR_TYPE_PROTOS: lambda a: list(a.type_protos),
+}
 
 
 def _kind(value: Any) -> str:
@@ -264,14 +294,9 @@ def _tensor_summary(t: onnx.TensorProto) -> TensorSummary:
     numel = 1
     for d in dims:
         numel *= max(d, 0)
-    inline = t.data_location != _DATA_EXTERNAL
+    inline = t.data_location != DATA_EXTERNAL
     if inline and numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
-        try:
-            from onnx import numpy_helper
-
-            values = tuple(numpy_helper.to_array(t).reshape(-1).tolist())
-        except Exception:
-            values = None
+        values = small_tensor_values(t)
     return TensorSummary(dtype_name(t.data_type), dims, values)
 
 
@@ -323,7 +348,7 @@ def _subgraph_output(node: Node, output: str) -> str | None:
     attr_name, offset = _SUBGRAPH_OUTPUT_OFFSET[node.op_type]
     position = node.outputs.index(output) + offset
     for attr in node.proto.attribute:
-        if attr.name == attr_name and attr.type == _ATTR_GRAPH and position < len(attr.g.output):
+        if attr.name == attr_name and attr.type == ATTR_GRAPH and position < len(attr.g.output):
             return attr.g.output[position].name
     return None
 
@@ -500,9 +525,9 @@ class Graph:
     def _push_subgraphs(self, node: Node, scopes: list[set[str]], stack: list) -> bool:
         pushed = False
         for attr in node.proto.attribute:
-            if attr.type == _ATTR_GRAPH:
+            if attr.type == ATTR_GRAPH:
                 subgraphs = [attr.g]
-            elif attr.type == _ATTR_GRAPHS:
+            elif attr.type == ATTR_GRAPHS:
                 subgraphs = list(attr.graphs)
             else:
                 continue

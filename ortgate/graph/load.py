@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ortgate.errors import LFS_POINTER_PROBLEM, InputError, is_lfs_pointer, printable
+from ortgate.proto import ATTR_GRAPH, ATTR_GRAPHS, ATTR_TENSOR, ATTR_TENSORS, plain_model_class, verifying_model_class
 
 if TYPE_CHECKING:  # imported where a model is parsed: loading the pipeline for a policy alone never needs it
     import onnx
@@ -27,16 +27,28 @@ _NOT_ONNX_SIGNATURES = (
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
-    """Parse an ONNX file without its external data. Every failure is an InputError naming the file.
+    """Parse an ONNX file without its external data into onnx's own classes (for code that hands the model to onnx:
+    `ortgate fix`). Every failure is an InputError naming the file; the checks are read_model's."""
+    import onnx
+
+    return _load(Path(path), onnx.ModelProto)
+
+
+def read_model(path: str | Path) -> onnx.ModelProto:
+    """Parse an ONNX file without its external data, without importing onnx: the message classes are
+    ortgate.proto's, built from onnx's own schema (same fields and names as onnx.ModelProto, other classes). What
+    the linter reads. Every failure is an InputError naming the file.
 
     Refused: files over 2 GiB (before reading a byte), files that are not regular files, protobuf nested
-    deeper than the parser allows (subgraphs within subgraphs), and models whose external data would be
-    read from outside their folder (ORT refuses those too). External data files are never opened.
+    deeper than the parser allows (subgraphs within subgraphs), string fields that are not UTF-8, and models whose
+    external data would be read from outside their folder (ORT refuses those too). External data files are never
+    opened. A model with local functions is inlined by onnx's inliner (onnx is imported for those alone).
     """
-    import onnx
-    from google.protobuf.message import DecodeError
+    return _load(Path(path), None)
 
-    p = Path(path)
+
+def _load(p: Path, model_class) -> onnx.ModelProto:
+    """read_model (`model_class` None) or load_model (onnx.ModelProto)."""
     if not p.exists():
         raise InputError("no such file", p)
     if not p.is_file():
@@ -62,21 +74,22 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     for signature, what in _NOT_ONNX_SIGNATURES:
         if data.startswith(signature):
             raise InputError(f"not an ONNX model: this is {what}", p)
-    utf8_ok = _utf8_checked_parse(data)  # parsed once more, then dropped: memory peaks at one parse
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except RecursionError:
-        raise InputError(f"not an ONNX model ({_TOO_DEEP})", p) from None
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        text = str(exc).lower()
-        if "depth" in text or "deep" in text or "recursion" in text:
-            reason = _TOO_DEEP
-        else:
-            reason = "truncated or corrupt protobuf" if isinstance(exc, DecodeError) else " ".join(str(exc).split())
-        raise InputError(f"not an ONNX model ({reason})", p) from None
-    except MemoryError:
-        raise InputError(f"out of memory parsing {size} bytes of protobuf", p) from None
+    model = None
+    if model_class is None:
+        # One parse that also verifies every string's UTF-8; only a file it refuses is parsed again, by the plain
+        # schema, to tell a string that is not UTF-8 from a corrupt protobuf (and to say which).
+        verifying = verifying_model_class()
+        if verifying is not None:
+            try:
+                model = verifying.FromString(data)
+            except Exception:
+                model = None
+        utf8_ok = model is not None
+        if model is None:
+            model = _parse(data, plain_model_class(), p, size)
+    else:
+        utf8_ok = _utf8_checked_parse(data)  # parsed once more, then dropped: memory peaks at one parse
+        model = _parse(data, model_class, p, size)
     # Every external-data location is a "location" entry: how many the bytes hold bounds the search below.
     locations_in_bytes = data.count(b"location")
     del data
@@ -94,6 +107,26 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     return inline_local_functions(model, p)
 
 
+def _parse(data: bytes, model_class, p: Path, size: int):
+    from google.protobuf.message import DecodeError
+
+    model = model_class()
+    try:
+        model.ParseFromString(data)
+    except RecursionError:
+        raise InputError(f"not an ONNX model ({_TOO_DEEP})", p) from None
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        text = str(exc).lower()
+        if "depth" in text or "deep" in text or "recursion" in text:
+            reason = _TOO_DEEP
+        else:
+            reason = "truncated or corrupt protobuf" if isinstance(exc, DecodeError) else " ".join(str(exc).split())
+        raise InputError(f"not an ONNX model ({reason})", p) from None
+    except MemoryError:
+        raise InputError(f"out of memory parsing {size} bytes of protobuf", p) from None
+    return model
+
+
 # Op domains whose ops ONNX Runtime runs with its own kernels: a local function named like one of their ops
 # (a "Relu" in the default domain) is not what ORT runs, so it is not inlined either.
 _KERNEL_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
@@ -106,8 +139,12 @@ def inline_local_functions(model: onnx.ModelProto, path: Path) -> onnx.ModelProt
     ORT refuses them."""
     if not model.functions:
         return model
+    import onnx
     import onnx.defs
     import onnx.inliner
+
+    if not isinstance(model, onnx.ModelProto):  # read_model's classes: onnx's inliner takes its own
+        model = onnx.ModelProto.FromString(model.SerializeToString())
 
     def shadows_kernel(f: onnx.FunctionProto) -> bool:
         if f.domain == "com.microsoft":
@@ -201,33 +238,9 @@ def first_non_utf8_text(model: onnx.ModelProto) -> str | None:
     return None
 
 
-@functools.cache
-def _utf8_checking_model_class():
-    """onnx.ModelProto as a protobuf edition that verifies UTF-8 while parsing, or None if this protobuf
-    cannot build it. Same fields, same wire format: parsing with it is a C-speed check of every string."""
-    try:
-        import onnx
-        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-        file = descriptor_pb2.FileDescriptorProto()
-        onnx.ModelProto.DESCRIPTOR.file.CopyToProto(file)
-        file.name = f"ortgate-utf8-check/{file.name}"
-        file.syntax = "editions"
-        file.edition = descriptor_pb2.EDITION_2023
-        features = file.options.features
-        features.enum_type = descriptor_pb2.FeatureSet.CLOSED  # proto2 semantics, except for ...
-        features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED
-        features.utf8_validation = descriptor_pb2.FeatureSet.VERIFY  # ... this
-        pool = descriptor_pool.DescriptorPool()
-        pool.Add(file)
-        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.ModelProto"))
-    except Exception:  # an older or newer protobuf: load_model walks the strings instead
-        return None
-
-
 def _utf8_checked_parse(data: bytes) -> bool:
     """False when the bytes hold a string field that is not UTF-8 (or the check is unavailable)."""
-    checking = _utf8_checking_model_class()
+    checking = verifying_model_class()
     if checking is None:
         return False
     probe = checking()
@@ -278,8 +291,6 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
 def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
     """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
     `initializers_first`, the main graph's initializers come first, then a None marker, then the rest."""
-    import onnx
-
     if initializers_first:
         yield from model.graph.initializer
         yield None
@@ -293,11 +304,11 @@ def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
             yield sparse.indices
         for node in g.node:
             for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
+                if attr.type == ATTR_GRAPH:
                     stack.append(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
+                elif attr.type == ATTR_GRAPHS:
                     stack.extend(attr.graphs)
-                elif attr.type == onnx.AttributeProto.TENSOR:
+                elif attr.type == ATTR_TENSOR:
                     yield attr.t
-                elif attr.type == onnx.AttributeProto.TENSORS:
+                elif attr.type == ATTR_TENSORS:
                     yield from attr.tensors

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ortgate.knowledge.loader import build, read_json
+from ortgate.proto import dtype_names
 
 KERNELS_JSON = Path(__file__).with_name("kernels.json")
 # Kernels ONNX Runtime registered after the table's commit, each with the change that added it.
@@ -74,11 +75,7 @@ def normalize_dtype(dtype: Any) -> str | None:
 
 @functools.cache
 def _tensorproto_names() -> dict[int, str]:
-    try:
-        from onnx import TensorProto
-    except ImportError:  # pragma: no cover - onnx is a dependency
-        return {}
-    return {v: k.lower() for k, v in TensorProto.DataType.items() if k != "UNDEFINED"}
+    return {v: k.lower() for v, k in dtype_names().items() if k != "UNDEFINED"}
 
 
 def _tensorproto_name(value: int) -> str | None:

@@ -9,13 +9,13 @@ Types and ranks are checked only where the graph declares or implies them.
 from __future__ import annotations
 
 from collections import Counter
-from functools import cache
 
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.common import cached
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.knowledge.contracts import OpContract, op_contract
+from ortgate.proto import attribute_type_names
 from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
@@ -191,13 +191,8 @@ def op_input_type(ctx: RuleContext):
     rule says so once, as undecided, and never guesses.
     """
     graph = ctx.model
-    untyped: Counter[str] = Counter()
-    for node, contract in _contracted(graph):
-        for i, formal in enumerate(contract.inputs):
-            if i < len(node.inputs) and node.inputs[i] and contract.allowed_types(formal) \
-                    and graph.dtype(node.inputs[i]) is None:
-                untyped[node.key] += 1
-    for (_, i, dtype), found in type_violations(graph).items():
+    violations, untyped = _input_types(graph)
+    for (_, i, dtype), found in violations.items():
         node, contract, name, allowed = found[0]
         nodes = [n for n, *_ in found]
         count = f" ({len(nodes)} nodes{' ' + layers_text(nodes) if layers_text(nodes) else ''})" if len(nodes) > 1 else ""
@@ -227,34 +222,39 @@ def type_violations(graph: Graph) -> dict[tuple[str, int, str], list[Violation]]
     node, its contract, the formal's name, the allowed types): one export choice per key. op-input-type owns these
     nodes; the placement rules leave them to it."""
 
-    def compute(g: Graph) -> dict[tuple[str, int, str], list[Violation]]:
+    return _input_types(graph)[0]
+
+
+def _input_types(graph: Graph) -> tuple[dict[tuple[str, int, str], list[Violation]], Counter[str]]:
+    """type_violations, and per op the number of inputs with an allowed-type constraint whose dtype is unknown:
+    one pass over the contracted nodes' inputs for both."""
+
+    def compute(g: Graph) -> tuple[dict[tuple[str, int, str], list[Violation]], Counter[str]]:
         groups: dict[tuple[str, int, str], list[Violation]] = {}
+        untyped: Counter[str] = Counter()
         for node, contract in _contracted(g):
             for i, formal in enumerate(contract.inputs):
                 if i >= len(node.inputs) or not node.inputs[i]:
                     continue
                 allowed = contract.allowed_types(formal)
+                if not allowed:
+                    continue
                 dtype = g.dtype(node.inputs[i])
-                if not allowed or dtype is None or dtype in allowed or f"seq(tensor({dtype}))" in allowed:
+                if dtype is None:
+                    untyped[node.key] += 1
+                    continue
+                if dtype in allowed or f"seq(tensor({dtype}))" in allowed:
                     continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
                 groups.setdefault((node.key, i, dtype), []).append((node, contract, formal.name, allowed))
-        return groups
+        return groups, untyped
 
-    return cached(graph, "op_type_violations", compute)
-
-
-@cache
-def _attribute_types() -> dict[int, str]:
-    # onnx is imported where a model is read, never by `ortgate rules`, `explain` or `policy validate`.
-    from onnx import AttributeProto
-
-    return {v: k for k, v in AttributeProto.AttributeType.items()}
+    return cached(graph, "op_input_types", compute)
 
 
 def _attribute_type(node: Node, name: str) -> str | None:
     for a in node.proto.attribute:
         if a.name == name:
-            return _attribute_types().get(a.type)
+            return attribute_type_names().get(a.type)
     return None
 
 

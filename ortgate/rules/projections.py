@@ -319,6 +319,9 @@ def _fused_with_fc3(graph: Graph) -> list[SeparateGateUp]:
 
 def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
     """Expert loops whose routed experts read gate and up from two projections (each block its own layer's MLPs)."""
+    loops = [(b, b.router) for b in moe_blocks(graph) if b.fused is None and b.router is not None]
+    if not loops:  # nothing to look into: the gated MLPs of the whole graph are not worth finding
+        return []
     mlps = [m for m in gated_mlps(graph) if m.gate is not None]
     # Indexed once, so that each block looks only at its own MLPs (not every MLP of the model per block).
     layer_mlps: dict[int | None, list[int]] = defaultdict(list)
@@ -328,9 +331,7 @@ def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
         if m.gate is not None:
             gate_mlps[m.gate.index].append(position)
     out = []
-    for block in moe_blocks(graph):
-        if block.fused is not None or block.router is None:
-            continue
+    for block, router in loops:
         if block.layer is not None:
             positions = layer_mlps.get(block.layer, [])
         else:
@@ -345,7 +346,7 @@ def _loops_with_separate_gate_up(graph: Graph) -> list[SeparateGateUp]:
             out.append(SeparateGateUp(
                 "MoE expert loop", block.layer, f"has {len(separate)} of {len(routed)} routed experts reading gate and "
                 f"up from two projections (e.g. {gate.display_name} and {up.display_name})",
-                block.router, [n for m in separate for n in (m.gate, m.up) if n is not None],
+                router, [n for m in separate for n in (m.gate, m.up) if n is not None],
                 {"experts_separate": len(separate), "experts": len(routed)}))
     return out
 

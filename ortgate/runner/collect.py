@@ -20,7 +20,7 @@ from ortgate.errors import InputError
 from ortgate.evidence import Measurement, RunEvidence, SessionEvidence
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
-from ortgate.graph.load import load_model
+from ortgate.graph.load import read_model
 from ortgate.graph.patterns.decoder import cacheless_decoder
 from ortgate.rules.context import LintInputs
 from ortgate.runner.progress import RunProgress
@@ -193,7 +193,7 @@ def optimized_graph(dump_path: str, model: Graph, *, kept: bool) -> Graph:
     """The session's optimized model as a graph the rules read, its layers carried from `model` where node names
     survived. A temporary dump is deleted when the run ends, so its findings point at MODEL, labelled as its
     optimized graph, never at a file that no longer exists."""
-    graph = build_graph(load_model(dump_path), dump_path if kept else model.path, role="optimized", reference=model)
+    graph = build_graph(read_model(dump_path), dump_path if kept else model.path, role="optimized", reference=model)
     graph.label = None if kept else f"optimized graph of {model.path}"
     return graph
 

@@ -1089,29 +1089,33 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
     """The value where the chain of Add / ScatterND(add) over the experts' weighted outputs ends."""
     values = {m.outputs[0] for m in muls}
     members: dict[int, Node] = {}
-    changed = True
-    while changed:  # a fixpoint: an Add joins once both its operands are in the sum (or zeros it starts from)
-        changed = False
-        for value in list(values):
-            for c in graph.consumers(value):
-                if c.index in members or c.domain != DEFAULT_DOMAIN:
-                    continue
-                if c.op_type in ("Cast", "Identity", "Expand"):
-                    ok = c.input(0) == value  # the weighted rows on their way to a scatter
-                elif c.op_type == "Add":
-                    ok = all(i in values or _zeros(graph, i) for i in c.inputs)
-                elif c.op_type in _COMBINE_OPS:  # ScatterND / ScatterElements of weighted outputs into the sum
-                    # reduction=add accumulates; reduction=none into zeros then added to the sum is torch's index_add_
-                    # as the legacy exporter writes it (exact: one expert's rows are distinct tokens).
-                    ok = c.input(2) in values and (
-                        (c.attr("reduction", "none") == "add" and (c.input(0) in values or _zeros(graph, c.input(0))))
-                        or (c.attr("reduction", "none") == "none" and _zeros(graph, c.input(0))))
-                else:
-                    ok = False
-                if ok:
-                    members[c.index] = c
-                    values.add(c.outputs[0])
-                    changed = True
+    # A fixpoint: an Add joins once both its operands are in the sum (or zeros it starts from). Worked from a list
+    # of the values that joined: a node is looked at again only when one of its inputs has just joined (each
+    # condition only grows with `values`), not every node on every round (quadratic in the experts).
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        for c in graph.consumers(value):
+            if c.index in members or c.domain != DEFAULT_DOMAIN:
+                continue
+            if c.op_type in ("Cast", "Identity", "Expand"):
+                ok = c.input(0) == value  # the weighted rows on their way to a scatter
+            elif c.op_type == "Add":
+                ok = all(i in values or _zeros(graph, i) for i in c.inputs)
+            elif c.op_type in _COMBINE_OPS:  # ScatterND / ScatterElements of weighted outputs into the sum
+                # reduction=add accumulates; reduction=none into zeros then added to the sum is torch's index_add_
+                # as the legacy exporter writes it (exact: one expert's rows are distinct tokens).
+                ok = c.input(2) in values and (
+                    (c.attr("reduction", "none") == "add" and (c.input(0) in values or _zeros(graph, c.input(0))))
+                    or (c.attr("reduction", "none") == "none" and _zeros(graph, c.input(0))))
+            else:
+                ok = False
+            if ok:
+                members[c.index] = c
+                out = c.outputs[0]
+                if out not in values:
+                    values.add(out)
+                    pending.append(out)
     chain = list(members.values())
     if not chain:
         raise _Refuse("the experts' weighted outputs are not summed")
