@@ -76,3 +76,27 @@ def test_the_sum_of_the_experts_is_found_without_revisiting_every_value_per_expe
     assert counted, "no expert loop was read"
     for experts, looked in counted:
         assert experts == 32 and looked <= 3 * experts, (experts, looked)
+
+
+def test_a_rule_whose_declared_need_is_unmet_is_not_run(make_model):
+    """The engine skips a rule whose `needs` the inputs lack (no policy: no session), and runs it once they have
+    them: what the rule would compute on such inputs is never computed."""
+    import dataclasses
+
+    from ortgate.engine.pipeline import run_rules
+    from ortgate.rules import all_rules
+    from tests.conftest import REPO
+
+    rule = next(r for r in all_rules() if r.code == "OGS001")
+    calls = []
+
+    def spy(ctx):
+        calls.append(ctx.inputs.policy)
+        return rule.check(ctx)
+
+    counted = dataclasses.replace(rule, check=spy)
+    model = make_model(moe="dense")
+    run_rules(load_inputs(LintRequest(str(model))), [counted])
+    assert calls == []
+    run_rules(load_inputs(LintRequest(str(model), str(REPO / "policies" / "tiny-moe-cpu.yaml"))), [counted])
+    assert len(calls) == 1

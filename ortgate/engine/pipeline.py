@@ -26,6 +26,7 @@ from ortgate.graph.dump import optimization_mismatch
 from ortgate.graph.load import read_model
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
+from ortgate.rules.needs import unmet
 
 # Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
 STRICT_ENV = "ORTGATE_STRICT"
@@ -106,6 +107,8 @@ def run_rules(inputs: LintInputs, rules: Iterable[Rule],
     for number, rule in enumerate(rules, 1):
         if progress is not None:
             progress(f"rule {number}/{len(rules)}: {rule.code} {rule.name}")
+        if unmet(rule.needs, inputs):
+            continue  # it finds nothing without them (tests/rule_inputs.check_needs holds every rule case to that)
         ctx = RuleContext(inputs, rule)
         try:
             findings.extend(number_occurrences(list(rule.check(ctx) or ())))
