@@ -29,6 +29,7 @@ import onnx
 from ortgate.errors import InputError
 from ortgate.evidence import OutputComparison
 from ortgate.graph.index import Graph
+from ortgate.graph.patterns.decoder import token_ids_input
 from ortgate.runner.compare import compare_one, compare_outputs
 from ortgate.runner.inputs import (
     Feeds,
@@ -142,14 +143,12 @@ class SessionPlan:
 def _literal_token_dims(graph: Graph) -> tuple[int | None, int | None] | None:
     """(batch, sequence length) of a rank-2 token input where they are literals (None where a dim is dynamic); None
     without such an input. An export fixed to its example's shape refuses, or breaks inside, any other."""
-    for info in graph.inputs:
-        shape = info.shape
-        if "input_ids" not in info.name.lower() or not shape or len(shape) != 2:
-            continue
-        batch, seq = shape
-        return (batch if isinstance(batch, int) and batch > 0 else None,
-                seq if isinstance(seq, int) and seq > 0 else None)
-    return None
+    info = token_ids_input(graph)
+    if info is None or info.shape is None:
+        return None
+    batch, seq = info.shape
+    return (batch if isinstance(batch, int) and batch > 0 else None,
+            seq if isinstance(seq, int) and seq > 0 else None)
 
 
 def accepted_settings(graph: Graph, settings: RunnerSettings) -> RunnerSettings:

@@ -8,7 +8,7 @@ from ortgate.config.expectations import POLICY
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node, ValueInfo, op_key, parse_op_key
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
-from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state
+from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state, token_ids_input
 from ortgate.graph.patterns.moe import moe_blocks
 from ortgate.knowledge.cache_exports import cache_export, cache_export_otherwise
 from ortgate.rules.base import rule
@@ -383,14 +383,10 @@ _DYNAMIC_SEQUENCE_FIX = (
 
 
 def _token_input(graph: Graph) -> ValueInfo | None:
-    """The decoder's token input: an integer `input_ids`, else a float `inputs_embeds`, of rank 2 or 3."""
-    for info in graph.inputs:
-        name = info.name.lower()
-        if ("input_ids" in name and info.dtype in ("int64", "int32") and info.shape is not None
-                and len(info.shape) == 2) or ("inputs_embeds" in name and info.shape is not None
-                                              and len(info.shape) == 3):
-            return info
-    return None
+    """The decoder's token input: the token ids the embedding reads, else a rank-3 `inputs_embeds`."""
+    return token_ids_input(graph) or next(
+        (i for i in graph.inputs if "inputs_embeds" in i.name.lower() and i.shape is not None and len(i.shape) == 3),
+        None)
 
 
 def _is_decoder(graph: Graph) -> bool:

@@ -60,9 +60,10 @@ def _find(graph: Graph) -> CachelessDecoder | None:
         return None
     if any(STATE_NAME.search(o.name) and o.shape is not None and len(o.shape) == 4 for o in graph.outputs):
         return None  # the prefill graph of a split export returns the cache its decode graph takes
-    tokens = _token_input(graph)
-    if tokens is None:
+    info = token_ids_input(graph)
+    if info is None:
         return None
+    tokens = info.name
     rows = _embedding_rows(graph, tokens)
     for out in graph.outputs:
         shape = out.shape
@@ -75,13 +76,13 @@ def _find(graph: Graph) -> CachelessDecoder | None:
     return None
 
 
-def _token_input(graph: Graph) -> str | None:
+def token_ids_input(graph: Graph) -> ValueInfo | None:
     """The integer [batch, sequence] input the token embedding reads (`input_ids` first)."""
     candidates = [i for i in graph.inputs if i.dtype in _INTEGER and i.shape is not None and len(i.shape) == 2]
     named = [i for i in candidates if i.name == "input_ids"]
     for info in named + candidates:
         if _embedding_rows(graph, info.name) is not None or info.name == "input_ids":
-            return info.name
+            return info
     return None
 
 
