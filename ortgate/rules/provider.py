@@ -304,26 +304,22 @@ def provider_option_invalid_value(ctx: RuleContext):
     Use a value of the option's type (the finding names it). Quote provider option values in YAML
     (`"1"`); for TensorRT from Python write `"True"` / `"False"`.
     """
-    for setup in ctx.deployment.setups:
-        catalog = provider_catalog(setup.provider_name) if setup.provider_name else None
-        if catalog is None:
+    for setup, catalog, key, setting in option_keys(ctx):
+        option = catalog.option(key)
+        if option is None:
+            continue  # unknown-provider-option
+        problem = option.validate(setting.value)
+        if problem is None:
             continue
-        for key, setting in sorted(setup.provider_options.items()):
-            option = catalog.option(key)
-            if option is None:
-                continue  # unknown-provider-option
-            problem = option.validate(setting.value)
-            if problem is None:
-                continue
-            consequence = ("ORT rejects it and Python's InferenceSession silently falls back to CPUExecutionProvider"
-                           if setup.origin == "policy" else "onnxruntime-genai fails to create the session")
-            yield ctx.finding(
-                f"{setup.label}: {setup.provider_name} option {key!r} {problem}: {consequence}",
-                location=setting.location,
-                fix=f"Set {key} to a valid value (default {option.default_string!r}: {option.description})",
-                properties={"provider": setup.provider_name, "option": key, "value": str(setting.value),
-                            "type": option.type, "catalog_ort_version": catalog.ort_version},
-            )
+        consequence = ("ORT rejects it and Python's InferenceSession silently falls back to CPUExecutionProvider"
+                       if setup.origin == "policy" else "onnxruntime-genai fails to create the session")
+        yield ctx.finding(
+            f"{setup.label}: {setup.provider_name} option {key!r} {problem}: {consequence}",
+            location=setting.location,
+            fix=f"Set {key} to a valid value (default {option.default_string!r}: {option.description})",
+            properties={"provider": setup.provider_name, "option": key, "value": str(setting.value),
+                        "type": option.type, "catalog_ort_version": catalog.ort_version},
+        )
 
 
 def float32_gemms(graph: Graph) -> list:

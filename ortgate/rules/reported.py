@@ -15,7 +15,7 @@ from ortgate.knowledge.deployment_facts import deployment_fact
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.placement import gpu_targets
-from ortgate.rules.provider import cuda_graph_enabled
+from ortgate.rules.provider import cuda_graph_enabled, option_keys
 
 CUDA = "CUDAExecutionProvider"
 TRUE = ("1", "true", "True")
@@ -567,20 +567,14 @@ def provider_option_deprecated(ctx: RuleContext):
     ## Fix
     Remove the option (its default is what later releases do).
     """
-    from ortgate.knowledge.providers import provider_catalog
-
-    for setup in ctx.deployment.setups:
-        catalog = provider_catalog(setup.provider_name) if setup.provider_name else None
-        if catalog is None:
+    for setup, catalog, key, setting in option_keys(ctx):
+        option = catalog.option(key)
+        if option is None or option.deprecated_since is None:
             continue
-        for key, setting in sorted(setup.provider_options.items()):
-            option = catalog.option(key)
-            if option is None or option.deprecated_since is None:
-                continue
-            yield ctx.finding(
-                f"{setup.label}: {setup.provider_name} option {key!r} is deprecated since ONNX Runtime "
-                f"{option.deprecated_since}: {option.deprecated_note}",
-                location=setting.location,
-                fix=f"Remove {key}.",
-                properties={"key": key, "deprecated_since": option.deprecated_since},
-            )
+        yield ctx.finding(
+            f"{setup.label}: {setup.provider_name} option {key!r} is deprecated since ONNX Runtime "
+            f"{option.deprecated_since}: {option.deprecated_note}",
+            location=setting.location,
+            fix=f"Remove {key}.",
+            properties={"key": key, "deprecated_since": option.deprecated_since},
+        )
