@@ -11,32 +11,27 @@ from functools import cache
 from ortgate.cost import Estimate, Repair
 from ortgate.cost.estimate import format_rate
 from ortgate.findings import Finding, Price
+from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs
 
 
 @cache
-def price_kinds() -> dict[str, str]:
-    """Rule code -> the repair kind that prices its findings, from each rule's `price` (rules.base.rule)."""
+def priced_rules() -> dict[str, Rule]:
+    """Rule code -> the rule, for the rules whose findings are priced (`price` on their `@rule`)."""
     from ortgate.rules import all_rules
 
-    return {r.code: r.price for r in all_rules() if r.price is not None}
-
-
-@cache
-def _priced_whole() -> frozenset[str]:
-    """Codes of the rules whose one finding is about every node of its kind (`price_all` on their `@rule`)."""
-    from ortgate.rules import all_rules
-
-    return frozenset(r.code for r in all_rules() if r.price_all)
+    return {r.code: r for r in all_rules() if r.price is not None}
 
 
 def repairs_for(est: Estimate, finding: Finding) -> list[Repair]:
     """The repairs fixing `finding` applies: those of its layer, those outside the layers for a node outside them,
-    all of its kind for a finding about the whole graph (a count, a setting)."""
-    kind = price_kinds().get(finding.code)
-    if kind is None:
+    all of its kind for a finding about the whole graph (a count, a setting) or about every node of its kind
+    (`price_all`)."""
+    rule = priced_rules().get(finding.code)
+    if rule is None or rule.price is None:
         return []
-    if finding.code in _priced_whole():
+    kind = rule.price
+    if rule.price_all:
         return est.repairs_of(kind)
     if finding.layer is not None:
         return est.repairs_of(kind, finding.layer)
