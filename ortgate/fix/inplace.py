@@ -41,9 +41,8 @@ def keep_inputs_alive(model: onnx.ModelProto) -> list[KeptInput]:
     """Guard every com.microsoft.MoE node of `model` that can hit the defect; the nodes guarded."""
     defect = moe_op_facts().inplace_defect
     graph = build_graph(model, "fixed")
-    positions = {id(node): i for i, node in enumerate(model.graph.node)}
-    targets = {positions[id(c.node.proto)]: c for c in inplace_candidates(graph)
-               if defect.triggered_by(c.normalize_routing_weights) and id(c.node.proto) in positions}
+    targets = {c.node.position: c for c in inplace_candidates(graph)
+               if defect.triggered_by(c.normalize_routing_weights) and c.node.graph is None}
     if not targets:
         return []
     kept = []

@@ -96,19 +96,31 @@ class Initializer:
     rule looks at few of them). Its bytes are never read.
     """
 
-    __slots__ = ("name", "_proto", "_dense", "_dims", "_storage", "_values")
+    __slots__ = ("name", "_src", "_pos", "_dense", "_dtype", "_dims", "_storage", "_values")
 
-    def __init__(self, name: str, proto: onnx.TensorProto, *, dense: bool = True):
+    def __init__(self, name: str, src: Any, position: int, *, dense: bool = True):
         self.name = name
-        self._proto = proto
+        # The TensorProto is fetched from its list (GraphProto.initializer, or .sparse_initializer whose `values` it
+        # is) when a field is first read: holding a message object per weight would cost memory for nothing.
+        self._src = src
+        self._pos = position
         self._dense = dense  # False: the values of a sparse initializer (never decoded as a constant)
+        self._dtype: str | None | object = _UNKNOWN
         self._dims: tuple[int, ...] | None = None
         self._storage: tuple[bool, str | None] | None = None  # (external, location)
         self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
 
     @property
+    def _proto(self) -> onnx.TensorProto:
+        t = self._src[self._pos]
+        return t if self._dense else t.values
+
+    @property
     def dtype(self) -> str | None:
-        return dtype_name(self._proto.data_type)
+        dtype = self._dtype
+        if dtype is _UNKNOWN:
+            dtype = self._dtype = dtype_name(self._proto.data_type)
+        return cast("str | None", dtype)
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -174,13 +186,19 @@ class Initializer:
 
 
 class Node:
-    """One node of the model (main graph or a subgraph). Attributes decode on first use."""
+    """One node of the model (main graph or a subgraph). Attributes decode on first use.
 
-    __slots__ = ("proto", "index", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs")
+    The node keeps no protobuf object of its own: `proto` fetches the NodeProto from its graph's node list when
+    asked. A message object held per node would cost memory twice over (the Python object, and the bookkeeping
+    protobuf adds to a held message for every absent field read through it)."""
 
-    def __init__(self, proto: onnx.NodeProto, index: int, graph: str | None, name: str, op_type: str, domain: str,
-                 inputs: tuple[str, ...], outputs: tuple[str, ...]):
-        self.proto = proto
+    __slots__ = ("index", "position", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs",
+                 "_src")
+
+    def __init__(self, src: Any, position: int, index: int, graph: str | None, name: str, op_type: str,
+                 domain: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
+        self._src = src  # the node list (GraphProto.node) holding it
+        self.position = position  # its position in that list (`index` counts every node of every graph)
         self.index = index
         self.name = name
         self.op_type = op_type
@@ -190,6 +208,11 @@ class Node:
         self.graph = graph
         self.layer: int | None = None
         self._attrs: dict[str, Any] | None = None
+
+    @property
+    def proto(self) -> onnx.NodeProto:
+        """The NodeProto (read-only use: the model is shared)."""
+        return self._src[self.position]
 
     @property
     def key(self) -> str:
@@ -425,7 +448,7 @@ class Graph:
         self.nodes: list[Node] = []
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._producer: dict[str, Node] = {}
-        self._consumers: dict[str, list[Node]] = defaultdict(list)
+        self._consumers: dict[str, list[Node]] = {}
         # ValueInfo, or the ValueInfoProto not decoded yet (dumps declare a value_info for most values).
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
         self.initializers: dict[str, Initializer] = {}
@@ -440,13 +463,15 @@ class Graph:
         self.input_infos: list[ValueInfo] = []
         with gc_paused():
             initializers = self.initializers
-            for t in g.initializer:
+            tensors = g.initializer
+            for position, t in enumerate(tensors):
                 name = t.name
-                initializers[name] = Initializer(name, t)
-            for t in g.sparse_initializer:
+                initializers[name] = Initializer(name, tensors, position)
+            tensors = g.sparse_initializer
+            for position, t in enumerate(tensors):
                 name = t.values.name
                 if name:
-                    initializers[name] = Initializer(name, t.values, dense=False)
+                    initializers[name] = Initializer(name, tensors, position, dense=False)
             values = self._values
             for vi in g.input:
                 name = vi.name
@@ -482,16 +507,20 @@ class Graph:
         # This loop runs once per node of the model: every protobuf field read and allocation counts.
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
         unordered = self.unordered_nodes
-        # One str per op type (a 50k-node graph has a few dozen).
+        # One str per op type (a 50k-node graph has a few dozen), one key per (domain, op type).
         op_types: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
+        op_keys: dict[tuple[str, str], list[Node]] = {}
         # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
         # every later lookup by name compares identical objects instead of equal strings.
         share: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
-        stack: list[tuple[str | None, list[set[str]], Iterator[onnx.NodeProto]]] = [(path, [visible], iter(g.node))]
+        # "" (an omitted input or output) is in every scope: a scope test never has to skip it.
+        visible.add("")
+        stack: list[tuple[str | None, list[set[str]], Any, Iterator[tuple[int, onnx.NodeProto]]]] = [
+            (path, [visible], g.node, enumerate(g.node))]
         while stack:
-            gpath, scopes, it = stack[-1]
+            gpath, scopes, src, it = stack[-1]
             scope, outer = scopes[-1], scopes[:-1]
-            for proto in it:
+            for position, proto in it:
                 domain = proto.domain
                 if not domain:
                     domain = DEFAULT_DOMAIN
@@ -499,32 +528,44 @@ class Graph:
                     domain = canonical_domain(domain)
                 op_type = proto.op_type
                 op_type = op_types(op_type, op_type)
-                inputs = tuple([share(name, name) for name in proto.input])
-                outputs = tuple([share(name, name) for name in proto.output])
-                node = Node(proto, len(nodes), gpath, proto.name, op_type, domain, inputs, outputs)
+                names = proto.input
+                inputs = tuple(map(share, names, names))
+                names = proto.output
+                outputs = tuple(map(share, names, names))
+                index = len(nodes)
+                if index == position:  # one int object for both (a main graph's nodes, before any subgraph)
+                    index = position
+                node = Node(src, position, index, gpath, proto.name, op_type, domain, inputs, outputs)
                 nodes.append(node)
-                by_op[(domain, op_type)].append(node)
-                out_of_order = False
+                same_op = op_keys.get((domain, op_type))
+                if same_op is None:
+                    same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
+                same_op.append(node)
                 for name in inputs:
                     if name:
-                        consumers[name].append(node)
-                        if not out_of_order and name not in scope:
-                            out_of_order = not any(name in s for s in outer)
-                if out_of_order:
-                    unordered.append(node)
+                        readers = consumers.get(name)
+                        if readers is None:
+                            consumers[name] = [node]  # most values have one consumer: a list of exactly one
+                        else:
+                            readers.append(node)
+                if not scope.issuperset(inputs):
+                    for name in inputs:
+                        if name not in scope and not any(name in s for s in outer):
+                            unordered.append(node)
+                            break
                 for name in outputs:
-                    if name:
-                        if name not in producers:
-                            producers[name] = node
-                        scope.add(name)
-                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and self._push_subgraphs(node, scopes, stack):
+                    if name and name not in producers:
+                        producers[name] = node
+                scope.update(outputs)
+                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and \
+                        self._push_subgraphs(node, proto, scopes, stack):
                     break  # index the subgraphs first; this graph's iterator resumes after them
             else:
                 stack.pop()
 
-    def _push_subgraphs(self, node: Node, scopes: list[set[str]], stack: list) -> bool:
+    def _push_subgraphs(self, node: Node, proto: onnx.NodeProto, scopes: list[set[str]], stack: list) -> bool:
         pushed = False
-        for attr in node.proto.attribute:
+        for attr in proto.attribute:
             if attr.type == ATTR_GRAPH:
                 subgraphs = [attr.g]
             elif attr.type == ATTR_GRAPHS:
@@ -535,14 +576,17 @@ class Graph:
                 sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr.name}"
                 self.subgraph_paths.append(sub_path)
                 self.subgraph_owners.setdefault(sub_path, node)
-                local: set[str] = set()
-                for t in sub.initializer:
-                    self.initializers.setdefault(t.name, Initializer(t.name, t))
-                    local.add(t.name)
+                local: set[str] = {""}
+                tensors = sub.initializer
+                for position, t in enumerate(tensors):
+                    name = t.name
+                    if name not in self.initializers:
+                        self.initializers[name] = Initializer(name, tensors, position)
+                    local.add(name)
                 for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
                     self._values.setdefault(vi.name, vi)
                 local.update(vi.name for vi in sub.input)
-                stack.append((sub_path, scopes + [local], iter(sub.node)))
+                stack.append((sub_path, scopes + [local], sub.node, enumerate(sub.node)))
                 pushed = True
         return pushed
 
@@ -632,25 +676,60 @@ class Graph:
 
     def _fill_dtypes(self) -> None:
         """Every node output's dtype in one pass in graph order (in a valid graph producers come first); what the
-        order does not settle (an If/Loop output from its body, a value used before it is produced) is walked."""
-        cache, producers = self._dtype_cache, self._producer
+        order does not settle (an If/Loop output from its body, a value used before it is produced) is walked.
+
+        The schema's decision is looked up once per (domain, op type); for the ops it types (all but the few of
+        _DTYPE_SPECIAL_OPS) an output's dtype is then its fixed type or the first known dtype among its typing
+        inputs, exactly what _dtype_inputs and _infer_output_dtype say for it."""
+        cache, producers, values, initializers = self._dtype_cache, self._producer, self._values, self.initializers
         declared_dtype, dtype_inputs, infer = self._declared_dtype, self._dtype_inputs, self._infer_output_dtype
+        walk = self._walk_dtype
+        rules_of: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
         for node in self.nodes:
-            for out in node.outputs:
+            op_type = node.op_type
+            special = op_type in _DTYPE_SPECIAL_OPS
+            if not special:
+                key = (node.domain, op_type)
+                rules = rules_of.get(key, _NO_CONTRACT)
+                if rules is _NO_CONTRACT:
+                    rules = rules_of[key] = self._rules_for(key)
+            for position, out in enumerate(node.outputs):
                 if not out or out in cache:
                     continue
-                declared = declared_dtype(out)
-                if declared:
-                    cache[out] = declared
-                    continue
-                for i in dtype_inputs(node, out):
+                if out in values or out in initializers:
+                    declared = declared_dtype(out)
+                    if declared:
+                        cache[out] = declared
+                        continue
+                if special:
+                    sources = dtype_inputs(node, out)
+                else:
+                    rule = rules[position] if rules and position < len(rules) else None  # type: ignore[index,arg-type]
+                    if rule is None:
+                        sources = node.inputs
+                    elif rule.fixed:
+                        cache[out] = rule.fixed
+                        continue
+                    else:
+                        sources = self._typing_inputs(node, rule)
+                for i in sources:
                     if i and i not in cache:
                         if i in producers:
-                            self._walk_dtype(i)
+                            walk(i)
                         else:  # a graph input or a weight: declared or unknown
                             cache[i] = declared_dtype(i) or None
-                if out not in cache:  # the walk reaches it first when it sits on a cycle
+                if out in cache:  # the walk reaches it first when it sits on a cycle
+                    continue
+                if special:
                     cache[out] = infer(node, out)
+                else:
+                    found = None
+                    for i in sources:
+                        if i:
+                            found = cache.get(i)
+                            if found:
+                                break
+                    cache[out] = found or None
 
     def _walk_dtype(self, name: str) -> str | None:
         cache = self._dtype_cache
@@ -697,17 +776,18 @@ class Graph:
         init = self.initializers.get(name)
         return init.dtype if init is not None else None
 
-    def _output_type(self, node: Node, output: str) -> _OutputType | None:
-        """The schema's rule for `output`'s type; None when the op has no contract (or documents fewer outputs)."""
-        key = (node.domain, node.op_type)
+    def _rules_for(self, key: tuple[str, str]) -> tuple[_OutputType, ...] | None:
         rules = self._output_type_rules.get(key, _NO_CONTRACT)
         if rules is _NO_CONTRACT:
-            rules = self._output_type_rules[key] = _output_types(node.domain, node.op_type,
-                                                                  self.opsets.get(node.domain))
+            rules = self._output_type_rules[key] = _output_types(key[0], key[1], self.opsets.get(key[0]))
+        return cast("tuple[_OutputType, ...] | None", rules)
+
+    def _output_type(self, node: Node, output: str) -> _OutputType | None:
+        """The schema's rule for `output`'s type; None when the op has no contract (or documents fewer outputs)."""
+        rules = self._rules_for((node.domain, node.op_type))
         if not rules:
             return None
         position = node.outputs.index(output)
-        rules = cast("tuple[_OutputType, ...]", rules)
         if position >= len(rules):
             return None
         return rules[position]

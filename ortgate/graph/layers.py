@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -374,6 +375,8 @@ def _assign_by_residual_stream(graph: Graph) -> dict[int, int | None] | None:
     placed: dict[int, int | None] = {}
     layer_of: dict[int, int | None] = {}
 
+    position_of, minus_one = position.get, repeat(-1)
+
     def layer_at(p: int) -> int | None:
         return p // 2 if 0 <= p < end else None
 
@@ -383,7 +386,7 @@ def _assign_by_residual_stream(graph: Graph) -> dict[int, int | None] | None:
         inputs: Iterable[str] = node.inputs
         if node.index in captured:
             inputs = list(node.inputs) + captured[node.index]
-        p = max((position[i] for i in inputs if i in position), default=-1)
+        p = max(map(position_of, inputs, minus_one), default=-1)
         k = step_of.get(node.index)
         if k is not None:
             p = k + 1
