@@ -7,6 +7,7 @@ and the decoder layer each node belongs to.
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -354,6 +355,10 @@ def gc_paused():
         yield
     finally:
         if enabled:
+            # What was allocated meanwhile counts as long-lived (the oldest generation): re-enabled as it is, the
+            # collector's next young-generation pass would walk every object of the index at once, for nothing.
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
@@ -434,6 +439,34 @@ def _output_types(domain: str, op_type: str, opset: int | None) -> tuple[_Output
 _OUTPUT_TYPES: dict[tuple[str, str, int | None], object] = {}
 
 
+def _declared_dtype(values: dict[str, Any], initializers: dict[str, Initializer], name: str) -> str | None:
+    info = values.get(name)
+    if info is not None:
+        if info.__class__ is not ValueInfo:
+            info = values[name] = _value_info(cast("onnx.ValueInfoProto", info))
+        return cast(ValueInfo, info).dtype
+    init = initializers.get(name)
+    return init.dtype if init is not None else None
+
+
+class _DtypeTable(dict):
+    """Value name -> dtype. Once every node output is in it (Graph._fill_dtypes), a missing name is no node's
+    output: `declared` gives its dtype (a graph input's, a weight's, or None), kept for the next lookup. It holds
+    no reference to its graph (the index stays free of reference cycles)."""
+
+    __slots__ = ("declared",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.declared: Callable[[str], str | None] | None = None
+
+    def __missing__(self, name: str) -> str | None:
+        if self.declared is None:
+            raise KeyError(name)
+        found = self[name] = self.declared(name) or None
+        return found
+
+
 class Graph:
     """Read-only index over one ONNX model."""
 
@@ -448,6 +481,8 @@ class Graph:
         self.nodes: list[Node] = []
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._producer: dict[str, Node] = {}
+        # producer(value): the dict's own lookup, called hundreds of thousands of times by the patterns.
+        self.producer: Callable[[str], Node | None] = self._producer.get
         self._consumers: dict[str, list[Node]] = {}
         # ValueInfo, or the ValueInfoProto not decoded yet (dumps declare a value_info for most values).
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
@@ -455,7 +490,7 @@ class Graph:
         self.subgraph_paths: list[str] = []
         self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
         self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
-        self._dtype_cache: dict[str, str | None] = {}
+        self._dtype_cache: _DtypeTable = _DtypeTable()
         self._dtypes_filled = False
         self._output_type_rules: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
 
@@ -608,9 +643,6 @@ class Graph:
     def count(self, domain: str, op_type: str) -> int:
         return len(self.by_op(domain, op_type))
 
-    def producer(self, value: str) -> Node | None:
-        return self._producer.get(value)
-
     def consumers(self, value: str) -> list[Node]:
         return self._consumers.get(value, [])
 
@@ -669,9 +701,11 @@ class Graph:
             # table), and rules ask for most values: settle every node output at once.
             self._dtypes_filled = True
             self._fill_dtypes()
-            found = cache.get(name, _UNKNOWN)
-            if found is not _UNKNOWN:
-                return cast("str | None", found)
+            # Every produced value is now in the table; any other name's dtype is its declared one (what the walk
+            # would find), which the table works out on a miss: from here on dtype(name) is the table's lookup.
+            cache.declared = functools.partial(_declared_dtype, self._values, self.initializers)
+            self.dtype = cache.__getitem__  # type: ignore[method-assign]
+            return cache[name]
         return self._walk_dtype(name)
 
     def _fill_dtypes(self) -> None:
@@ -768,13 +802,7 @@ class Graph:
         return cache[name]
 
     def _declared_dtype(self, name: str) -> str | None:
-        info = self._values.get(name)
-        if info is not None:
-            if info.__class__ is not ValueInfo:
-                info = self._values[name] = _value_info(cast("onnx.ValueInfoProto", info))
-            return info.dtype
-        init = self.initializers.get(name)
-        return init.dtype if init is not None else None
+        return _declared_dtype(self._values, self.initializers, name)
 
     def _rules_for(self, key: tuple[str, str]) -> tuple[_OutputType, ...] | None:
         rules = self._output_type_rules.get(key, _NO_CONTRACT)
