@@ -658,10 +658,16 @@ class Graph:
         return None
 
     def is_constant(self, name: str) -> bool:
-        if name in self.initializers:
-            return True
-        p = self._producer.get(name)
-        return p is not None and p.op_type == "Constant" and p.domain == DEFAULT_DOMAIN
+        """A weight, or the output of a Constant node. The first call gathers every such name; from then on
+        is_constant(name) is that set's own membership test (the patterns ask hundreds of thousands of times)."""
+        constants = set(self.initializers)
+        producers = self._producer
+        for node in self._by_op.get((DEFAULT_DOMAIN, "Constant"), ()):
+            for out in node.outputs:
+                if out and producers.get(out) is node:
+                    constants.add(out)
+        self.is_constant = frozenset(constants).__contains__  # type: ignore[method-assign]
+        return name in constants
 
     def constant_value(self, name: str) -> tuple | None:
         """Flattened values of a small constant (Constant node or small inline initializer); else None."""
@@ -745,7 +751,11 @@ class Graph:
                         cache[out] = rule.fixed
                         continue
                     else:
-                        sources = self._typing_inputs(node, rule)
+                        inputs = node.inputs
+                        count = len(inputs)
+                        sources = [inputs[i] for i in rule.inputs if i < count]  # "" is skipped below
+                        if rule.variadic_from is not None:
+                            sources.extend(inputs[rule.variadic_from + 1:])
                 for i in sources:
                     if i and i not in cache:
                         if i in producers:

@@ -34,6 +34,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import onnx
+
     from ortgate.graph.index import Graph, Node
 
 _LAYER_IN_NAME = re.compile(
@@ -64,15 +66,17 @@ def layer_from_name(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _own_layer(node: Node) -> tuple[int | None, bool]:
-    """(layer, whether the node's metadata or name is authoritative even when it names no layer)."""
-    for prop in node.proto.metadata_props:
+def _own_layer(node: Node, proto: onnx.NodeProto | None = None) -> tuple[int | None, bool]:
+    """(layer, whether the node's metadata or name is authoritative even when it names no layer). `proto`: the
+    node's NodeProto when the caller has it at hand."""
+    for prop in (proto if proto is not None else node.proto).metadata_props:
         if prop.key in _METADATA_KEYS:
             return layer_from_name(prop.value), True
-    if node.name:
-        layer = layer_from_name(node.name)
-        if layer is not None:
-            return layer, True
+    name = node.name
+    if name:
+        m = _LAYER_IN_NAME.search(name)
+        if m:
+            return int(m.group(1)), True
         # A scoped name such as "/model/norm/Mul", "model.norm/Mul" or "/lm_head/MatMul" places the node outside
         # every layer; "node_silu_3/QuickGeluFusion/" is ORT's name for a fused node, not a scope.
         return None, "/" in _ORT_PASS_SUFFIX.sub("", node.name)
@@ -94,8 +98,13 @@ def assign_layers(graph: Graph, reference: Graph | None = None) -> str:
     carried = _carried_layers(graph, reference) if reference is not None else {}
     fixed: set[int] = set()
     from_reference = 0
-    for node in graph.nodes:
-        node.layer, authoritative = _own_layer(node)
+    nodes = graph.nodes
+    # The node lists hold the protos in node order when there are no subgraphs: read them in step.
+    protos = graph.model.graph.node if not graph.subgraph_paths else None
+    if protos is None or len(protos) != len(nodes):
+        protos = (node.proto for node in nodes)
+    for node, proto in zip(nodes, protos):
+        node.layer, authoritative = _own_layer(node, proto)
         if not authoritative and node.index in carried:
             node.layer, authoritative = carried[node.index], True
             from_reference += 1
@@ -395,7 +404,7 @@ def _assign_by_residual_stream(graph: Graph) -> dict[int, int | None] | None:
         elif node.index in carrier_indices:
             layer = None  # the stream passes through before the first layer starts (a prompt/decode If)
         else:
-            layer = layer_at(p)
+            layer = p // 2 if 0 <= p < end else None  # layer_at(p)
         layer_of[node.index] = layer
         if p >= 0:
             placed[node.index] = layer
