@@ -73,3 +73,24 @@ def test_what_a_paused_collector_saw_allocated_is_long_lived_after():
     finally:
         if not was:
             gc.disable()
+
+
+def test_unordered_nodes_are_those_reading_a_value_not_yet_visible():
+    then_ok = helper.make_graph([helper.make_node("Identity", ["a"], ["t0"], name="reads_outer")], "then", [],
+                                [helper.make_tensor_value_info("t0", TensorProto.FLOAT, None)])
+    else_late = helper.make_graph([helper.make_node("Identity", ["late"], ["e0"], name="reads_later")], "else", [],
+                                  [helper.make_tensor_value_info("e0", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("If", ["c"], ["branch"], name="if", then_branch=then_ok, else_branch=else_late),
+        helper.make_node("Add", ["a", "late"], ["sum"], name="uses_late"),
+        helper.make_node("Relu", ["sum"], ["late"], name="makes_late"),
+        helper.make_node("Add", ["w", "ghost"], ["y"], name="reads_nothing_defined"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                     helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [1], [0.0])])
+    index = Graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "order.onnx")
+    assert [n.name for n in index.unordered_nodes] == ["reads_later", "uses_late", "reads_nothing_defined"]

@@ -489,7 +489,6 @@ class Graph:
         self.initializers: dict[str, Initializer] = {}
         self.subgraph_paths: list[str] = []
         self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
-        self.unordered_nodes: list[Node] = []  # nodes using a value produced later (cycle or bad order)
         self._dtype_cache: _DtypeTable = _DtypeTable()
         self._dtypes_filled = False
         self._output_type_rules: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
@@ -521,7 +520,7 @@ class Graph:
                 values.setdefault(info.name, info)
             for vi in g.value_info:
                 values.setdefault(vi.name, vi)
-            self._index_graph(g, None, set(initializers) | {i.name for i in self.input_infos})
+            self._index_graph(g, None)
         self.layer_source = "none"  # set by ortgate.graph.layers.assign_layers, a separate pass
 
     # ---- what made the model -------------------------------------------------------------------------
@@ -537,24 +536,19 @@ class Graph:
 
     # ---- construction -------------------------------------------------------------------------------
 
-    def _index_graph(self, g: onnx.GraphProto, path: str | None, visible: set[str]) -> None:
+    def _index_graph(self, g: onnx.GraphProto, path: str | None) -> None:
         # Depth-first over nested graphs without recursion; each graph sees its own names plus its parents'.
         # This loop runs once per node of the model: every protobuf field read and allocation counts.
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
-        unordered = self.unordered_nodes
         # One str per op type (a 50k-node graph has a few dozen), one key per (domain, op type).
         op_types: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
         op_keys: dict[tuple[str, str], list[Node]] = {}
         # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
         # every later lookup by name compares identical objects instead of equal strings.
         share: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
-        # "" (an omitted input or output) is in every scope: a scope test never has to skip it.
-        visible.add("")
-        stack: list[tuple[str | None, list[set[str]], Any, Iterator[tuple[int, onnx.NodeProto]]]] = [
-            (path, [visible], g.node, enumerate(g.node))]
+        stack: list[tuple[str | None, Any, Iterator[tuple[int, onnx.NodeProto]]]] = [(path, g.node, enumerate(g.node))]
         while stack:
-            gpath, scopes, src, it = stack[-1]
-            scope, outer = scopes[-1], scopes[:-1]
+            gpath, src, it = stack[-1]
             for position, proto in it:
                 domain = proto.domain
                 if not domain:
@@ -583,22 +577,15 @@ class Graph:
                             consumers[name] = [node]  # most values have one consumer: a list of exactly one
                         else:
                             readers.append(node)
-                if not scope.issuperset(inputs):
-                    for name in inputs:
-                        if name not in scope and not any(name in s for s in outer):
-                            unordered.append(node)
-                            break
                 for name in outputs:
                     if name and name not in producers:
                         producers[name] = node
-                scope.update(outputs)
-                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and \
-                        self._push_subgraphs(node, proto, scopes, stack):
+                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and self._push_subgraphs(node, proto, stack):
                     break  # index the subgraphs first; this graph's iterator resumes after them
             else:
                 stack.pop()
 
-    def _push_subgraphs(self, node: Node, proto: onnx.NodeProto, scopes: list[set[str]], stack: list) -> bool:
+    def _push_subgraphs(self, node: Node, proto: onnx.NodeProto, stack: list) -> bool:
         pushed = False
         for attr in proto.attribute:
             if attr.type == ATTR_GRAPH:
@@ -611,19 +598,60 @@ class Graph:
                 sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr.name}"
                 self.subgraph_paths.append(sub_path)
                 self.subgraph_owners.setdefault(sub_path, node)
-                local: set[str] = {""}
                 tensors = sub.initializer
                 for position, t in enumerate(tensors):
                     name = t.name
                     if name not in self.initializers:
                         self.initializers[name] = Initializer(name, tensors, position)
-                    local.add(name)
                 for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
                     self._values.setdefault(vi.name, vi)
-                local.update(vi.name for vi in sub.input)
-                stack.append((sub_path, scopes + [local], sub.node, enumerate(sub.node)))
+                stack.append((sub_path, sub.node, enumerate(sub.node)))
                 pushed = True
         return pushed
+
+    @cached_property
+    def unordered_nodes(self) -> list[Node]:
+        """Nodes using a value not produced before them in their graph or a graph around it (a cycle, a bad
+        order, a name nothing defines), in node order. Worked out when first asked, in the index's own order."""
+        g = self.model.graph
+        visible = {""}  # "" (an omitted input) is in every scope
+        visible.update(t.name for t in g.initializer)
+        visible.update(t.values.name for t in g.sparse_initializer if t.values.name)
+        visible.update(vi.name for vi in g.input)
+        unordered: list[Node] = []
+        nodes = iter(self.nodes)
+        # Per graph being walked: its scopes (its own last, then those around it) and its nodes left to see. A node
+        # holding subgraphs has them walked next, the last one pushed first, as the index walked them.
+        stack: list[list] = [[[visible], len(g.node)]]
+        while stack:
+            frame = stack[-1]
+            if not frame[1]:
+                stack.pop()
+                continue
+            frame[1] -= 1
+            scopes = frame[0]
+            scope = scopes[-1]
+            node = next(nodes)
+            if not scope.issuperset(node.inputs):
+                for name in node.inputs:
+                    if name not in scope and not any(name in s for s in scopes[:-1]):
+                        unordered.append(node)
+                        break
+            scope.update(node.outputs)
+            if node.domain != DEFAULT_DOMAIN or node.op_type in _SUBGRAPH_OPS:
+                for attr in node.proto.attribute:
+                    if attr.type == ATTR_GRAPH:
+                        subgraphs = [attr.g]
+                    elif attr.type == ATTR_GRAPHS:
+                        subgraphs = list(attr.graphs)
+                    else:
+                        continue
+                    for sub in subgraphs:
+                        local = {""}
+                        local.update(t.name for t in sub.initializer)
+                        local.update(vi.name for vi in sub.input)
+                        stack.append([scopes + [local], len(sub.node)])
+        return unordered
 
     # ---- queries ------------------------------------------------------------------------------------
 
