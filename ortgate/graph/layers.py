@@ -111,8 +111,16 @@ def assign_layers(graph: Graph, reference: Graph | None = None) -> str:
         if authoritative:
             fixed.add(node.index)
     named = any(graph.nodes[i].layer is not None for i in fixed)
-    stream = _assign_by_residual_stream(graph)
-    if named and (stream is None or _coverage(graph, fixed) >= _NAMES_COVERAGE):
+    # The residual stream decides the layers when names do not cover the graph, and places the nodes names leave
+    # unplaced: it is walked only when one of those can happen.
+    stream: dict[int, int | None] | None
+    if named and _coverage(graph, fixed) >= _NAMES_COVERAGE:
+        names_decide = True
+        stream = _assign_by_residual_stream(graph) if len(fixed) < len(nodes) else None
+    else:
+        stream = _assign_by_residual_stream(graph)
+        names_decide = named and stream is None
+    if names_decide:
         for node in graph.nodes:
             if node.index in fixed:
                 continue
