@@ -444,7 +444,7 @@ def _declared_dtype(values: dict[str, Any], initializers: dict[str, Initializer]
     if info is not None:
         if info.__class__ is not ValueInfo:
             info = values[name] = _value_info(cast("onnx.ValueInfoProto", info))
-        return cast(ValueInfo, info).dtype
+        return info.dtype
     init = initializers.get(name)
     return init.dtype if init is not None else None
 
@@ -694,7 +694,7 @@ class Graph:
             for out in node.outputs:
                 if out and producers.get(out) is node:
                     constants.add(out)
-        self.is_constant = frozenset(constants).__contains__  # type: ignore[method-assign]
+        self.is_constant = frozenset(constants).__contains__  # type: ignore[method-assign,assignment]
         return name in constants
 
     def constant_value(self, name: str) -> tuple | None:
@@ -738,7 +738,7 @@ class Graph:
             # Every produced value is now in the table; any other name's dtype is its declared one (what the walk
             # would find), which the table works out on a miss: from here on dtype(name) is the table's lookup.
             cache.declared = functools.partial(_declared_dtype, self._values, self.initializers)
-            self.dtype = cache.__getitem__  # type: ignore[method-assign]
+            self.dtype = cache.__getitem__  # type: ignore[method-assign,assignment]
             return cache[name]
         return self._walk_dtype(name)
 
