@@ -226,8 +226,13 @@ class WeightRead(NamedTuple):
     numel: float
 
 
+def _initializer_reads(graph: Graph) -> dict[str, WeightRead]:
+    """Initializer name -> its WeightRead, for the initializers read so far (kept on the graph)."""
+    return graph.__dict__.setdefault("_cost_initializer_reads", {})
+
+
 def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
-    cache = graph.__dict__.setdefault("_cost_initializer_reads", {})
+    cache = _initializer_reads(graph)
     read = cache.get(name)
     if read is None:
         init = graph.initializers.get(name)
@@ -336,52 +341,57 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         model.uncounted.append(Uncounted("attention", "no KV cache: each step recomputes all "
                                          f"{shape.context:,} positions; attention over them is not counted"))
     tokens = model.tokens
-    # per (domain, op_type): (launches, host sync op, what the loop does with it)
-    kinds: dict[tuple[str, str], tuple[int, bool, int]] = {}
+    # per (domain, op_type): (launches, host sync op, what the loop does with it, its per-position table inputs)
+    kinds: dict[tuple[str, str], tuple[int, bool, int, tuple[int, ...] | None]] = {}
     unknown_dtype_weights: dict[str, list[str]] = defaultdict(list)
     costed = model.costed
     costs = model.costs
+    reads = _initializer_reads(graph)
+    is_host_known = known.__contains__
+    no_weights = known.isdisjoint
     for node in graph.nodes:
         if node.graph is not None:
             continue
-        op = node.op_type
-        outputs = node.outputs
-        key = (node.domain, op)
+        key = (node.domain, node.op_type)
         kind = kinds.get(key)
         if kind is None:
             kind = kinds[key] = _kind(key, gpu, table)
-        count, sync_op, action = kind
+        count, sync_op, action, tables = kind
+        inputs = node.inputs
         if action == _CONTROL:
             model.control_flow += 1
-        elif outputs and outputs[0] in known:
-            continue  # folded at load or computed on the host: no kernel, no bytes in the step
-        launches[node.index] = count
-        if sync_op and not all(i in known for i in node.inputs if i):
-            costed(node.index).cost.syncs += 1
+        else:
+            outputs = node.outputs
+            if outputs and outputs[0] in known:
+                continue  # folded at load or computed on the host: no kernel, no bytes in the step
+        index = node.index
+        launches[index] = count
+        if sync_op and not all(is_host_known(i) for i in inputs if i):
+            costed(index).cost.syncs += 1
         if action == _SKIP:
             continue
         if action == _GATHER:
             _gather(graph, model, node, known)
             continue
         nc = None
-        tables = _POSITION_TABLES.get(key) if action == _PLAIN else None
-        for position, i in enumerate(node.inputs):
+        if action != _NBITS and no_weights(inputs):
+            continue  # reads no weight
+        for position, i in enumerate(inputs):
             if not i or i not in known:
                 continue
-            read = weight_read(graph, i, known)
+            read = reads.get(i) or weight_read(graph, i, known)
             if read is None:
                 continue
             if tables is not None and position in tables and read.bytes is not None:
                 read = _rows_read(graph, i, read, tokens)
             if read.bytes is None:
-                unknown_dtype_weights[components.get(node.index, "other")].append(read.name)
+                unknown_dtype_weights[components.get(index, "other")].append(read.name)
                 continue
             if nc is None:
-                nc = costs.get(node.index)
+                nc = costs.get(index)
                 if nc is None:
-                    nc = costs[node.index] = NodeCost(node.index, node.name, op, node.layer,
-                                                      components.get(node.index, "other"),
-                                                      Cost(0.0, 0.0, 0, 0, {}))
+                    nc = costs[index] = NodeCost(index, node.name, node.op_type, node.layer,
+                                                 components.get(index, "other"), Cost(0.0, 0.0, 0, 0, {}))
             cost = nc.cost
             cost.bytes += read.bytes
             by_dtype = cost.bytes_by_dtype
@@ -393,7 +403,7 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         if action == _NBITS:
             k, n = node.int_attr("K"), node.int_attr("N")
             if k and n:
-                nc = nc or costed(node.index)
+                nc = nc or costed(index)
                 nc.cost.flops += 2.0 * tokens * k * n
                 nc.compute_dtype = graph.dtype(node.input(2)) or graph.dtype(node.input(0))
     for component, names in sorted(unknown_dtype_weights.items()):
@@ -428,7 +438,7 @@ def _rows_read(graph: Graph, value: str, read: WeightRead, tokens: int) -> Weigh
     return WeightRead(read.bytes * share, read.dtype, read.name, read.numel * share)
 
 
-def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int]:
+def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int, tuple[int, ...] | None]:
     domain, op = key
     name = op_key(domain, op)
     launches = table.gpu_launches(name) if gpu else (0 if name == "Constant" else 1)
@@ -445,7 +455,7 @@ def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int]:
         action = _NBITS
     else:
         action = _PLAIN
-    return launches, sync, action
+    return launches, sync, action, _POSITION_TABLES.get(key) if action == _PLAIN else None
 
 
 def op_key(domain: str, op_type: str) -> str:

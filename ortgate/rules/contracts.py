@@ -28,17 +28,71 @@ CONTRACT_FIX = (
 
 def _contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
     """Every node that has a contract, with it: looked up once per graph, not once per contract rule."""
+    return _contract_index(graph)[0]
+
+
+def _contract_index(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str]]:
     return cached(graph, "op_contracts", _find_contracted)
 
 
-def _find_contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
+def _find_contracted(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str]]:
+    """(node, contract) for every node with one, and per op key the nodes of ai.onnx and com.microsoft without
+    one: the contract looked up once per (domain, op type), the graph's opset for a domain being one."""
     out = []
+    unknown: Counter[str] = Counter()
     opsets = graph.opsets
+    kinds: dict[tuple[str, str], tuple[OpContract | None, str | None]] = {}
     for node in graph.nodes:
-        contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
+        kind = kinds.get((node.domain, node.op_type))
+        if kind is None:
+            contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
+            uncovered = node.key if contract is None and node.domain in ("ai.onnx", "com.microsoft") else None
+            kind = kinds[(node.domain, node.op_type)] = (contract, uncovered)
+        contract, uncovered = kind
         if contract is not None:
             out.append((node, contract))
-    return out
+        elif uncovered is not None:
+            unknown[uncovered] += 1
+    return out, unknown
+
+
+def input_dtypes(graph: Graph) -> list[tuple[str | None, ...]]:
+    """Per node (by index), its inputs' dtypes as Graph.dtype gives them (None: an omitted input, or a type the
+    graph neither declares nor implies): read once per graph for every rule that matches nodes by their types."""
+
+    def compute(g: Graph) -> list[tuple[str | None, ...]]:
+        dtype = g.dtype
+        out: list[tuple[str | None, ...]] = []
+        append = out.append
+        for node in g.nodes:
+            inputs = node.inputs
+            append(tuple(map(dtype, inputs)) if "" not in inputs else tuple([dtype(i) if i else None for i in inputs]))
+        return out
+
+    return cached(graph, "rules.input_dtypes", compute)
+
+
+def _plan(contract: OpContract, part: str) -> tuple:
+    """What the contract rules check of every node of `contract`'s op, derived once per contract: the required
+    input positions, the positions with stated ranks, the positions with allowed types (position, name, types),
+    the required attributes, the attributes with a declared type, the attributes with enumerated values."""
+    plans = _PLANS.get(id(contract))
+    if plans is None or plans[0] is not contract:
+        inputs = contract.inputs
+        attrs = contract.attributes.values()
+        allowed = ((i, f.name, contract.allowed_types(f)) for i, f in enumerate(inputs))
+        plans = _PLANS[id(contract)] = (contract, {
+            "required": tuple(i for i, f in enumerate(inputs) if f.option == "single"),
+            "ranks": tuple((i, f) for i, f in enumerate(inputs) if f.ranks),
+            "types": tuple((i, name, types) for i, name, types in allowed if types),
+            "required_attributes": tuple(a.name for a in attrs if a.required),
+            "typed_attributes": tuple(a for a in attrs if a.type is not None),
+            "valued_attributes": tuple(a for a in attrs if a.values),
+        })
+    return plans[1][part]
+
+
+_PLANS: dict[int, tuple[OpContract, dict[str, tuple]]] = {}
 
 
 def _op(node: Node) -> str:
@@ -84,10 +138,10 @@ def op_input_missing(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract in _contracted(graph):
-        for i, formal in enumerate(contract.inputs):
-            if formal.option != "single":
-                continue
-            if i >= len(node.inputs) or not node.inputs[i]:
+        inputs = node.inputs
+        for i in _plan(contract, "required"):
+            if i >= len(inputs) or not inputs[i]:
+                formal = contract.inputs[i]
                 yield ctx.finding(
                     f"{_op(node)} lacks its required input {i} '{formal.name}' ({contract.source}): ORT refuses the node",
                     node=node, graph=graph, fix=CONTRACT_FIX,
@@ -134,8 +188,8 @@ def op_input_rank(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract in _contracted(graph):
-        for i, formal in enumerate(contract.inputs):
-            if not formal.ranks or i >= len(node.inputs) or not node.inputs[i]:
+        for i, formal in _plan(contract, "ranks"):
+            if i >= len(node.inputs) or not node.inputs[i]:
                 continue
             shape = graph.shape(node.inputs[i])
             if shape is None or len(shape) in formal.ranks:
@@ -232,23 +286,46 @@ def _input_types(graph: Graph) -> tuple[dict[tuple[str, int, str], list[Violatio
     def compute(g: Graph) -> tuple[dict[tuple[str, int, str], list[Violation]], Counter[str]]:
         groups: dict[tuple[str, int, str], list[Violation]] = {}
         untyped: Counter[str] = Counter()
+        dtypes_of = input_dtypes(g)
+        # One verdict per op signature (the op, its input dtypes): the positions whose dtype is unknown, and the
+        # violations.
+        verdicts: dict[tuple[str, str, tuple[str | None, ...]], tuple[str, tuple[int, ...], tuple]] = {}
         for node, contract in _contracted(g):
-            for i, formal in enumerate(contract.inputs):
-                if i >= len(node.inputs) or not node.inputs[i]:
-                    continue
-                allowed = contract.allowed_types(formal)
-                if not allowed:
-                    continue
-                dtype = g.dtype(node.inputs[i])
-                if dtype is None:
-                    untyped[node.key] += 1
-                    continue
-                if dtype in allowed or f"seq(tensor({dtype}))" in allowed:
-                    continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
-                groups.setdefault((node.key, i, dtype), []).append((node, contract, formal.name, allowed))
+            dtypes = dtypes_of[node.index]
+            key = (node.domain, node.op_type, dtypes)
+            verdict = verdicts.get(key)
+            if verdict is None:
+                verdict = verdicts[key] = _type_verdict(node.key, contract, dtypes)
+            op, unknown, bad = verdict
+            if unknown:
+                inputs = node.inputs
+                for i in unknown:
+                    if inputs[i]:  # an omitted input has no type to check
+                        untyped[op] += 1
+            for i, dtype, name, allowed in bad:
+                groups.setdefault((op, i, dtype), []).append((node, contract, name, allowed))
         return groups, untyped
 
     return cached(graph, "op_input_types", compute)
+
+
+def _type_verdict(op: str, contract: OpContract, dtypes: tuple[str | None, ...]
+                  ) -> tuple[str, tuple[int, ...], tuple[tuple[int, str, str, tuple[str, ...]], ...]]:
+    """(op key, input positions of unknown dtype, (position, dtype, formal name, allowed types) of each input whose
+    dtype its contract does not allow) for a node of `contract` with inputs of these dtypes."""
+    unknown = []
+    bad = []
+    for i, name, allowed in _plan(contract, "types"):
+        if i >= len(dtypes):
+            continue
+        dtype = dtypes[i]
+        if dtype is None:
+            unknown.append(i)
+            continue
+        if dtype in allowed or f"seq(tensor({dtype}))" in allowed:
+            continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
+        bad.append((i, dtype, name, allowed))
+    return op, tuple(unknown), tuple(bad)
 
 
 def _attribute_type(node: Node, name: str) -> str | None:
@@ -295,8 +372,8 @@ def op_attribute_missing(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
-            if attr.required and not node.has_attr(name):
+        for name in _plan(contract, "required_attributes"):
+            if not node.has_attr(name):
                 yield ctx.finding(
                     f"{_op(node)} lacks its required attribute '{name}' ({contract.source}): ORT refuses the node",
                     node=node, graph=graph, fix=CONTRACT_FIX,
@@ -342,7 +419,11 @@ def op_attribute_type(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
+        typed = _plan(contract, "typed_attributes")
+        if not typed or not node.proto.attribute:
+            continue
+        for attr in typed:
+            name = attr.name
             have = _attribute_type(node, name)
             if attr.type is None or have is None or have == attr.type:
                 continue
@@ -392,8 +473,9 @@ def op_attribute_value(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
-            if not attr.values or not node.has_attr(name):
+        for attr in _plan(contract, "valued_attributes"):
+            name = attr.name
+            if not node.has_attr(name):
                 continue
             value = node.attr(name)
             if isinstance(value, bytes):
@@ -613,12 +695,7 @@ def op_contract_unknown(ctx: RuleContext):
     nodes are checked by ORT alone.
     """
     graph = ctx.model
-    unknown: Counter[str] = Counter()
-    for node in graph.nodes:
-        if node.domain not in ("ai.onnx", "com.microsoft"):
-            continue
-        if op_contract(node.domain, node.op_type, graph.opsets.get(node.domain)) is None:
-            unknown[node.key] += 1
+    unknown = _contract_index(graph)[1]
     if unknown:
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(unknown.items()))
         # The rule's own fact (a violation a policy may re-level to fail on unchecked ops), not a rule undecided.

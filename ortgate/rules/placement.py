@@ -27,7 +27,7 @@ from ortgate.knowledge import (
 from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
-from ortgate.rules.contracts import type_violations
+from ortgate.rules.contracts import input_dtypes, type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 
 CPU = "CPUExecutionProvider"
@@ -54,21 +54,35 @@ def placements(graph: Graph, provider: str) -> list[Placement]:
 
     def compute(g: Graph) -> list[Placement]:
         table = kernel_table()
-        answers: dict[tuple, SupportResult] = {}
+        opsets = g.opsets
+        # One answer per (domain, op_type, input dtypes) (a graph has one opset per domain): None where the node
+        # runs on `provider` (or without a kernel), else (the table's answer, whether a float tensor goes in).
+        answers: dict[tuple, tuple[SupportResult, bool] | None] = {}
         out: list[Placement] = []
-        for node in g.nodes:
-            if kernel_free_op(node.domain, node.op_type):
-                continue
-            dtypes = tuple(g.dtype(i) if i else None for i in node.inputs)
-            key = (node.domain, node.op_type, g.opsets.get(node.domain), dtypes)
-            if key not in answers:
-                answers[key] = table.supports(provider, node.domain, node.op_type, key[2], list(dtypes))
-            result = answers[key]
-            if result.status is not Support.YES:
-                out.append(Placement(node, result, any(d in _FLOAT_DTYPES for d in dtypes)))
+        for node, dtypes in zip(g.nodes, input_dtypes(g)):
+            key = (node.domain, node.op_type, dtypes)
+            answer = answers.get(key, _UNASKED)
+            if answer is _UNASKED:
+                answer = answers[key] = _placement_answer(table, provider, node.domain, node.op_type,
+                                                          opsets.get(node.domain), dtypes)
+            if answer is not None:
+                out.append(Placement(node, *answer))
         return out
 
     return cached(graph, f"placement.{provider}", compute)
+
+
+_UNASKED = object()
+
+
+def _placement_answer(table, provider: str, domain: str, op_type: str, opset: int | None,
+                      dtypes: tuple[str | None, ...]) -> tuple[SupportResult, bool] | None:
+    if kernel_free_op(domain, op_type):
+        return None
+    result = table.supports(provider, domain, op_type, opset, list(dtypes))
+    if result.status is Support.YES:
+        return None
+    return result, any(d in _FLOAT_DTYPES for d in dtypes)
 
 
 def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
