@@ -554,7 +554,7 @@ def split_sizes_mismatch(ctx: RuleContext):
             )
 
 
-@rule("OGX008", "moe-expert-count-mismatch", Severity.ERROR)
+@rule("OGX008", "moe-expert-count-mismatch", Severity.ERROR, needs=("moe",))
 def moe_expert_count_mismatch(ctx: RuleContext):
     """An unfused MoE block computes fewer (or more) routed experts than its router has columns.
 

@@ -535,9 +535,12 @@ def _cpu_side(graph: Graph, copy: Node) -> list[Node]:
 def unexplained_copies(ctx: RuleContext, graph: Graph) -> list[Node]:
     """Memcpy nodes of `graph` that a missing kernel does not explain: some node they serve is not one op-not-on-ep
     or index-op-not-on-ep reports (those findings own the copies around their nodes)."""
+    copies = graph.by_op_type(*MEMCPY_OPS)
+    if not copies:
+        return []
     explained = {n.index for group in cpu_groups(ctx, graph) for n in group.nodes}
     out = []
-    for copy in graph.by_op_type(*MEMCPY_OPS):
+    for copy in copies:
         served = [n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS]
         if not served or any(n.index not in explained for n in served):
             out.append(copy)
@@ -693,7 +696,7 @@ def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
     return None, ""
 
 
-@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider",))
+@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider", "moe"))
 def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     """A com.microsoft.MoE node that ORT's CPU kernel computes wrongly on the deployment's ORT release.
 
