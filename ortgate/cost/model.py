@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ortgate.cost.shapes import StepShape, dtype_bytes
+from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import (
     LINEAR_ATTENTION_OPS,
@@ -241,9 +241,16 @@ def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
         numel = float(math.prod(init.dims))
         # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
         dtype = graph.__dict__.get("_dtype_cache", {}).get(name) or init.dtype
-        size = dtype_bytes(dtype)
-        read = cache[name] = WeightRead(None if size is None else numel * size, dtype, name, numel)
+        size = DTYPE_BYTES.get(dtype or "")
+        read = cache[name] = _new_read((None if size is None else numel * size, dtype, name, numel))
     return read
+
+
+def _new_read(fields: tuple) -> WeightRead:
+    return _tuple_new(WeightRead, fields)  # WeightRead(*fields) without the named tuple's Python-level __new__
+
+
+_tuple_new = tuple.__new__
 
 
 def weight_read(graph: Graph, value: str, known: set[str]) -> WeightRead | None:
@@ -376,6 +383,10 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         nc = None
         if action != _NBITS and no_weights(inputs):
             continue  # reads no weight
+        # The weights it reads, added up here and written to its NodeCost once.
+        nbytes = flops = 0.0
+        by_dtype: dict[str, float] | None = None
+        compute_dtype: str | None | object = _UNSET
         for position, i in enumerate(inputs):
             if not i or i not in known:
                 continue
@@ -384,22 +395,31 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
                 continue
             if tables is not None and position in tables and read.bytes is not None:
                 read = _rows_read(graph, i, read, tokens)
-            if read.bytes is None:
+            size = read.bytes
+            if size is None:
                 unknown_dtype_weights[components.get(index, "other")].append(read.name)
                 continue
-            if nc is None:
-                nc = costs.get(index)
-                if nc is None:
-                    nc = costs[index] = NodeCost(index, node.name, node.op_type, node.layer,
-                                                 components.get(index, "other"), Cost(0.0, 0.0, 0, 0, {}))
-            cost = nc.cost
-            cost.bytes += read.bytes
-            by_dtype = cost.bytes_by_dtype
+            nbytes += size
             key_dtype = read.dtype or "unknown"
-            by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + read.bytes
+            if by_dtype is None:
+                by_dtype = {key_dtype: size}
+            else:
+                by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + size
             if position == 1 and action == _LINEAR:
-                cost.flops += 2.0 * tokens * read.numel
-                nc.compute_dtype = read.dtype
+                flops += 2.0 * tokens * read.numel
+                compute_dtype = read.dtype
+        if by_dtype is not None:
+            nc = costs.get(index)
+            if nc is None:  # the usual case: the node has no cost yet
+                nc = costs[index] = NodeCost(index, node.name, node.op_type, node.layer,
+                                             components.get(index, "other"), Cost(nbytes, flops, 0, 0, by_dtype))
+            else:  # a host synchronisation was counted on it: bytes and FLOPs are still 0
+                cost = nc.cost
+                cost.bytes += nbytes
+                cost.flops += flops
+                cost.bytes_by_dtype = by_dtype
+            if compute_dtype is not _UNSET:
+                nc.compute_dtype = compute_dtype  # type: ignore[assignment]
         if action == _NBITS:
             k, n = node.int_attr("K"), node.int_attr("N")
             if k and n:
@@ -418,6 +438,7 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
 
 
 _PLAIN, _SKIP, _GATHER, _LINEAR, _NBITS, _CONTROL = range(6)
+_UNSET = object()
 # Inputs that are per-position tables (rotary cos/sin caches): a step reads the rows of its tokens' positions.
 _POSITION_TABLES = {
     (MS_DOMAIN, "RotaryEmbedding"): (2, 3),

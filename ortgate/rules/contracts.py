@@ -72,27 +72,70 @@ def input_dtypes(graph: Graph) -> list[tuple[str | None, ...]]:
     return cached(graph, "rules.input_dtypes", compute)
 
 
-def _plan(contract: OpContract, part: str) -> tuple:
-    """What the contract rules check of every node of `contract`'s op, derived once per contract: the required
-    input positions, the positions with stated ranks, the positions with allowed types (position, name, types),
-    the required attributes, the attributes with a declared type, the attributes with enumerated values."""
-    plans = _PLANS.get(id(contract))
-    if plans is None or plans[0] is not contract:
+class _Plan:
+    """What the contract rules check of every node of one contract's op, derived once per contract."""
+
+    __slots__ = ("required", "last_required", "ranks", "types", "required_attributes", "typed_attributes",
+                 "valued_attributes")
+
+    def __init__(self, contract: OpContract):
         inputs = contract.inputs
         attrs = contract.attributes.values()
+        self.required = tuple(i for i, f in enumerate(inputs) if f.option == "single")  # input positions
+        self.last_required = max(self.required, default=-1)
+        self.ranks = tuple((i, f) for i, f in enumerate(inputs) if f.ranks)  # (position, formal)
         allowed = ((i, f.name, contract.allowed_types(f)) for i, f in enumerate(inputs))
-        plans = _PLANS[id(contract)] = (contract, {
-            "required": tuple(i for i, f in enumerate(inputs) if f.option == "single"),
-            "ranks": tuple((i, f) for i, f in enumerate(inputs) if f.ranks),
-            "types": tuple((i, name, types) for i, name, types in allowed if types),
-            "required_attributes": tuple(a.name for a in attrs if a.required),
-            "typed_attributes": tuple(a for a in attrs if a.type is not None),
-            "valued_attributes": tuple(a for a in attrs if a.values),
-        })
-    return plans[1][part]
+        self.types = tuple((i, name, types) for i, name, types in allowed if types)  # (position, name, types)
+        self.required_attributes = tuple(a.name for a in attrs if a.required)
+        self.typed_attributes = tuple(a for a in attrs if a.type is not None)
+        self.valued_attributes = tuple(a for a in attrs if a.values)
 
 
-_PLANS: dict[int, tuple[OpContract, dict[str, tuple]]] = {}
+def _plan(contract: OpContract) -> _Plan:
+    found = _PLANS.get(id(contract))
+    if found is None or found[0] is not contract:
+        found = _PLANS[id(contract)] = (contract, _Plan(contract))
+    return found[1]
+
+
+_PLANS: dict[int, tuple[OpContract, _Plan]] = {}
+
+Planned = tuple[Node, OpContract, _Plan]
+
+
+def _to_check(graph: Graph) -> dict[str, list[Planned]]:
+    """Per check of the contract rules, the contracted nodes it has something to look at, in graph order: nodes
+    with a required input omitted (or beyond their inputs), nodes with ranked inputs, with required, typed or
+    enumerated attributes. One pass over the contracted nodes for all of them."""
+
+    def compute(g: Graph) -> dict[str, list[Planned]]:
+        missing: list[Planned] = []
+        ranked: list[Planned] = []
+        required: list[Planned] = []
+        typed: list[Planned] = []
+        valued: list[Planned] = []
+        plans: dict[int, _Plan] = {}
+        for node, contract in _contracted(g):
+            plan = plans.get(id(contract))
+            if plan is None:
+                plan = plans[id(contract)] = _plan(contract)
+            entry = (node, contract, plan)
+            if plan.required:
+                inputs = node.inputs
+                if len(inputs) <= plan.last_required or "" in inputs:
+                    missing.append(entry)
+            if plan.ranks:
+                ranked.append(entry)
+            if plan.required_attributes:
+                required.append(entry)
+            if plan.typed_attributes:
+                typed.append(entry)
+            if plan.valued_attributes:
+                valued.append(entry)
+        return {"missing": missing, "ranked": ranked, "required_attributes": required, "typed_attributes": typed,
+                "valued_attributes": valued}
+
+    return cached(graph, "op_contract_checks", compute)
 
 
 def _op(node: Node) -> str:
@@ -137,9 +180,9 @@ def op_input_missing(ctx: RuleContext):
     Re-export the node with every required input wired.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
+    for node, contract, plan in _to_check(graph)["missing"]:
         inputs = node.inputs
-        for i in _plan(contract, "required"):
+        for i in plan.required:
             if i >= len(inputs) or not inputs[i]:
                 formal = contract.inputs[i]
                 yield ctx.finding(
@@ -187,8 +230,8 @@ def op_input_rank(ctx: RuleContext):
     Feed the input in a rank the contract accepts, or use the operator made for that layout.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for i, formal in _plan(contract, "ranks"):
+    for node, contract, plan in _to_check(graph)["ranked"]:
+        for i, formal in plan.ranks:
             if i >= len(node.inputs) or not node.inputs[i]:
                 continue
             shape = graph.shape(node.inputs[i])
@@ -315,7 +358,7 @@ def _type_verdict(op: str, contract: OpContract, dtypes: tuple[str | None, ...]
     dtype its contract does not allow) for a node of `contract` with inputs of these dtypes."""
     unknown = []
     bad = []
-    for i, name, allowed in _plan(contract, "types"):
+    for i, name, allowed in _plan(contract).types:
         if i >= len(dtypes):
             continue
         dtype = dtypes[i]
@@ -371,8 +414,8 @@ def op_attribute_missing(ctx: RuleContext):
     Re-export the node with the attribute set from the model's config.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for name in _plan(contract, "required_attributes"):
+    for node, contract, plan in _to_check(graph)["required_attributes"]:
+        for name in plan.required_attributes:
             if not node.has_attr(name):
                 yield ctx.finding(
                     f"{_op(node)} lacks its required attribute '{name}' ({contract.source}): ORT refuses the node",
@@ -418,11 +461,10 @@ def op_attribute_type(ctx: RuleContext):
     Write the attribute with its declared type.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        typed = _plan(contract, "typed_attributes")
-        if not typed or not node.proto.attribute:
+    for node, contract, plan in _to_check(graph)["typed_attributes"]:
+        if not node.proto.attribute:
             continue
-        for attr in typed:
+        for attr in plan.typed_attributes:
             name = attr.name
             have = _attribute_type(node, name)
             if attr.type is None or have is None or have == attr.type:
@@ -472,8 +514,8 @@ def op_attribute_value(ctx: RuleContext):
     Use one of the documented values.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for attr in _plan(contract, "valued_attributes"):
+    for node, contract, plan in _to_check(graph)["valued_attributes"]:
+        for attr in plan.valued_attributes:
             name = attr.name
             if not node.has_attr(name):
                 continue
