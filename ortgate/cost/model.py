@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
-from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Initializer, Node
 from ortgate.graph.patterns.attention import (
     LINEAR_ATTENTION_OPS,
     attention_cores,
@@ -238,16 +238,21 @@ def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
         init = graph.initializers.get(name)
         if init is None:
             return None
-        numel = float(math.prod(init.dims))
-        # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
-        dtype = graph.__dict__.get("_dtype_cache", {}).get(name) or init.dtype
-        size = DTYPE_BYTES.get(dtype or "")
-        read = cache[name] = _new_read((None if size is None else numel * size, dtype, name, numel))
+        read = cache[name] = _first_read(init, name, _propagated_dtypes(graph))
     return read
 
 
-def _new_read(fields: tuple) -> WeightRead:
-    return _tuple_new(WeightRead, fields)  # WeightRead(*fields) without the named tuple's Python-level __new__
+def _propagated_dtypes(graph: Graph) -> dict[str, str | None]:
+    # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
+    return graph.__dict__.get("_dtype_cache", {})
+
+
+def _first_read(init: Initializer, name: str, propagated: dict[str, str | None]) -> WeightRead:
+    numel = float(math.prod(init.dims))
+    dtype = propagated.get(name) or init.dtype
+    size = DTYPE_BYTES.get(dtype or "")
+    # WeightRead(...) without the named tuple's Python-level __new__: one per initializer read
+    return _tuple_new(WeightRead, (None if size is None else numel * size, dtype, name, numel))
 
 
 _tuple_new = tuple.__new__
@@ -354,6 +359,8 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
     costed = model.costed
     costs = model.costs
     reads = _initializer_reads(graph)
+    initializers = graph.initializers
+    propagated = _propagated_dtypes(graph)
     is_host_known = known.__contains__
     no_weights = known.isdisjoint
     for node in graph.nodes:
@@ -390,9 +397,15 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         for position, i in enumerate(inputs):
             if not i or i not in known:
                 continue
-            read = reads.get(i) or weight_read(graph, i, known)
+            read = reads.get(i)
             if read is None:
-                continue
+                init = initializers.get(i)
+                if init is not None:
+                    read = reads[i] = _first_read(init, i, propagated)
+                else:
+                    read = weight_read(graph, i, known)
+                    if read is None:
+                        continue
             if tables is not None and position in tables and read.bytes is not None:
                 read = _rows_read(graph, i, read, tokens)
             size = read.bytes

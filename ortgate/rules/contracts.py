@@ -31,29 +31,53 @@ def _contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
     return _contract_index(graph)[0]
 
 
-def _contract_index(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str]]:
+def _contract_index(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str], dict[str, list[Planned]]]:
     return cached(graph, "op_contracts", _find_contracted)
 
 
-def _find_contracted(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str]]:
-    """(node, contract) for every node with one, and per op key the nodes of ai.onnx and com.microsoft without
-    one: the contract looked up once per (domain, op type), the graph's opset for a domain being one."""
+def _find_contracted(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str], dict[str, list[Planned]]]:
+    """(node, contract) for every node with one; per op key the nodes of ai.onnx and com.microsoft without one; and
+    per check of the contract rules, the contracted nodes it has something to look at, in graph order (nodes with a
+    required input omitted or beyond their inputs, with ranked inputs, with required, typed or enumerated
+    attributes). One pass over the nodes, the contract looked up once per (domain, op type): a graph has one opset
+    per domain."""
     out = []
     unknown: Counter[str] = Counter()
+    checks: dict[str, list[Planned]] = {"missing": [], "ranked": [], "required_attributes": [],
+                                        "typed_attributes": [], "valued_attributes": []}
+    missing = checks["missing"]
     opsets = graph.opsets
-    kinds: dict[tuple[str, str], tuple[OpContract | None, str | None]] = {}
+    kinds: dict[tuple[str, str], tuple] = {}  # (domain, op type) -> _contract_kind's answer
     for node in graph.nodes:
         kind = kinds.get((node.domain, node.op_type))
         if kind is None:
-            contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
-            uncovered = node.key if contract is None and node.domain in ("ai.onnx", "com.microsoft") else None
-            kind = kinds[(node.domain, node.op_type)] = (contract, uncovered)
-        contract, uncovered = kind
+            kind = kinds[(node.domain, node.op_type)] = _contract_kind(graph, node, opsets, checks)
+        contract, uncovered, plan, lists = kind
         if contract is not None:
             out.append((node, contract))
+            if plan is not None:
+                entry = (node, contract, plan)
+                for checked in lists:
+                    checked.append(entry)
+                inputs = node.inputs
+                if plan.required and (len(inputs) <= plan.last_required or "" in inputs):
+                    missing.append(entry)
         elif uncovered is not None:
             unknown[uncovered] += 1
-    return out, unknown
+    return out, unknown, checks
+
+
+def _contract_kind(graph: Graph, node: Node, opsets: dict[str, int], checks: dict[str, list[Planned]]):
+    """What the contract index does with every node of `node`'s op: its contract, its op key when it is one of a
+    domain ORT runs without a contract, the contract's plan (None: nothing to check) and the checks to list it in."""
+    contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
+    if contract is None:
+        return None, node.key if node.domain in ("ai.onnx", "com.microsoft") else None, None, ()
+    plan = _plan(contract)
+    lists = tuple(checks[part] for part, attr in (("ranked", "ranks"), ("required_attributes", "required_attributes"),
+                                                 ("typed_attributes", "typed_attributes"),
+                                                 ("valued_attributes", "valued_attributes")) if getattr(plan, attr))
+    return contract, None, plan if lists or plan.required else None, lists
 
 
 def input_dtypes(graph: Graph) -> list[tuple[str | None, ...]]:
@@ -104,38 +128,8 @@ Planned = tuple[Node, OpContract, _Plan]
 
 
 def _to_check(graph: Graph) -> dict[str, list[Planned]]:
-    """Per check of the contract rules, the contracted nodes it has something to look at, in graph order: nodes
-    with a required input omitted (or beyond their inputs), nodes with ranked inputs, with required, typed or
-    enumerated attributes. One pass over the contracted nodes for all of them."""
-
-    def compute(g: Graph) -> dict[str, list[Planned]]:
-        missing: list[Planned] = []
-        ranked: list[Planned] = []
-        required: list[Planned] = []
-        typed: list[Planned] = []
-        valued: list[Planned] = []
-        plans: dict[int, _Plan] = {}
-        for node, contract in _contracted(g):
-            plan = plans.get(id(contract))
-            if plan is None:
-                plan = plans[id(contract)] = _plan(contract)
-            entry = (node, contract, plan)
-            if plan.required:
-                inputs = node.inputs
-                if len(inputs) <= plan.last_required or "" in inputs:
-                    missing.append(entry)
-            if plan.ranks:
-                ranked.append(entry)
-            if plan.required_attributes:
-                required.append(entry)
-            if plan.typed_attributes:
-                typed.append(entry)
-            if plan.valued_attributes:
-                valued.append(entry)
-        return {"missing": missing, "ranked": ranked, "required_attributes": required, "typed_attributes": typed,
-                "valued_attributes": valued}
-
-    return cached(graph, "op_contract_checks", compute)
+    """Per check of the contract rules, the contracted nodes it has something to look at (see _find_contracted)."""
+    return _contract_index(graph)[2]
 
 
 def _op(node: Node) -> str:
