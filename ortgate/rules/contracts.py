@@ -56,12 +56,13 @@ def _find_contracted(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Count
         if contract is not None:
             out.append((node, contract))
             if plan is not None:
-                entry = (node, contract, plan)
-                for checked in lists:
-                    checked.append(entry)
+                if lists:
+                    entry = (node, contract, plan)
+                    for checked in lists:
+                        checked.append(entry)
                 inputs = node.inputs
                 if plan.required and (len(inputs) <= plan.last_required or "" in inputs):
-                    missing.append(entry)
+                    missing.append((node, contract, plan))
         elif uncovered is not None:
             unknown[uncovered] += 1
     return out, unknown, checks

@@ -337,7 +337,17 @@ def value_dependent(graph: Graph, value: str) -> bool:
 
     Shape/Size outputs count as shape-only (a data-dependent shape upstream is reported where it arises).
     """
-    memo: dict[str, bool] = cached(graph, "placement.value_dependent", lambda g: {})
+    return _value_dependent(graph, value, cached(graph, "placement.value_dependent", _new_memo))
+
+
+def _new_memo(graph: Graph) -> dict[str, bool]:
+    return {}
+
+
+def _value_dependent(graph: Graph, value: str, memo: dict[str, bool]) -> bool:
+    found = memo.get(value)
+    if found is not None:
+        return found
     stack, on_stack = [value], {value}
     while stack:
         current = stack[-1]
@@ -367,10 +377,13 @@ def value_dependent(graph: Graph, value: str) -> bool:
 def data_dependent_shape_nodes(graph: Graph) -> list[tuple[Node, list[str]]]:
     """Nodes whose output shape follows runtime tensor values, with the inputs that carry those values."""
     ops = cuda_graph_capture_facts().data_dependent_shape_ops.ops
+    memo: dict[str, bool] = cached(graph, "placement.value_dependent", _new_memo)
     out = []
     for node in graph.by_op_type(*ops):
         positions = data_dependent_shape_inputs(node.domain, node.op_type) or ()
-        driving = [node.input(i) for i in positions if node.input(i) and value_dependent(graph, node.input(i))]
+        inputs = node.inputs
+        driving = [inputs[i] for i in positions
+                   if i < len(inputs) and inputs[i] and _value_dependent(graph, inputs[i], memo)]
         if driving:
             out.append((node, driving))
     return out
