@@ -230,14 +230,15 @@ def op_input_rank(ctx: RuleContext):
             if i >= len(node.inputs) or not node.inputs[i]:
                 continue
             shape = graph.shape(node.inputs[i])
-            if shape is None or len(shape) in formal.ranks:
+            accepted = formal.ranks or ()  # the plan lists only formals with ranks
+            if shape is None or len(shape) in accepted:
                 continue
-            ranks = " or ".join(str(r) for r in formal.ranks)
+            ranks = " or ".join(str(r) for r in accepted)
             yield ctx.finding(
                 f"{_op(node)} input {i} '{formal.name}' ({node.inputs[i]}) has rank {len(shape)} {list(shape)}, but "
                 f"its contract accepts rank {ranks} (\"{formal.ranks_text}\", {contract.source}): ORT fails the run",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"input": formal.name, "rank": len(shape), "accepted_ranks": list(formal.ranks),
+                properties={"input": formal.name, "rank": len(shape), "accepted_ranks": list(accepted),
                             "contract": contract.source},
             )
 
@@ -517,13 +518,14 @@ def op_attribute_value(ctx: RuleContext):
             value = node.attr(name)
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
-            if not isinstance(value, (int, str)) or isinstance(value, bool) or value in attr.values:
+            values = attr.values or ()  # the plan lists only attributes with values
+            if not isinstance(value, (int, str)) or isinstance(value, bool) or value in values:
                 continue
             yield ctx.finding(
-                f"{_op(node)} attribute '{name}'={value!r} is not one of {', '.join(map(str, attr.values))} "
+                f"{_op(node)} attribute '{name}'={value!r} is not one of {', '.join(map(str, values))} "
                 f"(\"{attr.values_text}\", {contract.source}): ORT rejects it",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"attribute": name, "value": value, "allowed": list(attr.values), "contract": contract.source},
+                properties={"attribute": name, "value": value, "allowed": list(values), "contract": contract.source},
             )
 
 

@@ -61,8 +61,9 @@ def placements(graph: Graph, provider: str) -> list[Placement]:
         out: list[Placement] = []
         for node, dtypes in zip(g.nodes, input_dtypes(g)):
             key = (node.domain, node.op_type, dtypes)
-            answer = answers.get(key, _UNASKED)
-            if answer is _UNASKED:
+            try:
+                answer = answers[key]
+            except KeyError:
                 answer = answers[key] = _placement_answer(table, provider, node.domain, node.op_type,
                                                           opsets.get(node.domain), dtypes)
             if answer is not None:
@@ -70,9 +71,6 @@ def placements(graph: Graph, provider: str) -> list[Placement]:
         return out
 
     return cached(graph, f"placement.{provider}", compute)
-
-
-_UNASKED = object()
 
 
 def _placement_answer(table, provider: str, domain: str, op_type: str, opset: int | None,
