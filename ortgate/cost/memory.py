@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortgate.cost.model import StepModel
-from ortgate.cost.shapes import StepShape, dtype_bytes
+from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.attention import LINEAR_ATTENTION_OPS
 from ortgate.knowledge.devices import Device
@@ -131,17 +131,19 @@ def weight_bytes(graph: Graph) -> tuple[float, dict[str, float], list[str]]:
     total = 0.0
     by_dtype: dict[str, float] = {}
     unsized: list[str] = []
+    prod, ceil = math.prod, math.ceil
     for name, init in graph.initializers.items():
-        size = dtype_bytes(init.dtype)
+        dtype = init.dtype
+        size = DTYPE_BYTES.get(dtype or "")
         if size is not None:
-            n = math.ceil(init.numel * size)
+            n = ceil(prod(init.dims) * size)  # the element count, as Initializer.numel counts it
         else:
             n = init.external_length or 0
             if not n:
-                unsized.append(f"initializer {name}: dtype {init.dtype or '?'} has no known size: not counted")
+                unsized.append(f"initializer {name}: dtype {dtype or '?'} has no known size: not counted")
                 continue
         total += n
-        key = init.dtype or "?"
+        key = dtype or "?"
         by_dtype[key] = by_dtype.get(key, 0.0) + n
     return total, by_dtype, unsized
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ortgate.cost.shapes import StepShape, dtype_bytes
-from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
+from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Initializer, Node
 from ortgate.graph.patterns.attention import (
     LINEAR_ATTENTION_OPS,
     attention_cores,
@@ -226,19 +226,36 @@ class WeightRead(NamedTuple):
     numel: float
 
 
+def _initializer_reads(graph: Graph) -> dict[str, WeightRead]:
+    """Initializer name -> its WeightRead, for the initializers read so far (kept on the graph)."""
+    return graph.__dict__.setdefault("_cost_initializer_reads", {})
+
+
 def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
-    cache = graph.__dict__.setdefault("_cost_initializer_reads", {})
+    cache = _initializer_reads(graph)
     read = cache.get(name)
     if read is None:
         init = graph.initializers.get(name)
         if init is None:
             return None
-        numel = float(math.prod(init.dims))
-        # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
-        dtype = graph.__dict__.get("_dtype_cache", {}).get(name) or init.dtype
-        size = dtype_bytes(dtype)
-        read = cache[name] = WeightRead(None if size is None else numel * size, dtype, name, numel)
+        read = cache[name] = _first_read(init, name, _propagated_dtypes(graph))
     return read
+
+
+def _propagated_dtypes(graph: Graph) -> dict[str, str | None]:
+    # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
+    return graph.__dict__.get("_dtype_cache", {})
+
+
+def _first_read(init: Initializer, name: str, propagated: dict[str, str | None]) -> WeightRead:
+    numel = float(math.prod(init.dims))
+    dtype = propagated.get(name) or init.dtype
+    size = DTYPE_BYTES.get(dtype or "")
+    # WeightRead(...) without the named tuple's Python-level __new__: one per initializer read
+    return _tuple_new(WeightRead, (None if size is None else numel * size, dtype, name, numel))
+
+
+_tuple_new = tuple.__new__
 
 
 def weight_read(graph: Graph, value: str, known: set[str]) -> WeightRead | None:
@@ -336,64 +353,90 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         model.uncounted.append(Uncounted("attention", "no KV cache: each step recomputes all "
                                          f"{shape.context:,} positions; attention over them is not counted"))
     tokens = model.tokens
-    # per (domain, op_type): (launches, host sync op, what the loop does with it)
-    kinds: dict[tuple[str, str], tuple[int, bool, int]] = {}
+    # per (domain, op_type): (launches, host sync op, what the loop does with it, its per-position table inputs)
+    kinds: dict[tuple[str, str], tuple[int, bool, int, tuple[int, ...] | None]] = {}
     unknown_dtype_weights: dict[str, list[str]] = defaultdict(list)
     costed = model.costed
     costs = model.costs
+    reads = _initializer_reads(graph)
+    initializers = graph.initializers
+    propagated = _propagated_dtypes(graph)
+    is_host_known = known.__contains__
+    no_weights = known.isdisjoint
     for node in graph.nodes:
         if node.graph is not None:
             continue
-        op = node.op_type
-        outputs = node.outputs
-        key = (node.domain, op)
+        key = (node.domain, node.op_type)
         kind = kinds.get(key)
         if kind is None:
             kind = kinds[key] = _kind(key, gpu, table)
-        count, sync_op, action = kind
+        count, sync_op, action, tables = kind
+        inputs = node.inputs
         if action == _CONTROL:
             model.control_flow += 1
-        elif outputs and outputs[0] in known:
-            continue  # folded at load or computed on the host: no kernel, no bytes in the step
-        launches[node.index] = count
-        if sync_op and not all(i in known for i in node.inputs if i):
-            costed(node.index).cost.syncs += 1
+        else:
+            outputs = node.outputs
+            if outputs and outputs[0] in known:
+                continue  # folded at load or computed on the host: no kernel, no bytes in the step
+        index = node.index
+        launches[index] = count
+        if sync_op and not all(is_host_known(i) for i in inputs if i):
+            costed(index).cost.syncs += 1
         if action == _SKIP:
             continue
         if action == _GATHER:
             _gather(graph, model, node, known)
             continue
         nc = None
-        tables = _POSITION_TABLES.get(key) if action == _PLAIN else None
-        for position, i in enumerate(node.inputs):
+        if action != _NBITS and no_weights(inputs):
+            continue  # reads no weight
+        # The weights it reads, added up here and written to its NodeCost once.
+        nbytes = flops = 0.0
+        by_dtype: dict[str, float] | None = None
+        compute_dtype: str | None | object = _UNSET
+        for position, i in enumerate(inputs):
             if not i or i not in known:
                 continue
-            read = weight_read(graph, i, known)
+            read = reads.get(i)
             if read is None:
-                continue
+                init = initializers.get(i)
+                if init is not None:
+                    read = reads[i] = _first_read(init, i, propagated)
+                else:
+                    read = weight_read(graph, i, known)
+                    if read is None:
+                        continue
             if tables is not None and position in tables and read.bytes is not None:
                 read = _rows_read(graph, i, read, tokens)
-            if read.bytes is None:
-                unknown_dtype_weights[components.get(node.index, "other")].append(read.name)
+            size = read.bytes
+            if size is None:
+                unknown_dtype_weights[components.get(index, "other")].append(read.name)
                 continue
-            if nc is None:
-                nc = costs.get(node.index)
-                if nc is None:
-                    nc = costs[node.index] = NodeCost(node.index, node.name, op, node.layer,
-                                                      components.get(node.index, "other"),
-                                                      Cost(0.0, 0.0, 0, 0, {}))
-            cost = nc.cost
-            cost.bytes += read.bytes
-            by_dtype = cost.bytes_by_dtype
+            nbytes += size
             key_dtype = read.dtype or "unknown"
-            by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + read.bytes
+            if by_dtype is None:
+                by_dtype = {key_dtype: size}
+            else:
+                by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + size
             if position == 1 and action == _LINEAR:
-                cost.flops += 2.0 * tokens * read.numel
-                nc.compute_dtype = read.dtype
+                flops += 2.0 * tokens * read.numel
+                compute_dtype = read.dtype
+        if by_dtype is not None:
+            nc = costs.get(index)
+            if nc is None:  # the usual case: the node has no cost yet
+                nc = costs[index] = NodeCost(index, node.name, node.op_type, node.layer,
+                                             components.get(index, "other"), Cost(nbytes, flops, 0, 0, by_dtype))
+            else:  # a host synchronisation was counted on it: bytes and FLOPs are still 0
+                cost = nc.cost
+                cost.bytes += nbytes
+                cost.flops += flops
+                cost.bytes_by_dtype = by_dtype
+            if compute_dtype is not _UNSET:
+                nc.compute_dtype = compute_dtype  # type: ignore[assignment]
         if action == _NBITS:
             k, n = node.int_attr("K"), node.int_attr("N")
             if k and n:
-                nc = nc or costed(node.index)
+                nc = nc or costed(index)
                 nc.cost.flops += 2.0 * tokens * k * n
                 nc.compute_dtype = graph.dtype(node.input(2)) or graph.dtype(node.input(0))
     for component, names in sorted(unknown_dtype_weights.items()):
@@ -408,6 +451,7 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
 
 
 _PLAIN, _SKIP, _GATHER, _LINEAR, _NBITS, _CONTROL = range(6)
+_UNSET = object()
 # Inputs that are per-position tables (rotary cos/sin caches): a step reads the rows of its tokens' positions.
 _POSITION_TABLES = {
     (MS_DOMAIN, "RotaryEmbedding"): (2, 3),
@@ -428,7 +472,7 @@ def _rows_read(graph: Graph, value: str, read: WeightRead, tokens: int) -> Weigh
     return WeightRead(read.bytes * share, read.dtype, read.name, read.numel * share)
 
 
-def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int]:
+def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int, tuple[int, ...] | None]:
     domain, op = key
     name = op_key(domain, op)
     launches = table.gpu_launches(name) if gpu else (0 if name == "Constant" else 1)
@@ -445,7 +489,7 @@ def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int]:
         action = _NBITS
     else:
         action = _PLAIN
-    return launches, sync, action
+    return launches, sync, action, _POSITION_TABLES.get(key) if action == _PLAIN else None
 
 
 def op_key(domain: str, op_type: str) -> str:

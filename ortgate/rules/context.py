@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +178,8 @@ class RuleContext:
             graph = graph or self.model
             location = Location(graph.path, label=graph.label)
         related = list(related)
-        related_names = tuple(n.display_name for n in related if n is not node)[:MAX_RELATED_NODES]
+        # the first MAX_RELATED_NODES names only: a finding about an expert loop relates thousands of nodes
+        related_names = tuple(islice((n.display_name for n in related if n is not node), MAX_RELATED_NODES))
         if layer is None and node is not None:
             layer = node.layer
             if layer is not None and any(n.layer is not None and n.layer != layer for n in related):

@@ -28,17 +28,109 @@ CONTRACT_FIX = (
 
 def _contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
     """Every node that has a contract, with it: looked up once per graph, not once per contract rule."""
+    return _contract_index(graph)[0]
+
+
+def _contract_index(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str], dict[str, list[Planned]]]:
     return cached(graph, "op_contracts", _find_contracted)
 
 
-def _find_contracted(graph: Graph) -> list[tuple[Node, OpContract]]:
+def _find_contracted(graph: Graph) -> tuple[list[tuple[Node, OpContract]], Counter[str], dict[str, list[Planned]]]:
+    """(node, contract) for every node with one; per op key the nodes of ai.onnx and com.microsoft without one; and
+    per check of the contract rules, the contracted nodes it has something to look at, in graph order (nodes with a
+    required input omitted or beyond their inputs, with ranked inputs, with required, typed or enumerated
+    attributes). One pass over the nodes, the contract looked up once per (domain, op type): a graph has one opset
+    per domain."""
     out = []
+    unknown: Counter[str] = Counter()
+    checks: dict[str, list[Planned]] = {"missing": [], "ranked": [], "required_attributes": [],
+                                        "typed_attributes": [], "valued_attributes": []}
+    missing = checks["missing"]
     opsets = graph.opsets
+    kinds: dict[tuple[str, str], tuple] = {}  # (domain, op type) -> _contract_kind's answer
     for node in graph.nodes:
-        contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
+        kind = kinds.get((node.domain, node.op_type))
+        if kind is None:
+            kind = kinds[(node.domain, node.op_type)] = _contract_kind(graph, node, opsets, checks)
+        contract, uncovered, plan, lists = kind
         if contract is not None:
             out.append((node, contract))
-    return out
+            if plan is not None:
+                if lists:
+                    entry = (node, contract, plan)
+                    for checked in lists:
+                        checked.append(entry)
+                inputs = node.inputs
+                if plan.required and (len(inputs) <= plan.last_required or "" in inputs):
+                    missing.append((node, contract, plan))
+        elif uncovered is not None:
+            unknown[uncovered] += 1
+    return out, unknown, checks
+
+
+def _contract_kind(graph: Graph, node: Node, opsets: dict[str, int], checks: dict[str, list[Planned]]):
+    """What the contract index does with every node of `node`'s op: its contract, its op key when it is one of a
+    domain ORT runs without a contract, the contract's plan (None: nothing to check) and the checks to list it in."""
+    contract = op_contract(node.domain, node.op_type, opsets.get(node.domain))
+    if contract is None:
+        return None, node.key if node.domain in ("ai.onnx", "com.microsoft") else None, None, ()
+    plan = _plan(contract)
+    lists = tuple(checks[part] for part, attr in (("ranked", "ranks"), ("required_attributes", "required_attributes"),
+                                                 ("typed_attributes", "typed_attributes"),
+                                                 ("valued_attributes", "valued_attributes")) if getattr(plan, attr))
+    return contract, None, plan if lists or plan.required else None, lists
+
+
+def input_dtypes(graph: Graph) -> list[tuple[str | None, ...]]:
+    """Per node (by index), its inputs' dtypes as Graph.dtype gives them (None: an omitted input, or a type the
+    graph neither declares nor implies): read once per graph for every rule that matches nodes by their types."""
+
+    def compute(g: Graph) -> list[tuple[str | None, ...]]:
+        dtype = g.dtype
+        out: list[tuple[str | None, ...]] = []
+        append = out.append
+        for node in g.nodes:
+            inputs = node.inputs
+            append(tuple(map(dtype, inputs)) if "" not in inputs else tuple([dtype(i) if i else None for i in inputs]))
+        return out
+
+    return cached(graph, "rules.input_dtypes", compute)
+
+
+class _Plan:
+    """What the contract rules check of every node of one contract's op, derived once per contract."""
+
+    __slots__ = ("required", "last_required", "ranks", "types", "required_attributes", "typed_attributes",
+                 "valued_attributes")
+
+    def __init__(self, contract: OpContract):
+        inputs = contract.inputs
+        attrs = contract.attributes.values()
+        self.required = tuple(i for i, f in enumerate(inputs) if f.option == "single")  # input positions
+        self.last_required = max(self.required, default=-1)
+        self.ranks = tuple((i, f) for i, f in enumerate(inputs) if f.ranks)  # (position, formal)
+        allowed = ((i, f.name, contract.allowed_types(f)) for i, f in enumerate(inputs))
+        self.types = tuple((i, name, types) for i, name, types in allowed if types)  # (position, name, types)
+        self.required_attributes = tuple(a.name for a in attrs if a.required)
+        self.typed_attributes = tuple(a for a in attrs if a.type is not None)
+        self.valued_attributes = tuple(a for a in attrs if a.values)
+
+
+def _plan(contract: OpContract) -> _Plan:
+    found = _PLANS.get(id(contract))
+    if found is None or found[0] is not contract:
+        found = _PLANS[id(contract)] = (contract, _Plan(contract))
+    return found[1]
+
+
+_PLANS: dict[int, tuple[OpContract, _Plan]] = {}
+
+Planned = tuple[Node, OpContract, _Plan]
+
+
+def _to_check(graph: Graph) -> dict[str, list[Planned]]:
+    """Per check of the contract rules, the contracted nodes it has something to look at (see _find_contracted)."""
+    return _contract_index(graph)[2]
 
 
 def _op(node: Node) -> str:
@@ -83,11 +175,11 @@ def op_input_missing(ctx: RuleContext):
     Re-export the node with every required input wired.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for i, formal in enumerate(contract.inputs):
-            if formal.option != "single":
-                continue
-            if i >= len(node.inputs) or not node.inputs[i]:
+    for node, contract, plan in _to_check(graph)["missing"]:
+        inputs = node.inputs
+        for i in plan.required:
+            if i >= len(inputs) or not inputs[i]:
+                formal = contract.inputs[i]
                 yield ctx.finding(
                     f"{_op(node)} lacks its required input {i} '{formal.name}' ({contract.source}): ORT refuses the node",
                     node=node, graph=graph, fix=CONTRACT_FIX,
@@ -133,19 +225,20 @@ def op_input_rank(ctx: RuleContext):
     Feed the input in a rank the contract accepts, or use the operator made for that layout.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for i, formal in enumerate(contract.inputs):
-            if not formal.ranks or i >= len(node.inputs) or not node.inputs[i]:
+    for node, contract, plan in _to_check(graph)["ranked"]:
+        for i, formal in plan.ranks:
+            if i >= len(node.inputs) or not node.inputs[i]:
                 continue
             shape = graph.shape(node.inputs[i])
-            if shape is None or len(shape) in formal.ranks:
+            accepted = formal.ranks or ()  # the plan lists only formals with ranks
+            if shape is None or len(shape) in accepted:
                 continue
-            ranks = " or ".join(str(r) for r in formal.ranks)
+            ranks = " or ".join(str(r) for r in accepted)
             yield ctx.finding(
                 f"{_op(node)} input {i} '{formal.name}' ({node.inputs[i]}) has rank {len(shape)} {list(shape)}, but "
                 f"its contract accepts rank {ranks} (\"{formal.ranks_text}\", {contract.source}): ORT fails the run",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"input": formal.name, "rank": len(shape), "accepted_ranks": list(formal.ranks),
+                properties={"input": formal.name, "rank": len(shape), "accepted_ranks": list(accepted),
                             "contract": contract.source},
             )
 
@@ -232,23 +325,46 @@ def _input_types(graph: Graph) -> tuple[dict[tuple[str, int, str], list[Violatio
     def compute(g: Graph) -> tuple[dict[tuple[str, int, str], list[Violation]], Counter[str]]:
         groups: dict[tuple[str, int, str], list[Violation]] = {}
         untyped: Counter[str] = Counter()
+        dtypes_of = input_dtypes(g)
+        # One verdict per op signature (the op, its input dtypes): the positions whose dtype is unknown, and the
+        # violations.
+        verdicts: dict[tuple[str, str, tuple[str | None, ...]], tuple[str, tuple[int, ...], tuple]] = {}
         for node, contract in _contracted(g):
-            for i, formal in enumerate(contract.inputs):
-                if i >= len(node.inputs) or not node.inputs[i]:
-                    continue
-                allowed = contract.allowed_types(formal)
-                if not allowed:
-                    continue
-                dtype = g.dtype(node.inputs[i])
-                if dtype is None:
-                    untyped[node.key] += 1
-                    continue
-                if dtype in allowed or f"seq(tensor({dtype}))" in allowed:
-                    continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
-                groups.setdefault((node.key, i, dtype), []).append((node, contract, formal.name, allowed))
+            dtypes = dtypes_of[node.index]
+            key = (node.domain, node.op_type, dtypes)
+            verdict = verdicts.get(key)
+            if verdict is None:
+                verdict = verdicts[key] = _type_verdict(node.key, contract, dtypes)
+            op, unknown, bad = verdict
+            if unknown:
+                inputs = node.inputs
+                for i in unknown:
+                    if inputs[i]:  # an omitted input has no type to check
+                        untyped[op] += 1
+            for i, dtype, name, allowed in bad:
+                groups.setdefault((op, i, dtype), []).append((node, contract, name, allowed))
         return groups, untyped
 
     return cached(graph, "op_input_types", compute)
+
+
+def _type_verdict(op: str, contract: OpContract, dtypes: tuple[str | None, ...]
+                  ) -> tuple[str, tuple[int, ...], tuple[tuple[int, str, str, tuple[str, ...]], ...]]:
+    """(op key, input positions of unknown dtype, (position, dtype, formal name, allowed types) of each input whose
+    dtype its contract does not allow) for a node of `contract` with inputs of these dtypes."""
+    unknown = []
+    bad = []
+    for i, name, allowed in _plan(contract).types:
+        if i >= len(dtypes):
+            continue
+        dtype = dtypes[i]
+        if dtype is None:
+            unknown.append(i)
+            continue
+        if dtype in allowed or f"seq(tensor({dtype}))" in allowed:
+            continue  # a sequence value's dtype is its element type: seq(tensor(dtype)) is what it holds
+        bad.append((i, dtype, name, allowed))
+    return op, tuple(unknown), tuple(bad)
 
 
 def _attribute_type(node: Node, name: str) -> str | None:
@@ -294,9 +410,9 @@ def op_attribute_missing(ctx: RuleContext):
     Re-export the node with the attribute set from the model's config.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
-            if attr.required and not node.has_attr(name):
+    for node, contract, plan in _to_check(graph)["required_attributes"]:
+        for name in plan.required_attributes:
+            if not node.has_attr(name):
                 yield ctx.finding(
                     f"{_op(node)} lacks its required attribute '{name}' ({contract.source}): ORT refuses the node",
                     node=node, graph=graph, fix=CONTRACT_FIX,
@@ -341,8 +457,11 @@ def op_attribute_type(ctx: RuleContext):
     Write the attribute with its declared type.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
+    for node, contract, plan in _to_check(graph)["typed_attributes"]:
+        if not node.proto.attribute:
+            continue
+        for attr in plan.typed_attributes:
+            name = attr.name
             have = _attribute_type(node, name)
             if attr.type is None or have is None or have == attr.type:
                 continue
@@ -391,20 +510,22 @@ def op_attribute_value(ctx: RuleContext):
     Use one of the documented values.
     """
     graph = ctx.model
-    for node, contract in _contracted(graph):
-        for name, attr in contract.attributes.items():
-            if not attr.values or not node.has_attr(name):
+    for node, contract, plan in _to_check(graph)["valued_attributes"]:
+        for attr in plan.valued_attributes:
+            name = attr.name
+            if not node.has_attr(name):
                 continue
             value = node.attr(name)
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "replace")
-            if not isinstance(value, (int, str)) or isinstance(value, bool) or value in attr.values:
+            values = attr.values or ()  # the plan lists only attributes with values
+            if not isinstance(value, (int, str)) or isinstance(value, bool) or value in values:
                 continue
             yield ctx.finding(
-                f"{_op(node)} attribute '{name}'={value!r} is not one of {', '.join(map(str, attr.values))} "
+                f"{_op(node)} attribute '{name}'={value!r} is not one of {', '.join(map(str, values))} "
                 f"(\"{attr.values_text}\", {contract.source}): ORT rejects it",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"attribute": name, "value": value, "allowed": list(attr.values), "contract": contract.source},
+                properties={"attribute": name, "value": value, "allowed": list(values), "contract": contract.source},
             )
 
 
@@ -472,7 +593,7 @@ def split_sizes_mismatch(ctx: RuleContext):
             )
 
 
-@rule("OGX008", "moe-expert-count-mismatch", Severity.ERROR)
+@rule("OGX008", "moe-expert-count-mismatch", Severity.ERROR, needs=("moe",))
 def moe_expert_count_mismatch(ctx: RuleContext):
     """An unfused MoE block computes fewer (or more) routed experts than its router has columns.
 
@@ -613,12 +734,7 @@ def op_contract_unknown(ctx: RuleContext):
     nodes are checked by ORT alone.
     """
     graph = ctx.model
-    unknown: Counter[str] = Counter()
-    for node in graph.nodes:
-        if node.domain not in ("ai.onnx", "com.microsoft"):
-            continue
-        if op_contract(node.domain, node.op_type, graph.opsets.get(node.domain)) is None:
-            unknown[node.key] += 1
+    unknown = _contract_index(graph)[1]
     if unknown:
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(unknown.items()))
         # The rule's own fact (a violation a policy may re-level to fail on unchecked ops), not a rule undecided.

@@ -36,7 +36,7 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
     return (f"{refused}Export the layer as {MOE_HOW}. {builder} {MOE_NO_PASS}")
 
 
-@rule("OGF001", "moe-not-fused", Severity.ERROR, price="moe", fix="moe")
+@rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price="moe", fix="moe")
 def moe_not_fused(ctx: RuleContext):
     """A Mixture-of-Experts layer is computed with standard ops instead of com.microsoft MoE / QMoE.
 
@@ -182,7 +182,7 @@ MLA_FIX = (
 )
 
 
-@rule("OGF002", "gqa-not-fused", Severity.ERROR, price="attention", fix="attention")
+@rule("OGF002", "gqa-not-fused", Severity.ERROR, needs=("attention",), price="attention", fix="attention")
 def gqa_not_fused(ctx: RuleContext):
     """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
 

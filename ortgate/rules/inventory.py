@@ -214,7 +214,7 @@ def forbidden_op(ctx: RuleContext):
             )
 
 
-@rule("OGM012", "kv-cache-not-fed-back", Severity.ERROR)
+@rule("OGM012", "kv-cache-not-fed-back", Severity.ERROR, needs=("kv_cache",))
 def kv_cache_not_fed_back(ctx: RuleContext):
     """The graph returns a KV cache (present tensors) but takes none back: every token recomputes the whole sequence.
 

@@ -49,7 +49,7 @@ def _fc3(node: Node) -> str:
     return node.input(moe_inputs(node.op_type).fc3_experts_weights)
 
 
-@rule("OGM001", "moe-routing-mismatch", Severity.ERROR)
+@rule("OGM001", "moe-routing-mismatch", Severity.ERROR, needs=("moe",))
 def moe_routing_mismatch(ctx: RuleContext):
     """MoE / QMoE routing or activation attributes differ from the policy or the model family.
 
@@ -261,7 +261,7 @@ def gqa_head_size(graph: Graph, node: Node) -> tuple[int | None, str]:
 _GQA_HEAD_ATTRIBUTES = (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_heads"))
 
 
-@rule("OGM002", "gqa-config-mismatch", Severity.ERROR)
+@rule("OGM002", "gqa-config-mismatch", Severity.ERROR, needs=("attention",))
 def gqa_config_mismatch(ctx: RuleContext):
     """GroupQueryAttention's num_heads, kv_num_heads or head size differ from the model's config.
 
@@ -358,7 +358,7 @@ def _expectation_key(expected: Expected, attr: str) -> str:
     return f"model.{attr}"
 
 
-@rule("OGM005", "gqa-heads-not-grouped", Severity.ERROR)
+@rule("OGM005", "gqa-heads-not-grouped", Severity.ERROR, needs=("attention",))
 def gqa_heads_not_grouped(ctx: RuleContext):
     """A GroupQueryAttention's num_heads is not a multiple of its kv_num_heads: the query heads cannot be grouped.
 
@@ -410,7 +410,7 @@ def gqa_heads_not_grouped(ctx: RuleContext):
             )
 
 
-@rule("OGM006", "gqa-window-mismatch", Severity.ERROR, needs=("genai_config",))
+@rule("OGM006", "gqa-window-mismatch", Severity.ERROR, needs=("genai_config", "attention"))
 def gqa_window_mismatch(ctx: RuleContext):
     """A GroupQueryAttention's local_window_size disagrees with genai_config.json's sliding-window layers.
 

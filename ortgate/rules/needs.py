@@ -3,7 +3,9 @@ it. A rule whose need is unmet yields nothing on those inputs (tests/test_rule_c
 the engine may skip it, and lint names what it did not check.
 
 A rule's needs are preconditions, not everything it reads: a rule that also needs, say, CUDA among the providers
-declares `provider`, and finds nothing on a CPU deployment all the same.
+declares `provider`, and finds nothing on a CPU deployment all the same. Some needs are about the graphs (an MoE
+layer, an attention, a KV cache): each is checked with a look-up in the graph index, never a pattern match, so a rule
+that cannot apply to a model costs that look-up and nothing more.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ortgate.evidence import EVIDENCE_KEY
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
 from ortgate.rules.context import LintInputs
 
 # Need -> what it is (`ortgate rules --format json` and `ortgate explain` say it), in the order reasons are given.
@@ -23,6 +26,10 @@ NEEDS = {
     "evidence": "what `ortgate run` saw: its session, measurement and outputs",
     "throughput": "the policy's throughput block",
     "device": "a device the cost model prices (the policy's throughput.device, or estimate's --device)",
+    "moe": "an MoE layer in a graph: a com.microsoft MoE or QMoE node, or a TopK / ArgMax an unfused one routes by",
+    "attention": "an attention in a graph: a fused attention node (GroupQueryAttention, MultiHeadAttention, Attention, "
+                 "...) or a Softmax a decomposed one is built on",
+    "kv_cache": "a KV cache in the model: a graph output that holds one, or an input carrying state between steps",
 }
 
 # The needs a lint can be given (a policy, genai_config.json): a family of rules that all lack one is named on the
@@ -51,7 +58,37 @@ def has(need: str, inputs: LintInputs) -> bool:
         return inputs.throughput is not None
     if need == "device":
         return inputs.cost is not None
+    if need == "moe":
+        return any(_has_moe(g) for g in inputs.graphs)
+    if need == "attention":
+        return any(_has_attention(g) for g in inputs.graphs)
+    if need == "kv_cache":
+        return any(_has_kv_cache(g) for g in inputs.graphs)
     raise ValueError(f"unknown need {need!r}")
+
+
+def _has_moe(graph: Graph) -> bool:
+    """What every MoE block (graph.patterns.moe.moe_blocks) is found from: a fused MoE / QMoE node, or a selection
+    op (TopK, ArgMax) an unfused block's routing picks its experts with. Without either there is no block."""
+    from ortgate.graph.patterns.moe import SELECTION_OPS
+    from ortgate.knowledge.moe import MOE_OPS
+
+    return (any(graph.count(MS_DOMAIN, op) for op in MOE_OPS)
+            or any(graph.count(DEFAULT_DOMAIN, op) for op in SELECTION_OPS))
+
+
+def _has_attention(graph: Graph) -> bool:
+    """A fused attention node, or a Softmax: every attention core (graph.patterns.attention) is built on one."""
+    from ortgate.graph.patterns.attention import FUSED_ATTENTION_OPS
+
+    return any(graph.count(domain, op) for domain, op in FUSED_ATTENTION_OPS) or bool(graph.count(DEFAULT_DOMAIN,
+                                                                                                 "Softmax"))
+
+
+def _has_kv_cache(graph: Graph) -> bool:
+    from ortgate.graph.patterns.decoder import cache_outputs, carries_state
+
+    return any(carries_state(i) for i in graph.inputs) or bool(cache_outputs(graph))
 
 
 def unmet(needs: Iterable[str], inputs: LintInputs) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from ortgate.knowledge import (
 from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
-from ortgate.rules.contracts import type_violations
+from ortgate.rules.contracts import input_dtypes, type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 
 CPU = "CPUExecutionProvider"
@@ -54,21 +54,33 @@ def placements(graph: Graph, provider: str) -> list[Placement]:
 
     def compute(g: Graph) -> list[Placement]:
         table = kernel_table()
-        answers: dict[tuple, SupportResult] = {}
+        opsets = g.opsets
+        # One answer per (domain, op_type, input dtypes) (a graph has one opset per domain): None where the node
+        # runs on `provider` (or without a kernel), else (the table's answer, whether a float tensor goes in).
+        answers: dict[tuple, tuple[SupportResult, bool] | None] = {}
         out: list[Placement] = []
-        for node in g.nodes:
-            if kernel_free_op(node.domain, node.op_type):
-                continue
-            dtypes = tuple(g.dtype(i) if i else None for i in node.inputs)
-            key = (node.domain, node.op_type, g.opsets.get(node.domain), dtypes)
-            if key not in answers:
-                answers[key] = table.supports(provider, node.domain, node.op_type, key[2], list(dtypes))
-            result = answers[key]
-            if result.status is not Support.YES:
-                out.append(Placement(node, result, any(d in _FLOAT_DTYPES for d in dtypes)))
+        for node, dtypes in zip(g.nodes, input_dtypes(g)):
+            key = (node.domain, node.op_type, dtypes)
+            try:
+                answer = answers[key]
+            except KeyError:
+                answer = answers[key] = _placement_answer(table, provider, node.domain, node.op_type,
+                                                          opsets.get(node.domain), dtypes)
+            if answer is not None:
+                out.append(Placement(node, *answer))
         return out
 
     return cached(graph, f"placement.{provider}", compute)
+
+
+def _placement_answer(table, provider: str, domain: str, op_type: str, opset: int | None,
+                      dtypes: tuple[str | None, ...]) -> tuple[SupportResult, bool] | None:
+    if kernel_free_op(domain, op_type):
+        return None
+    result = table.supports(provider, domain, op_type, opset, list(dtypes))
+    if result.status is Support.YES:
+        return None
+    return result, any(d in _FLOAT_DTYPES for d in dtypes)
 
 
 def cpu_bound(graph: Graph, provider: str) -> list[Placement]:
@@ -323,7 +335,17 @@ def value_dependent(graph: Graph, value: str) -> bool:
 
     Shape/Size outputs count as shape-only (a data-dependent shape upstream is reported where it arises).
     """
-    memo: dict[str, bool] = cached(graph, "placement.value_dependent", lambda g: {})
+    return _value_dependent(graph, value, cached(graph, "placement.value_dependent", _new_memo))
+
+
+def _new_memo(graph: Graph) -> dict[str, bool]:
+    return {}
+
+
+def _value_dependent(graph: Graph, value: str, memo: dict[str, bool]) -> bool:
+    found = memo.get(value)
+    if found is not None:
+        return found
     stack, on_stack = [value], {value}
     while stack:
         current = stack[-1]
@@ -353,10 +375,13 @@ def value_dependent(graph: Graph, value: str) -> bool:
 def data_dependent_shape_nodes(graph: Graph) -> list[tuple[Node, list[str]]]:
     """Nodes whose output shape follows runtime tensor values, with the inputs that carry those values."""
     ops = cuda_graph_capture_facts().data_dependent_shape_ops.ops
+    memo: dict[str, bool] = cached(graph, "placement.value_dependent", _new_memo)
     out = []
     for node in graph.by_op_type(*ops):
         positions = data_dependent_shape_inputs(node.domain, node.op_type) or ()
-        driving = [node.input(i) for i in positions if node.input(i) and value_dependent(graph, node.input(i))]
+        inputs = node.inputs
+        driving = [inputs[i] for i in positions
+                   if i < len(inputs) and inputs[i] and _value_dependent(graph, inputs[i], memo)]
         if driving:
             out.append((node, driving))
     return out
@@ -521,9 +546,12 @@ def _cpu_side(graph: Graph, copy: Node) -> list[Node]:
 def unexplained_copies(ctx: RuleContext, graph: Graph) -> list[Node]:
     """Memcpy nodes of `graph` that a missing kernel does not explain: some node they serve is not one op-not-on-ep
     or index-op-not-on-ep reports (those findings own the copies around their nodes)."""
+    copies = graph.by_op_type(*MEMCPY_OPS)
+    if not copies:
+        return []
     explained = {n.index for group in cpu_groups(ctx, graph) for n in group.nodes}
     out = []
-    for copy in graph.by_op_type(*MEMCPY_OPS):
+    for copy in copies:
         served = [n for n in _cpu_side(graph, copy) if n.op_type not in MEMCPY_OPS]
         if not served or any(n.index not in explained for n in served):
             out.append(copy)
@@ -679,7 +707,7 @@ def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
     return None, ""
 
 
-@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider",))
+@rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider", "moe"))
 def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     """A com.microsoft.MoE node that ORT's CPU kernel computes wrongly on the deployment's ORT release.
 

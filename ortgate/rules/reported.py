@@ -177,7 +177,7 @@ def _qmoe_nodes(ctx: RuleContext) -> list[Node]:
     return [n for n in ctx.inputs.executed.by_op(MS_DOMAIN, "QMoE") if n.graph is None]
 
 
-@rule("OGK007", "qmoe-block-size-cuda", Severity.ERROR, needs=("provider",))
+@rule("OGK007", "qmoe-block-size-cuda", Severity.ERROR, needs=("provider", "moe"))
 def qmoe_block_size_cuda(ctx: RuleContext):
     """A QMoE node's `block_size` is not one the CUDA QMoE kernels take (32, 64, 128, or 0 for per-column
     scales).
@@ -244,7 +244,7 @@ def qmoe_block_size_cuda(ctx: RuleContext):
     )
 
 
-@rule("OGK008", "qmoe-cuda-kernel-set", Severity.WARNING, needs=("provider", "policy"))
+@rule("OGK008", "qmoe-cuda-kernel-set", Severity.WARNING, needs=("provider", "policy", "moe"))
 def qmoe_cuda_kernel_set(ctx: RuleContext):
     """A QMoE form that ONNX Runtime 1.30's default CUDA kernel set may not compile: bfloat16 activations, zero
     points, or blocks above 32.
@@ -325,7 +325,7 @@ def qmoe_cuda_kernel_set(ctx: RuleContext):
 # ---- ONNX-domain Attention on CUDA ----------------------------------------------------------------------------
 
 
-@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider",), price="onnx_attention",
+@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider", "attention"), price="onnx_attention",
       price_all=True)
 def onnx_attention_cuda_decode(ctx: RuleContext):
     """ONNX-domain Attention (opset 23/24) on the CUDA provider, which has none of GroupQueryAttention's decode
