@@ -43,6 +43,7 @@ from ortgate.graph.patterns.common import (
     find_up,
     is_view,
     matmul_weight,
+    memo_table,
     producer_through,
     quantized_weight,
     skip_back,
@@ -326,14 +327,24 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
                 values.add(o)
                 frontier.append(o)
 
+    # Why a boundary node is outside: the first input neither routing nor aux when it was looked at ("" when it is
+    # outside for what it is). Values only join the region, so it stays outside until that input joins.
+    outside: dict[int, str] = {}
+
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
+            outside[c.index] = ""
             return False  # its output is a shape (aux), not routing
-        if matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None or c.op_type in (
-                "MoE", "QMoE") or c.graph is not None:
+        if (c.op_type in _LINEAR_OPS and (matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)
+                ) or c.op_type in ("MoE", "QMoE") or c.graph is not None:
+            outside[c.index] = ""
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
-        return all(i in values or aux(i) for i in data if i)
+        for i in data:
+            if i and i not in values and not aux(i):
+                outside[c.index] = i
+                return False
+        return True
 
     frontier = list(start)
     while frontier:
@@ -349,7 +360,7 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
                     boundary[c.index] = c
         # A node met before its other routing input was known (Concat of two routing branches) joins the region.
         for index, c in list(boundary.items()):
-            if inside(c):
+            if outside[index] in values and inside(c):
                 del boundary[index]
                 admit(c, frontier)
     return _Region(values, nodes, boundary)
@@ -467,19 +478,24 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
     out: dict[int, Node] = {}
     seen: set[str] = set()
     frontier = list(_data_inputs(graph, down))
+    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per expert
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
             continue
         seen.add(value)
-        node = graph.producer(value)
+        node = producer(value)
         if node is None:
             continue
-        if _is_linear(graph, node):
-            if any(i in x_values for i in node.inputs):
-                out[node.index] = node
+        if node.op_type in _LINEAR_OPS:  # _is_linear
+            for i in node.inputs:
+                if i in x_values:
+                    out[node.index] = node
+                    break
             continue
-        frontier.extend(i for i in node.inputs if i and not graph.is_constant(i) and i not in graph.initializers)
+        for i in node.inputs:
+            if i and not is_constant(i) and i not in initializers:
+                frontier.append(i)
     return sorted(out.values(), key=lambda n: n.index)
 
 
@@ -503,6 +519,13 @@ def _gather_above(graph: Graph, value: str) -> Node | None:
 
 def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Dims of a stacked [E, ...] constant that `value` gathers experts from (Gather / GatherND, through views)."""
+    memo = memo_table(graph, "moe_gathered_stack")
+    if value not in memo:
+        memo[value] = _find_gathered_stack(graph, value)
+    return memo[value]
+
+
+def _find_gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     node = _gather_above(graph, value)
     if node is None:
         return None
@@ -826,9 +849,13 @@ def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -
 def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> ExpertForm:
     if any(e.stacked for e in routed):
         return ExpertForm.BATCHED
+    looked: set[str] = set()  # the experts of a dense loop all read the same x: it is looked at once
     for e in routed:
         for p in e.projections:
             for i in _data_inputs(graph, p):
+                if i in looked:
+                    continue
+                looked.add(i)
                 if _selected_rows(graph, i, region.values):
                     return ExpertForm.GATHER
     return ExpertForm.DENSE

@@ -73,9 +73,12 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
     inputs = graph.input_names
     norms = norm_by_output(graph)
     rotaries = rotary_by_output(graph)
+    start = graph.producer(value)
+    if start is not None and value not in norms and value not in rotaries and value not in inputs and \
+            linear_dims(graph, start) is not None and not graph.is_constant(value):
+        return Upstream([start], False)  # the value is a projection's output (the walk's first step ends there)
     found: dict[int, Node] = {}
     split = False
-    start = graph.producer(value)
     layer = start.layer if start is not None else None
     frontier, seen = [value], {value}
     while frontier:
