@@ -34,10 +34,12 @@ def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:
 def memo_table(graph: Graph, key: str) -> dict:
     """A per-graph table for memoising a pure function of the (read-only) graph and its arguments: the walks of
     every expert of every layer ask the same questions of the same values (a weight's dims, a constant's ints)."""
-    cache = graph.__dict__.setdefault("_pattern_cache", {})
-    table = cache.get(key)
+    tables = graph.__dict__.get("_pattern_memo")
+    if tables is None:
+        tables = graph.__dict__["_pattern_memo"] = {}
+    table = tables.get(key)
     if table is None:
-        table = cache[key] = {}
+        table = tables[key] = {}
     return table
 
 
@@ -182,7 +184,9 @@ def weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
     A Transpose on the way (torch exports Linear as MatMul(x, Transpose(W))) swaps the last two dims, so
     the result is the weight as the MatMul sees it.
     """
-    memo = memo_table(graph, "weight_dims")
+    memo = graph.__dict__.get("_weight_dims_memo")  # memo_table's, looked up without a call: asked most of all
+    if memo is None:
+        memo = graph.__dict__["_weight_dims_memo"] = {}
     found = memo.get(value, _UNSET)
     if found is _UNSET:
         found = memo[value] = _weight_dims(graph, value)

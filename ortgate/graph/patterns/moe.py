@@ -269,42 +269,45 @@ class _AuxValues:
     def __call__(self, value: str) -> bool:
         if not value:
             return True
-        if value in self.memo:
-            return self.memo[value]
+        memo = self.memo
+        if value in memo:
+            return memo[value]
+        is_constant, initializers, producer = self.graph.is_constant, self.graph.initializers, self.graph.producer
         stack = [value]
         while stack:
             v = stack[-1]
-            if v in self.memo:
+            if v in memo:
                 stack.pop()
                 continue
-            if self.graph.is_constant(v) or v in self.graph.initializers:
-                self.memo[v] = True
+            if is_constant(v) or v in initializers:
+                memo[v] = True
                 stack.pop()
                 continue
-            node = self.graph.producer(v)
+            node = producer(v)
             if node is None:
-                self.memo[v] = False
+                memo[v] = False
                 stack.pop()
                 continue
-            if node.op_type in _SHAPE_SOURCES and node.domain == DEFAULT_DOMAIN and node.op_type != "ConstantOfShape":
-                self.memo[v] = True
+            op_type = node.op_type
+            if op_type in _SHAPE_SOURCES and node.domain == DEFAULT_DOMAIN and op_type != "ConstantOfShape":
+                memo[v] = True
                 stack.pop()
                 continue
-            if node.op_type in _LINEAR_OPS or node.op_type in SELECTION_OPS:
-                self.memo[v] = False
+            if op_type in _LINEAR_OPS or op_type in SELECTION_OPS:
+                memo[v] = False
                 stack.pop()
                 continue
-            pending = [i for i in node.inputs if i and i not in self.memo]
+            pending = [i for i in node.inputs if i and i not in memo]
             if pending:
                 if len(stack) > 10_000:  # a pathological chain: not a shape computation
-                    self.memo[v] = False
+                    memo[v] = False
                     stack.pop()
                     continue
                 stack.extend(pending)
                 continue
-            self.memo[v] = all(self.memo[i] for i in node.inputs if i)
+            memo[v] = all(memo[i] for i in node.inputs if i)
             stack.pop()
-        return self.memo[value]
+        return memo[value]
 
 
 @dataclass
@@ -330,6 +333,7 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     # Why a boundary node is outside: the first input neither routing nor aux when it was looked at ("" when it is
     # outside for what it is). Values only join the region, so it stays outside until that input joins.
     outside: dict[int, str] = {}
+    known = aux.memo.get  # what aux already settled (a value it found False is asked again, and is False again)
 
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
@@ -341,7 +345,7 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
         for i in data:
-            if i and i not in values and not aux(i):
+            if i and i not in values and not (known(i) or aux(i)):
                 outside[c.index] = i
                 return False
         return True
@@ -443,9 +447,11 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
 
 def _down_above(graph: Graph, value: str) -> Node | None:
     """The linear whose output `value` is, through view ops and a bias Add."""
-    node = find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
+    node = graph.producer(value)
+    if node is not None and node.op_type in _LINEAR_OPS and node.domain in (DEFAULT_DOMAIN, MS_DOMAIN):
+        return node  # the walk's first step
+    return find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
                    lambda n: _view_or_bias_input(graph, n))
-    return node
 
 
 def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
@@ -513,19 +519,19 @@ def _data_inputs(graph: Graph, linear: Node) -> list[str]:
 
 def _gather_above(graph: Graph, value: str) -> Node | None:
     """The Gather / GatherND / GatherElements `value` is a view of (the nearest one), or None."""
+    memo = memo_table(graph, "moe_gather_above")
+    if value not in memo:
+        memo[value] = _find_gather_above(graph, value)
+    return memo[value]
+
+
+def _find_gather_above(graph: Graph, value: str) -> Node | None:
     return find_up(graph, value, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in _GATHER_OPS and len(n.inputs) > 1,
                    lambda n: data_input(n) if is_view(graph, n) else [])
 
 
 def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Dims of a stacked [E, ...] constant that `value` gathers experts from (Gather / GatherND, through views)."""
-    memo = memo_table(graph, "moe_gathered_stack")
-    if value not in memo:
-        memo[value] = _find_gathered_stack(graph, value)
-    return memo[value]
-
-
-def _find_gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     node = _gather_above(graph, value)
     if node is None:
         return None
@@ -565,6 +571,10 @@ def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> i
                 return index
         return None
 
+    first = graph.producer(weight)
+    index = column(first) if first is not None else None
+    if index is not None:
+        return index  # the walk's first step
     found = find_up(graph, weight, lambda n: column(n) is not None,
                     lambda n: [i for i in n.inputs[:1] if i in routing])
     return column(found) if found is not None else None

@@ -74,9 +74,9 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
     norms = norm_by_output(graph)
     rotaries = rotary_by_output(graph)
     start = graph.producer(value)
-    if start is not None and value not in norms and value not in rotaries and value not in inputs and \
-            linear_dims(graph, start) is not None and not graph.is_constant(value):
-        return Upstream([start], False)  # the value is a projection's output (the walk's first step ends there)
+    if _projection_output(graph, value, start, norms, rotaries, inputs):
+        assert start is not None
+        return Upstream([start], False)
     found: dict[int, Node] = {}
     split = False
     layer = start.layer if start is not None else None
@@ -116,6 +116,14 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
                 seen.add(n)
                 frontier.append(n)
     return Upstream(sorted(found.values(), key=lambda n: n.index), split)
+
+
+def _projection_output(graph: Graph, value: str, start: Node | None, norms: dict, rotaries: dict,
+                       inputs: frozenset[str]) -> bool:
+    """Whether `value` is a linear projection's output (`start`, its producer), where `trace_to_projections`' walk
+    ends at its first step: the usual case, decided without the walk."""
+    return start is not None and value not in norms and value not in rotaries and value not in inputs and \
+        linear_dims(graph, start) is not None and not graph.is_constant(value)
 
 
 def _source(graph: Graph, node: Node) -> str:
@@ -225,6 +233,15 @@ def _silu_gates(graph: Graph) -> list[tuple[str, Node, list[Node], bool]]:
 
 def _find_gated(graph: Graph) -> list[GatedMlp]:
     out = []
+    norms, rotaries, inputs, producer = norm_by_output(graph), rotary_by_output(graph), graph.input_names, graph.producer
+
+    def one(value: str) -> Node | None:
+        """`_one`, with the tables its walk reads looked up once (a MoE graph has a gated MLP per expert)."""
+        start = producer(value) if value else None
+        if _projection_output(graph, value, start, norms, rotaries, inputs):
+            return start
+        return _one(graph, value)
+
     for gate_value, silu, act_nodes, fused in _silu_gates(graph):
         for product in graph.consumers(silu.outputs[0]):
             if not is_op(product, "Mul"):
@@ -232,8 +249,8 @@ def _find_gated(graph: Graph) -> list[GatedMlp]:
             up_value = product.input(1) if product.input(0) == silu.outputs[0] else product.input(0)
             if not up_value or up_value == gate_value or graph.is_constant(up_value):
                 continue
-            gate = _one(graph, gate_value)
-            up = _one(graph, up_value)
+            gate = one(gate_value)
+            up = one(up_value)
             layer = graph.layer_of_nodes([product, *act_nodes])
             out.append(GatedMlp(product, act_nodes, fused, gate, up, layer))
     out.sort(key=lambda m: m.product.index)
