@@ -81,19 +81,19 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
     split = False
     layer = start.layer if start is not None else None
     frontier, seen = [value], {value}
+    producer_of, is_constant = graph.producer, graph.is_constant
     while frontier:
         v = frontier.pop()
-        if not v or v in inputs or graph.is_constant(v):
+        if not v or v in inputs or is_constant(v):
             continue
-        producer = graph.producer(v)
-        if layer is not None and producer is not None and producer.layer is not None and producer.layer != layer:
+        node = producer_of(v)
+        if layer is not None and node is not None and node.layer is not None and node.layer != layer:
             continue
         if v in norms:
             nxt = [norms[v].input]
         elif v in rotaries:
             nxt = [rotaries[v].input]
         else:
-            node = graph.producer(v)
             if node is None:
                 continue
             if linear_dims(graph, node) is not None:
@@ -106,7 +106,7 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
                 split = split or node.op_type in ("Split", "Slice", "Gather")
                 nxt = list(node.inputs[:1])
             elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_ALL:
-                nxt = [i for i in node.inputs if i and not graph.is_constant(i) and i not in inputs]
+                nxt = [i for i in node.inputs if i and not is_constant(i) and i not in inputs]
                 if node.op_type == "Where":
                     nxt = nxt[1:]
             else:
