@@ -101,7 +101,11 @@ def skip_back(graph: Graph, value: str, through: Iterable[str] | None = None) ->
 
 
 def producer_through(graph: Graph, value: str, through: Iterable[str] | None = None) -> Node | None:
-    return graph.producer(skip_back(graph, value, through))
+    """The producer of `skip_back(graph, value, through)`."""
+    node = graph.producer(value)
+    if node is None or not is_view(graph, node, None, None if through is None else frozenset(through)):
+        return node  # no view in between: the producer already looked up is the one
+    return graph.producer(view_chain(graph, value, through)[-1])
 
 
 def views_of(graph: Graph, value: str, through: Iterable[str] | None = None) -> set[str]:
@@ -190,7 +194,7 @@ def weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
     found = memo.get(value, _UNSET)
     if found is _UNSET:
         found = memo[value] = _weight_dims(graph, value)
-    return found  # type: ignore[return-value]
+    return found
 
 
 _UNSET = object()

@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, dequantized_output, memo_table, skip_back, view_chain
+from ortgate.graph.patterns.common import (
+    cached,
+    dequantized_output,
+    memo_table,
+    producer_through,
+    skip_back,
+    view_chain,
+)
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
 from ortgate.knowledge.moe_op import moe_op_facts
 
@@ -306,7 +313,7 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     if not experts:
         raise _Refuse("the router's expert count is unknown")
     ranked = topk.input(0)
-    scorer = graph.producer(_through_views(graph, ranked, _CAST_VIEWS))
+    scorer = producer_through(graph, ranked, _CAST_VIEWS)
     values = topk.outputs[0]
     if scorer is not None and scorer.op_type == "Softmax" and scorer.domain == DEFAULT_DOMAIN:
         if not _last_axis(graph, scorer.input(0), scorer.attr("axis", -1)):
@@ -540,7 +547,6 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     experts: dict[int, ExpertAnatomy] = {}
     expert_inputs: set[str] = set()
     activations: set[tuple[str, tuple]] = set()
-    combine_nodes: set[int] = set()
     if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
         if a.block.expert_form is not ExpertForm.BATCHED:
             raise _Refuse(f"one weighted output for all experts, but the experts were found {a.block.expert_form.words}")
@@ -556,7 +562,6 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
         experts[index] = expert
         expert_inputs.add(x_e)
         activations.add(activation)
-        combine_nodes.update(n.index for n in graph.consumers(mul.outputs[0]))
     count = a.num_experts or 0
     if sorted(experts) != list(range(count)):
         raise _Refuse(f"{len(experts)} expert outputs for a router of width {count} (expert count differs from the "
@@ -688,14 +693,14 @@ def _down_projection(graph: Graph, value: str) -> Node | None:
 
 def _linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     """The MatMul/Gemm producing `value` (through pass-through ops), and the constant bias added after it, if any."""
-    node = graph.producer(_through_views(graph, value))
+    node = producer_through(graph, value, _VIEW_OPS)
     bias = None
     if node is not None and node.op_type == "Add" and node.domain == DEFAULT_DOMAIN and len(node.inputs) == 2:
         consts = [i for i in node.inputs if graph.is_constant(i) or _stack_row(graph, i)]
         others = [i for i in node.inputs if i not in consts]
         if len(consts) == 1 and len(others) == 1:
             bias = consts[0]
-            node = graph.producer(_through_views(graph, others[0]))
+            node = producer_through(graph, others[0], _VIEW_OPS)
     if node is not None and node.domain == DEFAULT_DOMAIN and node.op_type in ("MatMul", "Gemm"):
         return node, bias
     return None, None
@@ -767,6 +772,14 @@ def _on_expert_axis(graph: Graph, value: str, axis: int | None) -> bool:
     Transpose; for any other routing tensor, its last axis."""
     if axis is None:
         return False
+    memo = memo_table(graph, "moe_expert_axis")  # every expert of a layer asks it of the same routing tensor
+    key = (value, axis)
+    if key not in memo:
+        memo[key] = _is_expert_axis(graph, value, axis)
+    return memo[key]
+
+
+def _is_expert_axis(graph: Graph, value: str, axis: int) -> bool:
     found = _expert_axis(graph, value)
     if found is None:
         return _last_axis(graph, value, axis)
@@ -805,7 +818,7 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     assert down is not None
     down_view, h = _linear_view(graph, down, pick)
     down_view = _with_bias(graph, down_view, down_bias, pick)
-    h_node = graph.producer(_through_views(graph, h, _ACTIVATION_VIEWS))
+    h_node = producer_through(graph, h, _ACTIVATION_VIEWS)
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
     gated = _gated(graph, h_node)
@@ -904,7 +917,7 @@ def _gelu_input(graph: Graph, value: str) -> str | None:
 
 def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
     """(activation, its input) of a non-gated expert: down(act(fc1 x))."""
-    node = graph.producer(_through_views(graph, value, _ACTIVATION_VIEWS))
+    node = producer_through(graph, value, _ACTIVATION_VIEWS)
     if node is None:
         raise _Refuse("the expert's activation reads a graph input")
     silu = _silu_input(graph, node.outputs[0])
@@ -1088,7 +1101,7 @@ def _common_hidden(graph: Graph, inputs: set[str]) -> tuple[str, str] | None:
 def _gathered_rows_of(graph: Graph, value: str) -> str | None:
     """x for rows of x gathered by token index (through reshapes): Gather(x, rows, axis=0), or torch's
     x[None, rows] = Gather(Unsqueeze(x, 0), rows, axis=1) that the legacy exporter writes."""
-    node = graph.producer(_through_views(graph, value, _ROW_VIEWS))
+    node = producer_through(graph, value, _ROW_VIEWS)
     if node is None or node.op_type != "Gather" or node.domain != DEFAULT_DOMAIN:
         return None
     axis = node.attr("axis", 0)
