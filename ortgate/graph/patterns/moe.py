@@ -701,10 +701,11 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     values = set(starts)
     frontier = list(starts)
     last: Node | None = None
+    consumers = graph.consumers
     while frontier:
         value = frontier.pop()
-        for c in graph.consumers(value):
-            if not is_view(graph, c, value) and (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS):
+        for c in consumers(value):
+            if (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
                 continue
             others = [i for i in c.inputs if i and i != value]
             if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
