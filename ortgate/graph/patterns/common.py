@@ -31,6 +31,18 @@ def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:
     return cache[key]
 
 
+def memo_table(graph: Graph, key: str) -> dict:
+    """A per-graph table for memoising a pure function of the (read-only) graph and its arguments: the walks of
+    every expert of every layer ask the same questions of the same values (a weight's dims, a constant's ints)."""
+    tables = graph.__dict__.get("_pattern_memo")
+    if tables is None:
+        tables = graph.__dict__["_pattern_memo"] = {}
+    table = tables.get(key)
+    if table is None:
+        table = tables[key] = {}
+    return table
+
+
 def is_op(node: Node | None, *op_types: str, domain: str = DEFAULT_DOMAIN) -> TypeGuard[Node]:
     return node is not None and node.domain == domain and node.op_type in op_types
 
@@ -82,11 +94,18 @@ def view_chain(graph: Graph, value: str, through: Iterable[str] | None = None) -
 
 def skip_back(graph: Graph, value: str, through: Iterable[str] | None = None) -> str:
     """Follow `value` upstream through view ops; returns the first value not produced by one."""
+    node = graph.producer(value)
+    if node is None or not is_view(graph, node, None, None if through is None else frozenset(through)):
+        return value  # the usual case: no view in between, nothing to collect
     return view_chain(graph, value, through)[-1]
 
 
 def producer_through(graph: Graph, value: str, through: Iterable[str] | None = None) -> Node | None:
-    return graph.producer(skip_back(graph, value, through))
+    """The producer of `skip_back(graph, value, through)`."""
+    node = graph.producer(value)
+    if node is None or not is_view(graph, node, None, None if through is None else frozenset(through)):
+        return node  # no view in between: the producer already looked up is the one
+    return graph.producer(view_chain(graph, value, through)[-1])
 
 
 def views_of(graph: Graph, value: str, through: Iterable[str] | None = None) -> set[str]:
@@ -169,6 +188,19 @@ def weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
     A Transpose on the way (torch exports Linear as MatMul(x, Transpose(W))) swaps the last two dims, so
     the result is the weight as the MatMul sees it.
     """
+    memo = graph.__dict__.get("_weight_dims_memo")  # memo_table's, looked up without a call: asked most of all
+    if memo is None:
+        memo = graph.__dict__["_weight_dims_memo"] = {}
+    found = memo.get(value, _UNSET)
+    if found is _UNSET:
+        found = memo[value] = _weight_dims(graph, value)
+    return found
+
+
+_UNSET = object()
+
+
+def _weight_dims(graph: Graph, value: str) -> tuple[int, ...] | None:
     transposed = False
     seen: set[str] = set()
     while value not in seen:

@@ -43,6 +43,7 @@ from ortgate.graph.patterns.common import (
     find_up,
     is_view,
     matmul_weight,
+    memo_table,
     producer_through,
     quantized_weight,
     skip_back,
@@ -268,42 +269,45 @@ class _AuxValues:
     def __call__(self, value: str) -> bool:
         if not value:
             return True
-        if value in self.memo:
-            return self.memo[value]
+        memo = self.memo
+        if value in memo:
+            return memo[value]
+        is_constant, initializers, producer = self.graph.is_constant, self.graph.initializers, self.graph.producer
         stack = [value]
         while stack:
             v = stack[-1]
-            if v in self.memo:
+            if v in memo:
                 stack.pop()
                 continue
-            if self.graph.is_constant(v) or v in self.graph.initializers:
-                self.memo[v] = True
+            if is_constant(v) or v in initializers:
+                memo[v] = True
                 stack.pop()
                 continue
-            node = self.graph.producer(v)
+            node = producer(v)
             if node is None:
-                self.memo[v] = False
+                memo[v] = False
                 stack.pop()
                 continue
-            if node.op_type in _SHAPE_SOURCES and node.domain == DEFAULT_DOMAIN and node.op_type != "ConstantOfShape":
-                self.memo[v] = True
+            op_type = node.op_type
+            if op_type in _SHAPE_SOURCES and node.domain == DEFAULT_DOMAIN and op_type != "ConstantOfShape":
+                memo[v] = True
                 stack.pop()
                 continue
-            if node.op_type in _LINEAR_OPS or node.op_type in SELECTION_OPS:
-                self.memo[v] = False
+            if op_type in _LINEAR_OPS or op_type in SELECTION_OPS:
+                memo[v] = False
                 stack.pop()
                 continue
-            pending = [i for i in node.inputs if i and i not in self.memo]
+            pending = [i for i in node.inputs if i and i not in memo]
             if pending:
                 if len(stack) > 10_000:  # a pathological chain: not a shape computation
-                    self.memo[v] = False
+                    memo[v] = False
                     stack.pop()
                     continue
                 stack.extend(pending)
                 continue
-            self.memo[v] = all(self.memo[i] for i in node.inputs if i)
+            memo[v] = all(memo[i] for i in node.inputs if i)
             stack.pop()
-        return self.memo[value]
+        return memo[value]
 
 
 @dataclass
@@ -326,14 +330,25 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
                 values.add(o)
                 frontier.append(o)
 
+    # Why a boundary node is outside: the first input neither routing nor aux when it was looked at ("" when it is
+    # outside for what it is). Values only join the region, so it stays outside until that input joins.
+    outside: dict[int, str] = {}
+    known = aux.memo.get  # what aux already settled (a value it found False is asked again, and is False again)
+
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
+            outside[c.index] = ""
             return False  # its output is a shape (aux), not routing
-        if matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None or c.op_type in (
-                "MoE", "QMoE") or c.graph is not None:
+        if (c.op_type in _LINEAR_OPS and (matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)
+                ) or c.op_type in ("MoE", "QMoE") or c.graph is not None:
+            outside[c.index] = ""
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
-        return all(i in values or aux(i) for i in data if i)
+        for i in data:
+            if i and i not in values and not (known(i) or aux(i)):
+                outside[c.index] = i
+                return False
+        return True
 
     frontier = list(start)
     while frontier:
@@ -349,7 +364,7 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
                     boundary[c.index] = c
         # A node met before its other routing input was known (Concat of two routing branches) joins the region.
         for index, c in list(boundary.items()):
-            if inside(c):
+            if outside[index] in values and inside(c):
                 del boundary[index]
                 admit(c, frontier)
     return _Region(values, nodes, boundary)
@@ -432,9 +447,11 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
 
 def _down_above(graph: Graph, value: str) -> Node | None:
     """The linear whose output `value` is, through view ops and a bias Add."""
-    node = find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
+    node = graph.producer(value)
+    if node is not None and node.op_type in _LINEAR_OPS and node.domain in (DEFAULT_DOMAIN, MS_DOMAIN):
+        return node  # the walk's first step
+    return find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
                    lambda n: _view_or_bias_input(graph, n))
-    return node
 
 
 def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
@@ -467,19 +484,24 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
     out: dict[int, Node] = {}
     seen: set[str] = set()
     frontier = list(_data_inputs(graph, down))
+    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per expert
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
             continue
         seen.add(value)
-        node = graph.producer(value)
+        node = producer(value)
         if node is None:
             continue
-        if _is_linear(graph, node):
-            if any(i in x_values for i in node.inputs):
-                out[node.index] = node
+        if node.op_type in _LINEAR_OPS:  # _is_linear
+            for i in node.inputs:
+                if i in x_values:
+                    out[node.index] = node
+                    break
             continue
-        frontier.extend(i for i in node.inputs if i and not graph.is_constant(i) and i not in graph.initializers)
+        for i in node.inputs:
+            if i and not is_constant(i) and i not in initializers:
+                frontier.append(i)
     return sorted(out.values(), key=lambda n: n.index)
 
 
@@ -497,6 +519,13 @@ def _data_inputs(graph: Graph, linear: Node) -> list[str]:
 
 def _gather_above(graph: Graph, value: str) -> Node | None:
     """The Gather / GatherND / GatherElements `value` is a view of (the nearest one), or None."""
+    memo = memo_table(graph, "moe_gather_above")
+    if value not in memo:
+        memo[value] = _find_gather_above(graph, value)
+    return memo[value]
+
+
+def _find_gather_above(graph: Graph, value: str) -> Node | None:
     return find_up(graph, value, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in _GATHER_OPS and len(n.inputs) > 1,
                    lambda n: data_input(n) if is_view(graph, n) else [])
 
@@ -542,6 +571,10 @@ def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> i
                 return index
         return None
 
+    first = graph.producer(weight)
+    index = column(first) if first is not None else None
+    if index is not None:
+        return index  # the walk's first step
     found = find_up(graph, weight, lambda n: column(n) is not None,
                     lambda n: [i for i in n.inputs[:1] if i in routing])
     return column(found) if found is not None else None
@@ -668,10 +701,11 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     values = set(starts)
     frontier = list(starts)
     last: Node | None = None
+    consumers = graph.consumers
     while frontier:
         value = frontier.pop()
-        for c in graph.consumers(value):
-            if not is_view(graph, c, value) and (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS):
+        for c in consumers(value):
+            if (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
                 continue
             others = [i for i in c.inputs if i and i != value]
             if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
@@ -826,9 +860,13 @@ def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -
 def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> ExpertForm:
     if any(e.stacked for e in routed):
         return ExpertForm.BATCHED
+    looked: set[str] = set()  # the experts of a dense loop all read the same x: it is looked at once
     for e in routed:
         for p in e.projections:
             for i in _data_inputs(graph, p):
+                if i in looked:
+                    continue
+                looked.add(i)
                 if _selected_rows(graph, i, region.values):
                     return ExpertForm.GATHER
     return ExpertForm.DENSE

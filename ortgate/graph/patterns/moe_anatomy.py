@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, dequantized_output, skip_back, view_chain
+from ortgate.graph.patterns.common import (
+    cached,
+    dequantized_output,
+    memo_table,
+    producer_through,
+    skip_back,
+    view_chain,
+)
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
 from ortgate.knowledge.moe_op import moe_op_facts
 
@@ -23,6 +30,11 @@ from ortgate.knowledge.moe_op import moe_op_facts
 _VIEW_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand"})
 _CONSTANT_VIEWS = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze"})
 _COMBINE_OPS = frozenset({"Add", "ScatterND", "ScatterElements"})
+# Views looked through before one particular op: a scorer, an activation, a projection, gathered rows.
+_CAST_VIEWS = frozenset({"Cast", "Identity"})
+_ACTIVATION_VIEWS = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze"})
+_PROJECTION_VIEWS = frozenset({"Cast", "Identity", "Squeeze"})
+_ROW_VIEWS = frozenset({"Reshape", "Squeeze", "Cast", "Identity"})
 
 
 @dataclass(frozen=True)
@@ -184,19 +196,31 @@ def sparse_mixer_refusal(a: MoeAnatomy) -> str:
 
 def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Integer values of a small constant (initializer or Constant node, through Cast/Identity), else None."""
+    memo = memo_table(graph, "const_ints")
+    if value in memo:
+        return memo[value]
+    found = None
     for v in view_chain(graph, value, _CONSTANT_VIEWS):
         values = graph.constant_value(v)
         if values is not None:
-            return tuple(int(x) for x in values) if all(isinstance(x, (int, float)) for x in values) else None
-    return None
+            found = tuple(int(x) for x in values) if all(isinstance(x, (int, float)) for x in values) else None
+            break
+    memo[value] = found
+    return found
 
 
 def const_floats(graph: Graph, value: str) -> tuple[float, ...] | None:
+    memo = memo_table(graph, "const_floats")
+    if value in memo:
+        return memo[value]
+    found = None
     for v in view_chain(graph, value, _CONSTANT_VIEWS):
         values = graph.constant_value(v)
         if values is not None:
-            return tuple(float(x) for x in values)
-    return None
+            found = tuple(float(x) for x in values)
+            break
+    memo[value] = found
+    return found
 
 
 def _through_views(graph: Graph, value: str, ops=_VIEW_OPS) -> str:
@@ -289,7 +313,7 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     if not experts:
         raise _Refuse("the router's expert count is unknown")
     ranked = topk.input(0)
-    scorer = graph.producer(_through_views(graph, ranked, {"Cast", "Identity"}))
+    scorer = producer_through(graph, ranked, _CAST_VIEWS)
     values = topk.outputs[0]
     if scorer is not None and scorer.op_type == "Softmax" and scorer.domain == DEFAULT_DOMAIN:
         if not _last_axis(graph, scorer.input(0), scorer.attr("axis", -1)):
@@ -333,7 +357,7 @@ def _read_sparsemixer(graph: Graph, a: MoeAnatomy) -> None:
     picks = sorted((n for n in block.selection if n.op_type == "ArgMax"), key=lambda n: n.index)
     if len(picks) != 2 or len(block.selection) != 2:
         raise _Refuse(f"a max-based router with {len(block.selection)} selections: sparsemixer routing picks exactly 2")
-    logits = _through_views(graph, picks[0].input(0), {"Cast", "Identity"})
+    logits = _through_views(graph, picks[0].input(0), _CAST_VIEWS)
     if not _is_router_output(graph, logits, block):
         raise _Refuse("the sparsemixer's first pick does not read the router logits")
     weights, bands = [], []
@@ -371,7 +395,7 @@ def _first_pick_masked(graph: Graph, scores: str, logits: str, first: Node) -> b
     node = graph.producer(scores)
     if node is None or node.op_type != "ScatterElements" or node.attr("reduction", "none") != "none":
         return False
-    if _through_views(graph, node.input(0), {"Cast", "Identity"}) != logits or node.input(1) != first.outputs[0]:
+    if _through_views(graph, node.input(0), _CAST_VIEWS) != logits or node.input(1) != first.outputs[0]:
         return False
     return _fill_value(graph, node.input(2)) == float("-inf")
 
@@ -407,7 +431,7 @@ def _sparsemixer_band(graph: Graph, masked: str, scores: str, logits: str) -> fl
         raise _Refuse("the sparsemixer's band is not relative ((max - s) / max(|s|, max))")
     top = graph.producer(sub.input(0))
     if top is None or top.op_type != "ReduceMax" or top.input(0) != scores or \
-            _through_views(graph, sub.input(1), {"Cast", "Identity"}) != logits:
+            _through_views(graph, sub.input(1), _CAST_VIEWS) != logits:
         raise _Refuse("the sparsemixer's band is not measured from the pick's maximum")
     absolute = [graph.producer(i) for i in factor.inputs if i]
     if not any(n is not None and n.op_type == "Abs" and n.input(0) == logits for n in absolute) or \
@@ -523,7 +547,6 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     experts: dict[int, ExpertAnatomy] = {}
     expert_inputs: set[str] = set()
     activations: set[tuple[str, tuple]] = set()
-    combine_nodes: set[int] = set()
     if len(contributions) == 1 and _expert_index(graph, contributions[0][2], routing_values) is None:
         if a.block.expert_form is not ExpertForm.BATCHED:
             raise _Refuse(f"one weighted output for all experts, but the experts were found {a.block.expert_form.words}")
@@ -539,7 +562,6 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
         experts[index] = expert
         expert_inputs.add(x_e)
         activations.add(activation)
-        combine_nodes.update(n.index for n in graph.consumers(mul.outputs[0]))
     count = a.num_experts or 0
     if sorted(experts) != list(range(count)):
         raise _Refuse(f"{len(experts)} expert outputs for a router of width {count} (expert count differs from the "
@@ -671,14 +693,14 @@ def _down_projection(graph: Graph, value: str) -> Node | None:
 
 def _linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     """The MatMul/Gemm producing `value` (through pass-through ops), and the constant bias added after it, if any."""
-    node = graph.producer(_through_views(graph, value))
+    node = producer_through(graph, value, _VIEW_OPS)
     bias = None
     if node is not None and node.op_type == "Add" and node.domain == DEFAULT_DOMAIN and len(node.inputs) == 2:
         consts = [i for i in node.inputs if graph.is_constant(i) or _stack_row(graph, i)]
         others = [i for i in node.inputs if i not in consts]
         if len(consts) == 1 and len(others) == 1:
             bias = consts[0]
-            node = graph.producer(_through_views(graph, others[0]))
+            node = producer_through(graph, others[0], _VIEW_OPS)
     if node is not None and node.domain == DEFAULT_DOMAIN and node.op_type in ("MatMul", "Gemm"):
         return node, bias
     return None, None
@@ -750,6 +772,14 @@ def _on_expert_axis(graph: Graph, value: str, axis: int | None) -> bool:
     Transpose; for any other routing tensor, its last axis."""
     if axis is None:
         return False
+    memo = memo_table(graph, "moe_expert_axis")  # every expert of a layer asks it of the same routing tensor
+    key = (value, axis)
+    if key not in memo:
+        memo[key] = _is_expert_axis(graph, value, axis)
+    return memo[key]
+
+
+def _is_expert_axis(graph: Graph, value: str, axis: int) -> bool:
     found = _expert_axis(graph, value)
     if found is None:
         return _last_axis(graph, value, axis)
@@ -788,7 +818,7 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     assert down is not None
     down_view, h = _linear_view(graph, down, pick)
     down_view = _with_bias(graph, down_view, down_bias, pick)
-    h_node = graph.producer(_through_views(graph, h, {"Cast", "Identity", "Unsqueeze", "Squeeze"}))
+    h_node = producer_through(graph, h, _ACTIVATION_VIEWS)
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
     gated = _gated(graph, h_node)
@@ -887,7 +917,7 @@ def _gelu_input(graph: Graph, value: str) -> str | None:
 
 def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
     """(activation, its input) of a non-gated expert: down(act(fc1 x))."""
-    node = graph.producer(_through_views(graph, value, {"Cast", "Identity", "Unsqueeze", "Squeeze"}))
+    node = producer_through(graph, value, _ACTIVATION_VIEWS)
     if node is None:
         raise _Refuse("the expert's activation reads a graph input")
     silu = _silu_input(graph, node.outputs[0])
@@ -905,7 +935,7 @@ def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
 def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple[WeightView, str]:
     """The weight view behind `value` (a linear's output, or one part of a merged linear's Split/Slice) and the
     value that linear reads."""
-    value = _through_views(graph, value, {"Cast", "Identity", "Squeeze"})
+    value = _through_views(graph, value, _PROJECTION_VIEWS)
     node = graph.producer(value)
     if node is None:
         raise _Refuse("an expert projection reads a graph input")
@@ -1071,7 +1101,7 @@ def _common_hidden(graph: Graph, inputs: set[str]) -> tuple[str, str] | None:
 def _gathered_rows_of(graph: Graph, value: str) -> str | None:
     """x for rows of x gathered by token index (through reshapes): Gather(x, rows, axis=0), or torch's
     x[None, rows] = Gather(Unsqueeze(x, 0), rows, axis=1) that the legacy exporter writes."""
-    node = graph.producer(_through_views(graph, value, {"Reshape", "Squeeze", "Cast", "Identity"}))
+    node = producer_through(graph, value, _ROW_VIEWS)
     if node is None or node.op_type != "Gather" or node.domain != DEFAULT_DOMAIN:
         return None
     axis = node.attr("axis", 0)
@@ -1152,12 +1182,32 @@ def _check_shapes(graph: Graph, a: MoeAnatomy) -> None:
     down_out, down_in = view_shape(graph, first.down)
     if down_in != inter or down_out != hidden:
         raise _Refuse(f"expert 0's down projection is [{down_out}, {down_in}], not [{hidden}, {inter}]")
+    hidden_dtype = graph.dtype(a.hidden)
+    # What an expert's check reads of each view: its initializer's dims and dtype, whether it is a slice of a stack,
+    # its orientation and rows. Experts alike in these (all of a layer, as a rule) share one verdict.
+    verdicts: dict[tuple, str | None] = {}
+    initializers = graph.initializers
     for e in a.experts:
-        shapes = [view_shape(graph, e.up), view_shape(graph, e.down)] + ([view_shape(graph, e.gate)] if e.gate else [])
-        expected = [(inter, hidden), (hidden, inter)] + ([(inter, hidden)] if e.gate else [])
-        if shapes != expected:
-            raise _Refuse(f"expert {e.index}'s projections differ in shape from expert 0's")
-        dtypes = {graph.initializers[v.initializer].dtype for v in (e.up, e.down, e.gate) if v is not None}
-        if len(dtypes) != 1 or dtypes != {graph.dtype(a.hidden) or next(iter(dtypes))}:
-            raise _Refuse("expert weights and hidden state differ in dtype")
+        views = (e.up, e.down, e.gate)
+        key = tuple(None if v is None else (initializers[v.initializer].dims, initializers[v.initializer].dtype,
+                                            v.index is None, v.transposed, v.rows) for v in views)
+        if key not in verdicts:
+            verdicts[key] = _expert_shape_problem(graph, e, inter, hidden, hidden_dtype)
+        problem = verdicts[key]
+        if problem is not None:
+            raise _Refuse(problem.format(index=e.index))
     a.hidden_size, a.intermediate_size = hidden, inter
+
+
+def _expert_shape_problem(graph: Graph, e: ExpertAnatomy, inter: int, hidden: int, hidden_dtype: str | None
+                          ) -> str | None:
+    """Why expert `e` does not match expert 0's [inter, hidden] projections and the hidden state's dtype (a
+    template with {index}), or None."""
+    shapes = [view_shape(graph, e.up), view_shape(graph, e.down)] + ([view_shape(graph, e.gate)] if e.gate else [])
+    expected = [(inter, hidden), (hidden, inter)] + ([(inter, hidden)] if e.gate else [])
+    if shapes != expected:
+        return "expert {index}'s projections differ in shape from expert 0's"
+    dtypes = {graph.initializers[v.initializer].dtype for v in (e.up, e.down, e.gate) if v is not None}
+    if len(dtypes) != 1 or dtypes != {hidden_dtype or next(iter(dtypes))}:
+        return "expert weights and hidden state differ in dtype"
+    return None

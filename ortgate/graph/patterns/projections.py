@@ -73,24 +73,27 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
     inputs = graph.input_names
     norms = norm_by_output(graph)
     rotaries = rotary_by_output(graph)
+    start = graph.producer(value)
+    if _projection_output(graph, value, start, norms, rotaries, inputs):
+        assert start is not None
+        return Upstream([start], False)
     found: dict[int, Node] = {}
     split = False
-    start = graph.producer(value)
     layer = start.layer if start is not None else None
     frontier, seen = [value], {value}
+    producer_of, is_constant = graph.producer, graph.is_constant
     while frontier:
         v = frontier.pop()
-        if not v or v in inputs or graph.is_constant(v):
+        if not v or v in inputs or is_constant(v):
             continue
-        producer = graph.producer(v)
-        if layer is not None and producer is not None and producer.layer is not None and producer.layer != layer:
+        node = producer_of(v)
+        if layer is not None and node is not None and node.layer is not None and node.layer != layer:
             continue
         if v in norms:
             nxt = [norms[v].input]
         elif v in rotaries:
             nxt = [rotaries[v].input]
         else:
-            node = graph.producer(v)
             if node is None:
                 continue
             if linear_dims(graph, node) is not None:
@@ -103,7 +106,7 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
                 split = split or node.op_type in ("Split", "Slice", "Gather")
                 nxt = list(node.inputs[:1])
             elif node.domain == DEFAULT_DOMAIN and node.op_type in _PASS_ALL:
-                nxt = [i for i in node.inputs if i and not graph.is_constant(i) and i not in inputs]
+                nxt = [i for i in node.inputs if i and not is_constant(i) and i not in inputs]
                 if node.op_type == "Where":
                     nxt = nxt[1:]
             else:
@@ -113,6 +116,14 @@ def trace_to_projections(graph: Graph, value: str) -> Upstream:
                 seen.add(n)
                 frontier.append(n)
     return Upstream(sorted(found.values(), key=lambda n: n.index), split)
+
+
+def _projection_output(graph: Graph, value: str, start: Node | None, norms: dict, rotaries: dict,
+                       inputs: frozenset[str]) -> bool:
+    """Whether `value` is a linear projection's output (`start`, its producer), where `trace_to_projections`' walk
+    ends at its first step: the usual case, decided without the walk."""
+    return start is not None and value not in norms and value not in rotaries and value not in inputs and \
+        linear_dims(graph, start) is not None and not graph.is_constant(value)
 
 
 def _source(graph: Graph, node: Node) -> str:
@@ -222,6 +233,15 @@ def _silu_gates(graph: Graph) -> list[tuple[str, Node, list[Node], bool]]:
 
 def _find_gated(graph: Graph) -> list[GatedMlp]:
     out = []
+    norms, rotaries, inputs, producer = norm_by_output(graph), rotary_by_output(graph), graph.input_names, graph.producer
+
+    def one(value: str) -> Node | None:
+        """`_one`, with the tables its walk reads looked up once (a MoE graph has a gated MLP per expert)."""
+        start = producer(value) if value else None
+        if _projection_output(graph, value, start, norms, rotaries, inputs):
+            return start
+        return _one(graph, value)
+
     for gate_value, silu, act_nodes, fused in _silu_gates(graph):
         for product in graph.consumers(silu.outputs[0]):
             if not is_op(product, "Mul"):
@@ -229,9 +249,10 @@ def _find_gated(graph: Graph) -> list[GatedMlp]:
             up_value = product.input(1) if product.input(0) == silu.outputs[0] else product.input(0)
             if not up_value or up_value == gate_value or graph.is_constant(up_value):
                 continue
-            gate = _one(graph, gate_value)
-            up = _one(graph, up_value)
-            layer = graph.layer_of_nodes([product, *act_nodes])
+            gate = one(gate_value)
+            up = one(up_value)
+            layers = {n.layer for n in (product, *act_nodes)}
+            layer = next(iter(layers)) if len(layers) == 1 else graph.layer_of_nodes([product, *act_nodes])
             out.append(GatedMlp(product, act_nodes, fused, gate, up, layer))
     out.sort(key=lambda m: m.product.index)
     return out

@@ -1,0 +1,70 @@
+"""What reading an expert loop computes: a check that is the same for every expert of a layer is made once per
+distinct weight signature, a value every expert reads is looked at once, and an expert unlike the others is still
+named by its own index."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from ortgate.graph import build_graph
+from ortgate.graph.patterns import moe, moe_anatomy
+
+
+def _graph(path, edit=None):
+    model = onnx.load(str(path), load_external_data=False)
+    if edit is not None:
+        edit(model)
+    return build_graph(model, str(path))
+
+
+def _counting(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def test_expert_shapes_are_checked_once_per_distinct_weight_signature(make_model, monkeypatch):
+    """Every expert of a layer has weights of the same dims and dtype: the shape check sizes expert 0's views and
+    one expert's of that signature, not every expert's (it used to size 3 views of each of the E experts)."""
+    graph = _graph(make_model(moe="dense_loop", gate_up="separate", experts=16, layers=2))
+    sized = _counting(monkeypatch, moe_anatomy, "view_shape")
+    anatomies = moe_anatomy.moe_anatomies(graph)
+    assert [a.refusal for a in anatomies] == [None, None] and [len(a.experts) for a in anatomies] == [16, 16]
+    assert len(sized) <= 2 * (2 + 3), len(sized)
+
+
+def _initializer(model: onnx.ModelProto, *parts: str) -> onnx.TensorProto:
+    found = [t for t in model.graph.initializer if all(p in t.name for p in parts)]
+    assert len(found) == 1, [t.name for t in found]
+    return found[0]
+
+
+@pytest.mark.parametrize(("edit", "refusal"), [
+    (lambda t: (t.ClearField("dims"), t.dims.extend([64, 16]), setattr(t, "raw_data", bytes(64 * 16 * 4))),
+     "expert 5's projections differ in shape from expert 0's"),
+    (lambda t: setattr(t, "data_type", onnx.TensorProto.FLOAT16), "expert weights and hidden state differ in dtype"),
+])
+def test_an_expert_unlike_the_others_is_refused_by_its_own_index(make_model, edit, refusal):
+    """The verdict shared by experts alike is keyed by what the check reads (dims, dtype, orientation, rows): an
+    expert whose weight differs gets its own verdict, and the refusal names it."""
+    path = make_model(moe="dense_loop", gate_up="separate", experts=8, layers=1)
+    graph = _graph(path, lambda m: edit(_initializer(m, "layers.0", "experts.5", "up_proj")))
+    (anatomy,) = moe_anatomy.moe_anatomies(graph)
+    assert anatomy.refusal == refusal
+
+
+def test_the_hidden_state_every_expert_reads_is_looked_at_once_for_token_dispatch(make_model, monkeypatch):
+    """Whether experts read tokens gathered for them is asked of each value they read: in a dense loop every
+    expert's gate and up read the same x, looked at once per layer (it used to be once per projection)."""
+    graph = _graph(make_model(moe="dense_loop", gate_up="separate", experts=16, layers=2))
+    looked = _counting(monkeypatch, moe, "_selected_rows")
+    blocks = moe.moe_blocks(graph)
+    assert [b.expert_form for b in blocks] == [moe.ExpertForm.DENSE] * 2
+    assert len(looked) == 2, len(looked)
