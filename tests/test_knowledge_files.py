@@ -172,3 +172,15 @@ def test_input_positions_by_name_across_opsets():
     assert input_position("", "Attention", "nonpad_kv_seqlen") == 6
     assert input_position("com.microsoft", "GroupQueryAttention", "no_such_input") is None
     assert input_position("com.microsoft", "NoSuchOp", "x") is None
+
+
+def test_contracts_built_op_by_op_are_the_whole_files():
+    """op_contract builds only the ops a lint asks for: each is what loading the whole file gives."""
+    from ortgate.knowledge.contracts import _versions, op_contracts
+
+    table = op_contracts().ops
+    for domain, ops in table.items():
+        for op_type, versions in ops.items():
+            assert _versions(domain, op_type) == versions, (domain, op_type)
+    assert _versions("ai.onnx", "NoSuchOp") is None and _versions("com.microsoft", "Relu") is None
+    assert _versions("ai.onnx", "MatMul") == table["ai.onnx"]["MatMul"]
