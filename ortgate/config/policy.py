@@ -38,6 +38,8 @@ def policy_schema() -> dict:
 
 @dataclass(frozen=True)
 class Waiver:
+    """One entry of a policy's `waivers:`: the rule (and node or layers) it accepts, why, and until when."""
+
     rule: str
     reason: str
     node: str | None

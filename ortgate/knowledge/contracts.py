@@ -23,6 +23,8 @@ _DOMAINS = {"": "ai.onnx", "ai.onnx": "ai.onnx", "com.microsoft": "com.microsoft
 
 @dataclass(frozen=True)
 class FormalInput:
+    """A formal input (or output) of an operator: its name, type, option and the ranks the reference states."""
+
     name: str
     type: str  # a type parameter ("T") or a literal type ("tensor(int64)")
     option: str  # single | optional | variadic | unknown (only its types are documented)
@@ -32,6 +34,8 @@ class FormalInput:
 
 @dataclass(frozen=True)
 class AttributeContract:
+    """An operator attribute as the reference documents it: type, whether required, the values it lists."""
+
     name: str
     type: str | None  # INT | FLOAT | STRING | INTS | FLOATS | STRINGS | TENSOR | GRAPH ...
     required: bool
@@ -41,6 +45,8 @@ class AttributeContract:
 
 @dataclass(frozen=True)
 class OpContract:
+    """What one operator version accepts: formal inputs and outputs, attributes, type parameters."""
+
     domain: str
     op_type: str
     since: int | None
@@ -60,6 +66,8 @@ class OpContract:
 
 @dataclass(frozen=True)
 class OpContracts:
+    """op_contracts.json: the contracts of every operator, per domain, oldest version first."""
+
     sources: dict[str, str]
     ops: dict[str, dict[str, tuple[OpContract, ...]]]  # domain -> op -> versions, oldest first
 

@@ -92,6 +92,8 @@ class Support(enum.Enum):
 
 @dataclass(frozen=True)
 class KernelRegistration:
+    """One kernel registration: its opset range and the dtypes of each type constraint."""
+
     since: int
     until: int | None  # None: open-ended ("13+")
     types: Mapping[str, tuple[str, ...]]  # type-constraint name -> accepted dtypes
@@ -112,6 +114,8 @@ class KernelRegistration:
 
 @dataclass(frozen=True)
 class Formal:
+    """A formal input or output of an op in the kernel table."""
+
     name: str
     constraint: str | None = None  # type-constraint name ("T"), or
     fixed: str | None = None  # a fixed dtype ("int64") / full type ("seq(tensor(float))")
@@ -119,6 +123,8 @@ class Formal:
 
 @dataclass(frozen=True)
 class Signature:
+    """An op's formal inputs and outputs."""
+
     inputs: tuple[Formal, ...]
     outputs: tuple[Formal, ...]
 
@@ -132,6 +138,8 @@ class Signature:
 
 @dataclass(frozen=True)
 class OpKernels:
+    """The kernels one provider registers for one op."""
+
     provider: str
     domain: str
     op_type: str
@@ -176,6 +184,8 @@ InputDtypes = Mapping[str, Any] | Sequence[Any] | None
 
 @dataclass
 class KernelTable:
+    """kernels.json (plus kernel_additions.json): the kernels each provider registers."""
+
     ort_version: str
     commit: str
     source: str
@@ -517,6 +527,8 @@ def _canonical_provider(name: str) -> str:
 
 @dataclass(frozen=True)
 class KernelAddition:
+    """kernel_additions.json: a kernel registered after the table's commit."""
+
     provider: str
     domain: str
     op_type: str
@@ -528,6 +540,8 @@ class KernelAddition:
 
 @dataclass(frozen=True)
 class _KernelAdditionsFile:
+    """kernel_additions.json."""
+
     about: str
     ort_version: str
     kernels: tuple[KernelAddition, ...]

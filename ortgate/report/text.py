@@ -33,6 +33,8 @@ MAX_FIX_LINES = 1
 
 @dataclass(frozen=True)
 class TextOptions:
+    """How the text report is laid out: its width, colour and whether every finding is listed in full."""
+
     width: int = DEFAULT_WIDTH
     color: bool = False  # rich styles and a boxed table: a terminal
     expand: bool = False  # every finding on its own, messages whole

@@ -47,6 +47,8 @@ CheckFunction = Callable[["RuleContext"], Iterable[Finding]]
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: its code, name, severity, family, check function, documentation and metadata."""
+
     code: str
     name: str
     severity: Severity
