@@ -253,8 +253,8 @@ def _cells(text: str) -> int:
     return len(text)
 
 
-def _breaks(text: str, width: int) -> list[int]:
-    """rich._wrap.divide_line(text, width, fold=True), for one-cell characters."""
+def _breaks(text: str, width: int, fold: bool = True) -> list[int]:
+    """rich._wrap.divide_line(text, width, fold), for one-cell characters."""
     breaks: list[int] = []
     offset = 0
     for match in _WORD.finditer(text):
@@ -262,6 +262,10 @@ def _breaks(text: str, width: int) -> list[int]:
         length = len(word.rstrip())
         if width - offset >= length:
             offset += len(word)
+        elif length > width and not fold:  # the word alone on its lines, cut where it is printed
+            if start:
+                breaks.append(start)
+            offset = len(word)
         elif length > width:
             chunks = [word[i:i + width] for i in range(0, len(word), width)]
             for i, chunk in enumerate(chunks):
@@ -304,15 +308,15 @@ class _PlainText:
 
 
 class _PlainTable:
-    """rich.table.Table with no box, no edge padding and one-line cells, when its columns fit the width."""
+    """rich.table.Table with no box and no edge padding, its `where` column last."""
 
     def __init__(self, **_options: Any) -> None:
-        self.columns: list[tuple[str, str]] = []
+        self.columns: list[tuple[str, str, bool]] = []  # header, justify, whether it folds (else an ellipsis)
         self.rows: list[list[str]] = []
         self._lines: list[str] | None = None
 
     def add_column(self, header: str, justify: str = "left", overflow: str | None = None) -> None:
-        self.columns.append((header, justify))
+        self.columns.append((header, justify, overflow == "fold"))
 
     def add_row(self, *cells: Any) -> None:
         self.rows.append([c.plain if isinstance(c, _PlainText) else c for c in cells])
@@ -323,22 +327,100 @@ class _PlainTable:
         return self._lines
 
     def _lay_out(self, width: int) -> list[str]:
-        rows = [[header for header, _ in self.columns], *self.rows]
+        """rich's Table layout: each column as wide as its widest cell; when they do not fit, the widest columns
+        narrowed first (Table._collapse_widths, then evenly), and the cells wrapped in them."""
+        rows = [[header for header, _, _ in self.columns], *self.rows]
         last = len(self.columns) - 1
         pads = [(0 if i == 0 else 1, 0 if i == last else 1) for i in range(len(self.columns))]
-        widths = [max(max((_cells(row[i]) for row in rows), default=0) + sum(pads[i]), 1)
+        widths = [min(max(_cells(row[i]) for row in rows) + sum(pads[i]), width) or 1
                   for i in range(len(self.columns))]
         if sum(widths) > width:
-            raise _NotPlain
+            widths = _collapse(widths, width)
+            if sum(widths) > width:
+                widths = _ratio_reduce(sum(widths) - width, [1] * len(widths), widths, widths)
+            if any(w - sum(pad) < 1 for w, pad in zip(widths, pads)):
+                raise _NotPlain
+            # measured again at the narrowed widths: a column keeps its width (its widest cell was wider)
+            widths = [min(max(min(_cells(row[i]), w - sum(pads[i])) for row in rows) + sum(pads[i]), w)
+                      for i, w in enumerate(widths)]
         out = []
-        for row in rows:
+        for index, row in enumerate(rows):
             cells = []
-            for i, (cell, (_header, justify)) in enumerate(zip(row, self.columns)):
+            for i, (cell, (_header, justify, fold)) in enumerate(zip(row, self.columns)):
                 inner = widths[i] - sum(pads[i])
-                body = cell.rjust(inner) if justify == "right" else cell.ljust(inner)
-                cells.append(" " * pads[i][0] + body + " " * pads[i][1])
-            out.append("".join(cells))
+                left, right = " " * pads[i][0], " " * pads[i][1]
+                cells.append([left + line + right for line in _cell_lines(cell, inner, justify, fold)])
+            height = max(len(lines) for lines in cells)
+            if index == 0:  # the header row's cells align to its bottom, the others' to their top
+                cells = [[" " * widths[i]] * (height - len(lines)) + lines for i, lines in enumerate(cells)]
+            for n in range(height):
+                out.append("".join(lines[n] if n < len(lines) else " " * widths[i] for i, lines in enumerate(cells)))
         return out
+
+
+def _collapse(widths: list[int], max_width: int) -> list[int]:
+    """rich's Table._collapse_widths, every column wrapable: the widest narrowed to the next widest, and so on."""
+    total = sum(widths)
+    excess = total - max_width
+    while total and excess > 0:
+        widest = max(widths)
+        second = max((w if w != widest else 0) for w in widths)
+        difference = widest - second
+        ratios = [1 if w == widest else 0 for w in widths]
+        if not any(ratios) or not difference:
+            break
+        widths = _ratio_reduce(excess, ratios, [min(excess, difference)] * len(widths), widths)
+        total = sum(widths)
+        excess = total - max_width
+    return widths
+
+
+def _ratio_reduce(total: int, ratios: list[int], maximums: list[int], values: list[int]) -> list[int]:
+    """rich._ratio.ratio_reduce."""
+    ratios = [ratio if maximum else 0 for ratio, maximum in zip(ratios, maximums)]
+    total_ratio = sum(ratios)
+    if not total_ratio:
+        return values[:]
+    remaining = total
+    result = []
+    for ratio, maximum, value in zip(ratios, maximums, values):
+        if ratio and total_ratio > 0:
+            distributed = min(maximum, round(ratio * remaining / total_ratio))
+            result.append(value - distributed)
+            remaining -= distributed
+            total_ratio -= ratio
+        else:
+            result.append(value)
+    return result
+
+
+_TRAILING_SPACE = re.compile(r"\s+$")
+
+
+def _cell_lines(text: str, width: int, justify: str, fold: bool) -> list[str]:
+    """A table cell as rich's Text.wrap lays it out in `width` (the `where` column folds, the others end a word
+    too long for the column with an ellipsis), justified."""
+    at = [0, *_breaks(text, width, fold), len(text)]
+    out = []
+    for line in (text[a:b] for a, b in zip(at, at[1:])):
+        if len(line) > width:  # Text.rstrip_end: the spaces a break left past the width
+            trailing = _TRAILING_SPACE.search(line)
+            if trailing is not None:
+                line = line[:len(line) - min(len(trailing.group()), len(line) - width)]
+        if justify == "right":
+            line = _truncate(line.rstrip(), width, fold)
+            line = " " * (width - len(line)) + line
+        else:
+            line = _truncate(line, width, fold).ljust(width)
+        out.append(_truncate(line, width, fold))
+    return out
+
+
+def _truncate(line: str, width: int, fold: bool) -> str:
+    """rich's Text.truncate, for one-cell characters."""
+    if len(line) <= width:
+        return line
+    return line[:width] if fold else line[:width - 1] + "\u2026"
 
 
 class _PlainConsole:
