@@ -504,7 +504,7 @@ class _OpsOfDomain(dict):
             dict.__setitem__(self, op_type, value)
         return value
 
-    def get(self, op_type: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, op_type: str, default: Any = None) -> Any:
         return self[op_type] if op_type in self else default
 
     def values(self) -> list[OpKernels]:  # type: ignore[override]

@@ -72,7 +72,7 @@ class _Plan:
 
     def __init__(self, cls: type) -> None:
         hints = typing.get_type_hints(cls)
-        fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        fields = [f for f in dataclasses.fields(cls) if f.init]
         self.known = frozenset(json_key(f) for f in fields)
         self.fields = tuple((f.name, json_key(f), _converter(hints[f.name]),
                              f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
