@@ -77,3 +77,15 @@ def test_the_process_entry_leaves_its_objects_to_the_exit():
     done = subprocess.run([sys.executable, "-c", PROBE, "lint", str(UNFUSED), "--policy", str(CPU_POLICY), "--format",
                            "json", "--output", "/dev/null"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.stdout.split() == ["1", "True", "True"], done.stdout + done.stderr
+
+
+def test_version_reads_the_kernel_table_only():
+    """The knowledge package loads a module (and its file) when one of its names is first used: `--version`
+    reads kernels.json and no other knowledge file."""
+    probe = ("import io, sys\nfrom ortgate.cli import main\nsys.stdout = io.StringIO()\ncode = main(['--version'])\n"
+             "sys.stdout = sys.__stdout__\n"
+             "print(code, ' '.join(sorted(m for m in sys.modules if m.startswith('ortgate.knowledge'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    code, modules = done.stdout.split(" ", 1)
+    assert code == "0", done.stderr
+    assert set(modules.split()) == {"ortgate.knowledge", "ortgate.knowledge.kernels", "ortgate.knowledge.loader"}
