@@ -76,6 +76,10 @@ def test_lint_and_estimate_of_a_real_export_import_neither_onnx_nor_onnxruntime(
     code, out, modules = _imported(sys.executable, *args)
     assert code in (0, 1) and ("moe-not-fused" in out or args[0] == "estimate"), out[-2000:]
     assert not modules & {"onnx", "onnxruntime", "numpy", "ml_dtypes"}, sorted(modules)
+    # A valid policy is decided by ortgate.config.schema_check: jsonschema is imported only to explain a bad one.
+    assert "jsonschema" not in modules, sorted(modules)
+    if args[0] == "lint":  # a text report that fits in plain lines is written without rich
+        assert "rich" not in modules, sorted(modules)
 
 
 @pytest.fixture(scope="module")

@@ -172,3 +172,30 @@ def test_input_positions_by_name_across_opsets():
     assert input_position("", "Attention", "nonpad_kv_seqlen") == 6
     assert input_position("com.microsoft", "GroupQueryAttention", "no_such_input") is None
     assert input_position("com.microsoft", "NoSuchOp", "x") is None
+
+
+def test_contracts_built_op_by_op_are_the_whole_files():
+    """op_contract builds only the ops a lint asks for: each is what loading the whole file gives."""
+    from ortgate.knowledge.contracts import _versions, op_contracts
+
+    table = op_contracts().ops
+    for domain, ops in table.items():
+        for op_type, versions in ops.items():
+            assert _versions(domain, op_type) == versions, (domain, op_type)
+    assert _versions("ai.onnx", "NoSuchOp") is None and _versions("com.microsoft", "Relu") is None
+    assert _versions("ai.onnx", "MatMul") == table["ai.onnx"]["MatMul"]
+
+
+def test_kernel_entries_built_when_read_are_what_the_file_says():
+    """The kernel table builds an op's entry when it is first read: every entry of kernels.json builds, and the
+    dtypes it knows are those of every registration, built or not."""
+    from ortgate.knowledge.kernels import OpKernels, _known_dtypes, _type_lists
+
+    fresh = GENERATED["kernels.json"](read_json(KNOWLEDGE / "kernels.json"))
+    unbuilt = {t for domains in fresh._ops.values() for ops in domains.values() for v in _type_lists(ops) for t in v}
+    entries = [e for domains in fresh._ops.values() for ops in domains.values() for e in ops.values()]
+    assert entries and all(isinstance(e, OpKernels) for e in entries)
+    built = {t for e in entries for r in e.registrations for v in r.types.values() for t in v}
+    assert unbuilt == built and built <= _known_dtypes()
+    matmul = fresh.op("CPUExecutionProvider", "", "MatMul")
+    assert matmul is fresh.op("CPUExecutionProvider", "ai.onnx", "MatMul") and matmul.registrations[0].since >= 13

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ortgate.engine.gate import decide
 from ortgate.engine.pipeline import LintResult
@@ -163,3 +166,117 @@ def test_where_names_the_whole_graph_for_a_finding_with_no_node_and_configuratio
     assert where([model]) == "the whole graph"
     assert where([config]) == "configuration"
     assert where([model, model]) == "the whole graph (2 findings)"
+
+
+# ---- the uncoloured report is written without rich, as rich writes it ---------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _lint_result(model, policy=None):
+    from ortgate.engine.gate import gate_config_from
+    from ortgate.engine.pipeline import LintRequest, lint, load_inputs
+
+    inputs = load_inputs(LintRequest(str(model), str(policy) if policy else None, None, None))
+    config = gate_config_from(inputs.policy, cli_select=None, cli_ignore=None, fail_on=None)
+    return lint([inputs], config)
+
+
+def _real_results():
+    exported = REPO_ROOT / "tests" / "fixtures" / "exported"
+    policies = REPO_ROOT / "policies"
+    yield _lint_result(REPO_ROOT / "examples" / "qwen3-moe-tiny-unfused", policies / "tiny-moe-cpu.yaml")
+    yield _lint_result(REPO_ROOT / "examples" / "qwen3-moe-tiny-fused")
+    yield _lint_result(REPO_ROOT / "examples" / "qwen3-moe-tiny-fused-cpu", policies / "qwen3-30b-a3b-cuda.yaml")
+    for name in ("dynamo-qwen3_moe", "dynamo-gpt_oss", "dynamo-mixtral", "dynamo-jamba"):
+        yield _lint_result(exported / name / "model.onnx", policies / "qwen3-30b-a3b-cuda.yaml")
+
+
+def _hostile_results():
+    """Findings whose text rich lays out in its own way: tabs, control and wide characters, words longer than a
+    line, a table wider than the width."""
+    texts = ["tab\there", "bell\x07and\rreturn", "wide 専門家 experts", "é accented", "word" * 40,
+             "a " * 90, "  leading spaces and a very long tail " * 5, "ends with space ", "-" * 59, "x" * 61]
+    for text in texts:
+        findings = [_finding(i, text, f"model.layers.{i}.{text[:20]}", fix=text) for i in range(3)]
+        findings.append(_finding(None, text, None, file=f"{text[:30]}.yaml", line=3, key=text[:40], fix=text))
+        yield _result(findings)
+
+
+@pytest.mark.parametrize("width", [60, 61, 79, 80, 100, 120, 200])
+@pytest.mark.parametrize("expand", [False, True])
+def test_the_plain_writer_writes_what_rich_writes(width, expand):
+    from ortgate.report.text import _plain_text, _rich_text
+
+    options = TextOptions(width=width, expand=expand)
+    real = _cached_real_results()
+    plain = 0
+    for result in [*real, *_hostile_results()]:
+        ours = _plain_text(result, options)
+        if ours is None:
+            assert result not in real, "a real report is written by rich"
+            continue
+        plain += 1
+        assert [line.rstrip() for line in ours.splitlines()] == [line.rstrip() for line in
+                                                                  _rich_text(result, options).splitlines()]
+    assert plain > len(real), plain  # every real report, and hostile ones that are plain after all
+
+
+_CACHE: list = []
+
+
+def _cached_real_results():
+    if not _CACHE:
+        _CACHE.extend(_real_results())
+    return _CACHE
+
+
+@given(text=st.text(alphabet=st.sampled_from(" ab-.\u00e9"), max_size=300), width=st.integers(1, 90))
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+def test_plain_folding_is_rich_folding(text, width):
+    from rich.console import Console
+    from rich.text import Text
+
+    from ortgate.report.text import _NotPlain, _PlainText
+
+    try:
+        ours = [line.plain for line in _PlainText(text).wrap(None, width, overflow="fold")]
+    except _NotPlain:
+        assert not text.isascii()
+        return
+    theirs = [line.plain for line in Text(text).wrap(Console(width=200), width, overflow="fold")]
+    assert [line.rstrip() for line in ours] == [line.rstrip() for line in theirs]
+
+
+CELL = st.text(alphabet=st.sampled_from("ab -.0()%"), max_size=70)
+
+
+@given(rows=st.lists(st.tuples(CELL, CELL, CELL, CELL, CELL), min_size=1, max_size=6), width=st.integers(20, 140),
+       headers=st.tuples(CELL, CELL, CELL, CELL, CELL).filter(lambda h: all(x.strip() for x in h)))
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+def test_plain_table_is_rich_table(rows, width, headers):
+    """The rule table's layout (a left column, a left, two right, a folding one), narrowed to the width as rich
+    narrows it."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ortgate.report.text import _NotPlain, _PlainTable
+
+    layout = [("left", None), ("left", None), ("right", None), ("right", None), ("left", "fold")]
+    ours, theirs = _PlainTable(), Table(box=None, pad_edge=False, show_edge=False, header_style="")
+    for header, (justify, overflow) in zip(headers, layout):
+        ours.add_column(header, justify=justify, overflow=overflow)
+        theirs.add_column(header, justify=justify, **({"overflow": overflow} if overflow else {}))
+    for row in rows:
+        ours.add_row(*row)
+        theirs.add_row(*row)
+    try:
+        plain = ours.lines(width)
+    except _NotPlain:
+        return
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True, emoji=False,
+            markup=False).print(theirs)
+    assert [line.rstrip() for line in plain] == [line.rstrip() for line in buffer.getvalue().splitlines()]

@@ -23,6 +23,8 @@ ORT_DEFAULT_OPTIMIZATION_LEVEL = default_optimization_level()
 
 @dataclass(frozen=True)
 class Setting:
+    """One deployment setting's value and where it was declared."""
+
     value: Any
     location: Location
 
@@ -131,6 +133,8 @@ def canonical_provider(name: str, location: Location) -> str:
 
 @dataclass
 class Deployment:
+    """The session setups the inputs declare (the policy's, genai_config.json's), each with its origin."""
+
     setups: list[SessionSetup] = field(default_factory=list)
 
     @property

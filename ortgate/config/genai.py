@@ -23,6 +23,8 @@ GENAI_OPTIMIZATION_LEVELS = ORT_FACTS.genai.graph_optimization_levels
 
 @dataclass
 class GenaiConfig:
+    """A read genai_config.json: its path and its located document."""
+
     path: Path
     document: LocatedDocument
 

@@ -15,6 +15,8 @@ GENAI_CONFIG_NAME = "genai_config.json"
 
 @dataclass(frozen=True)
 class ModelFiles:
+    """The files a model argument names: the .onnx file and the genai_config.json beside it, if any."""
+
     model: Path
     genai_config: Path | None
 

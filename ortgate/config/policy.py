@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortgate.config.schema_check import verdict
 from ortgate.config.source import KeyPath, LocatedDocument, format_key_path, load_yaml
 from ortgate.errors import InputError
 from ortgate.findings import Location
@@ -37,6 +38,8 @@ def policy_schema() -> dict:
 
 @dataclass(frozen=True)
 class Waiver:
+    """One entry of a policy's `waivers:`: the rule (and node or layers) it accepts, why, and until when."""
+
     rule: str
     reason: str
     node: str | None
@@ -338,6 +341,8 @@ def _violations(data: dict, locate, raw: Any = None, partial: bool = False) -> l
     `raw` is the document with its nulls, to say so when a required key is missing because it was set to null.
     `partial`: a document that extends another may leave a nested required key (execution_provider.name) to its
     base; the merged policy is checked for it."""
+    if verdict(policy_schema(), data) is True:  # plainly valid: no need to import and run jsonschema
+        return []
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(policy_schema(), format_checker=jsonschema.FormatChecker())

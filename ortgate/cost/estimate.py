@@ -228,6 +228,8 @@ class CostItem:
 
 @dataclass
 class LayerGroup:
+    """Decoder layers whose costed nodes are alike, priced once."""
+
     layers: list[int]
     signature: tuple
     totals: dict[str, Totals]
@@ -236,6 +238,8 @@ class LayerGroup:
 
 @dataclass
 class Estimate:
+    """A decode step's estimated cost on one device, as exported and with the fixes applied."""
+
     setup: CostSetup
     model: StepModel
     as_exported: StepEstimate

@@ -43,6 +43,8 @@ NOT_SEEN = (
 
 @dataclass(frozen=True)
 class MemoryPart:
+    """One part of the estimated memory: its name, bytes and how they were counted."""
+
     name: str  # "weights" | "kv_cache" | "linear_state" | "workspace"
     bytes: float
     how: str

@@ -102,6 +102,8 @@ class Uncounted:
 
 @dataclass
 class MoeLayerForm:
+    """How one decoder layer's MoE block is computed (its form, experts, top-k) and the node it is anchored at."""
+
     layer: int | None
     form: str  # "fused" | "fused-quantized" | "dense-loop" | "gather-loop" | "gather-per-token"
     experts: int | None

@@ -58,6 +58,8 @@ _WHAT = {
 
 @dataclass
 class Repair:
+    """One repair the cost model prices: the nodes it removes and adds in one layer."""
+
     kind: str
     layer: int | None
     anchor: str  # the first node the repair is about (display name)

@@ -40,6 +40,8 @@ def _identity_of(finding: Finding, scheme: int) -> str:
 
 @dataclass
 class BaselineEntry:
+    """One finding a baseline file lists: its identity key (and which scheme), rule, file and line."""
+
     key: str  # the fingerprint (version 3 or 2) or the node-name identity (version 1)
     scheme: int  # which identity `key` is: BASELINE_VERSION, V2_VERSION or LEGACY_VERSION
     rule: str | None

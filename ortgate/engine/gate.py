@@ -26,6 +26,8 @@ class RuleSelector:
 
 @dataclass
 class GateConfig:
+    """What the gate applies: the rules selected and ignored, severities, the failing level, waivers, baseline."""
+
     select: list[RuleSelector] = field(default_factory=list)
     ignore: list[RuleSelector] = field(default_factory=list)
     severity: dict[str, tuple[str, str]] = field(default_factory=dict)  # rule ref -> (level, source)
@@ -38,6 +40,8 @@ class GateConfig:
 
 @dataclass
 class Verdict:
+    """The gate's decision: pass or fail, the counts per severity, and what was suppressed by what."""
+
     passed: bool
     fail_on: Severity
     counts: dict[str, int]  # active findings per severity label

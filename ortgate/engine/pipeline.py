@@ -34,6 +34,8 @@ STRICT_ENV = "ORTGATE_STRICT"
 
 @dataclass
 class LintRequest:
+    """One model to lint, with the policy, optimized dump and genai_config.json given with it."""
+
     model: str
     policy: str | None = None
     optimized: str | None = None

@@ -12,57 +12,133 @@
   (knowledge.producers).
 - MoE / QMoE input positions, from the kernel table's formal inputs (knowledge.moe).
 
-Every file is read into frozen dataclasses when this package is imported (knowledge.loader checks each key and
-value against the dataclass), so a typo in a knowledge file fails at import, never in a user's CI. Every answer
+Every file is read into frozen dataclasses when the module that owns it is first imported (knowledge.loader checks
+each key and value against the dataclass), so a typo in a knowledge file fails at import, never in a user's CI. Every answer
 that depends on the data can name the ORT version it reflects (`KernelTable.ort_version`,
 `ProviderCatalog.ort_version`, `ort_facts().ort_version`).
 """
 
-from ortgate.knowledge.kernels import (
-    Formal,
-    KernelRegistration,
-    KernelTable,
-    OpKernels,
-    Signature,
-    Support,
-    SupportResult,
-    kernel_table,
-    normalize_domain,
-    normalize_dtype,
-)
-from ortgate.knowledge.loader import KnowledgeError
-from ortgate.knowledge.moe import MoeInputs, input_position, moe_inputs
-from ortgate.knowledge.providers import (
-    ProviderCatalog,
-    ProviderOption,
-    canonical_provider_name,
-    catalog_option,
-    catalog_providers,
-    compute_ops,
-    cpu_fallback_facts,
-    cuda_graph_capture_facts,
-    cuda_providers,
-    data_dependent_shape_inputs,
-    default_optimization_level,
-    device_option,
-    genai_graph_optimization_levels,
-    genai_provider_name,
-    graph_capture_info,
-    graph_capture_option,
-    graph_optimization_levels,
-    is_known_session_config_key,
-    kernel_free_op,
-    memcpy_ops,
-    normalize_option_value,
-    optimization_level_skips,
-    ort_facts,
-    provider_catalog,
-    run_config_key,
-    session_config_key,
-    suggest_session_config_key,
-    tensorrt_untaken_domain,
-    tf32_ops,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ortgate.knowledge.kernels import (
+        Formal,
+        KernelRegistration,
+        KernelTable,
+        OpKernels,
+        Signature,
+        Support,
+        SupportResult,
+        kernel_table,
+        normalize_domain,
+        normalize_dtype,
+    )
+    from ortgate.knowledge.loader import KnowledgeError
+    from ortgate.knowledge.moe import MoeInputs, input_position, moe_inputs
+    from ortgate.knowledge.providers import (
+        ProviderCatalog,
+        ProviderOption,
+        canonical_provider_name,
+        catalog_option,
+        catalog_providers,
+        compute_ops,
+        cpu_fallback_facts,
+        cuda_graph_capture_facts,
+        cuda_providers,
+        data_dependent_shape_inputs,
+        default_optimization_level,
+        device_option,
+        genai_graph_optimization_levels,
+        genai_provider_name,
+        graph_capture_info,
+        graph_capture_option,
+        graph_optimization_levels,
+        is_known_session_config_key,
+        kernel_free_op,
+        memcpy_ops,
+        normalize_option_value,
+        optimization_level_skips,
+        ort_facts,
+        provider_catalog,
+        run_config_key,
+        session_config_key,
+        suggest_session_config_key,
+        tensorrt_untaken_domain,
+        tf32_ops,
+    )
+
+# Each name is imported from its module on first use: a command that needs one table (`--version` the kernel
+# table) reads only that one's file.
+_EXPORTS = {
+    "Formal": "kernels",
+    "KernelRegistration": "kernels",
+    "KernelTable": "kernels",
+    "OpKernels": "kernels",
+    "Signature": "kernels",
+    "Support": "kernels",
+    "SupportResult": "kernels",
+    "kernel_table": "kernels",
+    "normalize_domain": "kernels",
+    "normalize_dtype": "kernels",
+    "KnowledgeError": "loader",
+    "MoeInputs": "moe",
+    "input_position": "moe",
+    "moe_inputs": "moe",
+    "ProviderCatalog": "providers",
+    "ProviderOption": "providers",
+    "canonical_provider_name": "providers",
+    "catalog_option": "providers",
+    "catalog_providers": "providers",
+    "compute_ops": "providers",
+    "cpu_fallback_facts": "providers",
+    "cuda_graph_capture_facts": "providers",
+    "cuda_providers": "providers",
+    "data_dependent_shape_inputs": "providers",
+    "default_optimization_level": "providers",
+    "device_option": "providers",
+    "genai_graph_optimization_levels": "providers",
+    "genai_provider_name": "providers",
+    "graph_capture_info": "providers",
+    "graph_capture_option": "providers",
+    "graph_optimization_levels": "providers",
+    "is_known_session_config_key": "providers",
+    "kernel_free_op": "providers",
+    "memcpy_ops": "providers",
+    "normalize_option_value": "providers",
+    "optimization_level_skips": "providers",
+    "ort_facts": "providers",
+    "provider_catalog": "providers",
+    "run_config_key": "providers",
+    "session_config_key": "providers",
+    "suggest_session_config_key": "providers",
+    "tensorrt_untaken_domain": "providers",
+    "tf32_ops": "providers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ortgate.knowledge' has no attribute {name!r}")
+    if module == "kernels":
+        from ortgate.knowledge import kernels
+
+        value = getattr(kernels, name)
+    elif module == "loader":
+        from ortgate.knowledge import loader
+
+        value = getattr(loader, name)
+    elif module == "moe":
+        from ortgate.knowledge import moe
+
+        value = getattr(moe, name)
+    else:
+        from ortgate.knowledge import providers
+
+        value = getattr(providers, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Formal",

@@ -18,6 +18,8 @@ CACHE_EXPORTS_JSON = Path(__file__).with_name("cache_exports.json")
 
 @dataclass(frozen=True)
 class CacheExport:
+    """An exporter's way of adding a KV cache to a decoder export (cache_exports.json)."""
+
     label: str  # how messages name the exporter
     producer_names: tuple[str, ...]  # ModelProto.producer_name values it records
     # A node metadata key prefix only this exporter writes (None: it writes none; told apart by its absence)
@@ -28,6 +30,8 @@ class CacheExport:
 
 @dataclass(frozen=True)
 class _CacheExportsFile:
+    """cache_exports.json."""
+
     schema: Literal[1]
     about: str
     reflects: Mapping[str, str]

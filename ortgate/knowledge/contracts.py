@@ -23,6 +23,8 @@ _DOMAINS = {"": "ai.onnx", "ai.onnx": "ai.onnx", "com.microsoft": "com.microsoft
 
 @dataclass(frozen=True)
 class FormalInput:
+    """A formal input (or output) of an operator: its name, type, option and the ranks the reference states."""
+
     name: str
     type: str  # a type parameter ("T") or a literal type ("tensor(int64)")
     option: str  # single | optional | variadic | unknown (only its types are documented)
@@ -32,6 +34,8 @@ class FormalInput:
 
 @dataclass(frozen=True)
 class AttributeContract:
+    """An operator attribute as the reference documents it: type, whether required, the values it lists."""
+
     name: str
     type: str | None  # INT | FLOAT | STRING | INTS | FLOATS | STRINGS | TENSOR | GRAPH ...
     required: bool
@@ -41,6 +45,8 @@ class AttributeContract:
 
 @dataclass(frozen=True)
 class OpContract:
+    """What one operator version accepts: formal inputs and outputs, attributes, type parameters."""
+
     domain: str
     op_type: str
     since: int | None
@@ -60,16 +66,17 @@ class OpContract:
 
 @dataclass(frozen=True)
 class OpContracts:
+    """op_contracts.json: the contracts of every operator, per domain, oldest version first."""
+
     sources: dict[str, str]
     ops: dict[str, dict[str, tuple[OpContract, ...]]]  # domain -> op -> versions, oldest first
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OpContracts:
-        if data.get("schema") != 1:
-            raise ValueError(f"unsupported op_contracts.json schema {data.get('schema')!r}")
+        _check_schema(data)
         sources = dict(data["sources"])
         ops: dict[str, dict[str, tuple[OpContract, ...]]] = {}
-        for key, domain in (("ai.onnx", "ai.onnx"), ("com.microsoft", "com.microsoft"), ("ai.onnx-kernels", "ai.onnx")):
+        for key, domain in _SECTIONS:
             for op_type, entry in data[key].items():
                 versions = entry if isinstance(entry, list) else [entry]
                 ops.setdefault(domain, {})[op_type] = tuple(_contract(domain, op_type, v, sources[key])
@@ -88,10 +95,39 @@ def _contract(domain: str, op_type: str, v: dict, source: str) -> OpContract:
     return OpContract(domain, op_type, v.get("since"), inputs, attributes, types, source, outputs)
 
 
+# The file's sections in the order they apply: a later one's entry for an op replaces an earlier one's.
+_SECTIONS = (("ai.onnx", "ai.onnx"), ("com.microsoft", "com.microsoft"), ("ai.onnx-kernels", "ai.onnx"))
+
+
+def _check_schema(data: dict[str, Any]) -> None:
+    if data.get("schema") != 1:
+        raise ValueError(f"unsupported op_contracts.json schema {data.get('schema')!r}")
+
+
+@cache
+def _data() -> dict[str, Any]:
+    with open(PATH, encoding="utf-8") as f:
+        data = json.load(f)
+    _check_schema(data)
+    return data
+
+
 @cache
 def op_contracts() -> OpContracts:
-    with open(PATH, encoding="utf-8") as f:
-        return OpContracts.from_json(json.load(f))
+    return OpContracts.from_json(_data())
+
+
+@cache
+def _versions(canonical: str, op_type: str) -> tuple[OpContract, ...] | None:
+    """`op_contracts().ops[canonical][op_type]`, building that op's contracts only (a lint asks for a few dozen
+    of the file's ops)."""
+    data = _data()
+    for key, domain in reversed(_SECTIONS):
+        if domain == canonical and op_type in data[key]:
+            entry = data[key][op_type]
+            versions = entry if isinstance(entry, list) else [entry]
+            return tuple(_contract(domain, op_type, v, data["sources"][key]) for v in versions)
+    return None
 
 
 @cache
@@ -103,7 +139,7 @@ def op_contract(domain: str, op_type: str, opset: int | None) -> OpContract | No
     canonical = _DOMAINS.get(domain)
     if canonical is None:
         return None
-    versions = op_contracts().ops.get(canonical, {}).get(op_type)
+    versions = _versions(canonical, op_type)
     if not versions:
         return None
     if canonical == "com.microsoft":

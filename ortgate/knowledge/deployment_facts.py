@@ -34,6 +34,8 @@ def release(text: str | None) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class Applies:
+    """The package releases a deployment fact applies to."""
+
     package: Literal["onnxruntime", "onnxruntime-genai"]
     from_: str = field(metadata={"key": "from"})
     until: str | None
@@ -57,6 +59,8 @@ def _pad(v: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class DeploymentFact:
+    """One fact about a deployment package (deployment_facts.json), with its source."""
+
     what: str
     source: str
     applies_to: Applies
@@ -74,6 +78,8 @@ class AddedKeys:
 
 @dataclass(frozen=True)
 class _FactsFile:
+    """deployment_facts.json."""
+
     schema: Literal[1]
     about: str
     reflects: str

@@ -147,6 +147,8 @@ Confidence = Literal["calibrated", "probe", "datasheet", "published", "derived",
 
 @dataclass(frozen=True)
 class _FigureEntry:
+    """devices.json: one figure with its source and confidence."""
+
     value: float | None
     source: str
     confidence: Confidence
@@ -157,6 +159,8 @@ class _FigureEntry:
 
 @dataclass(frozen=True)
 class _DeviceEntry:
+    """devices.json: one device's figures."""
+
     label: str
     kind: Literal["gpu", "npu", "cpu"]
     match: tuple[str, ...]
@@ -175,6 +179,8 @@ class _DeviceEntry:
 
 @dataclass(frozen=True)
 class _DevicesFile:
+    """devices.json."""
+
     schema: Literal[1]
     about: str
     defaults: Mapping[str, Mapping[str, _FigureEntry]]  # device kind -> figure name -> default figure
@@ -287,6 +293,8 @@ def _op_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class _OpCostsFile:
+    """op_costs.json."""
+
     schema: Literal[1]
     ort_version: str
     about: str

@@ -34,12 +34,16 @@ KV_ROLES = frozenset({"past", "total", "sliding_past", "max"})  # lengths that g
 
 @dataclass(frozen=True)
 class _RoleNames:
+    """dim_names.json: the names of one dimension role."""
+
     about: str
     names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class _Pattern:
+    """dim_names.json: a name pattern and the role it means."""
+
     pattern: str
     role: Role | None  # None: not a length (and no role), whatever later patterns say
     unless: str | None = None  # the pattern does not apply when this one also matches
@@ -48,6 +52,8 @@ class _Pattern:
 
 @dataclass(frozen=True)
 class _DimNamesFile:
+    """dim_names.json."""
+
     schema: Literal[1]
     about: str
     reflects: Mapping[str, str]

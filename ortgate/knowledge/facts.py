@@ -28,12 +28,16 @@ def split_op_key(key: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class OptimizationLevel:
+    """ort_facts.json: a graph optimization level's value and what it leaves out."""
+
     value: int
     skips: str  # what a session at this level leaves out, for messages
 
 
 @dataclass(frozen=True)
 class GraphCapture:
+    """ort_facts.json: how a provider turns on CUDA graph capture."""
+
     kind: Literal["provider_option", "session_config"]
     key: str
     source: str
@@ -42,11 +46,15 @@ class GraphCapture:
 
 @dataclass(frozen=True)
 class CudaProvider:
+    """ort_facts.json: a CUDA-family provider."""
+
     device_option: str  # the provider option that selects the GPU
 
 
 @dataclass(frozen=True)
 class CudaProviders:
+    """ort_facts.json: the CUDA-family providers."""
+
     about: str
     providers: Mapping[str, CudaProvider]
     source: str
@@ -61,6 +69,8 @@ class CudaProviders:
 
 @dataclass(frozen=True)
 class OpList:
+    """ort_facts.json: a list of ops with what it is about and its source."""
+
     about: str
     ops: tuple[str, ...]
     source: str
@@ -71,6 +81,8 @@ class OpList:
 
 @dataclass(frozen=True)
 class Tf32:
+    """ort_facts.json: the ops TF32 applies to and the option that turns it on."""
+
     about: str
     option: str
     ops: tuple[str, ...]  # [domain.]op_type
@@ -84,6 +96,8 @@ class Tf32:
 
 @dataclass(frozen=True)
 class ConfigKey:
+    """ort_facts.json: one session or run config key."""
+
     description: str
     source: str
     values: tuple[str, ...] = ()
@@ -93,6 +107,8 @@ class ConfigKey:
 
 @dataclass(frozen=True)
 class SessionConfig:
+    """ort_facts.json: the session config keys."""
+
     unknown_key_behavior: str
     key_prefixes: Mapping[str, str]
     source: Mapping[str, str]
@@ -101,12 +117,16 @@ class SessionConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """ort_facts.json: the run config keys."""
+
     source: str
     keys: Mapping[str, ConfigKey]
 
 
 @dataclass(frozen=True)
 class GenaiSource:
+    """ort_facts.json: the onnxruntime-genai sources read."""
+
     repo: str
     files: Mapping[str, str]  # file -> commit read
     checked_against: str
@@ -114,6 +134,8 @@ class GenaiSource:
 
 @dataclass(frozen=True)
 class GenaiProviderName:
+    """ort_facts.json: a provider name genai_config.json uses and the provider it means."""
+
     genai_name: str
     ep: str | None  # None: a genai-only device with no ORT provider of that name
     note: str | None = None
@@ -121,6 +143,8 @@ class GenaiProviderName:
 
 @dataclass(frozen=True)
 class Genai:
+    """ort_facts.json: onnxruntime-genai's provider names and option values."""
+
     version: str
     source: GenaiSource
     provider_name_normalization: str
@@ -136,12 +160,16 @@ class Genai:
 
 @dataclass(frozen=True)
 class KernelFreeOps:
+    """ort_facts.json: the ops no provider needs a kernel for."""
+
     about: str
     ops: Mapping[str, str]  # ONNX-domain op_type -> why it runs without a kernel
 
 
 @dataclass(frozen=True)
 class CpuFallback:
+    """ort_facts.json: what session.disable_cpu_ep_fallback does."""
+
     config_key: str
     enabled_value: str
     about: str
@@ -156,18 +184,24 @@ class CpuFallback:
 
 @dataclass(frozen=True)
 class SourcedInt:
+    """ort_facts.json: a number with its source."""
+
     value: int
     source: str
 
 
 @dataclass(frozen=True)
 class DataDependentShapeOps:
+    """ort_facts.json: the ops whose output shape depends on input values."""
+
     about: str
     ops: Mapping[str, tuple[int, ...]]  # ONNX-domain op_type -> the inputs whose values decide the output shape
 
 
 @dataclass(frozen=True)
 class CudaGraphCapture:
+    """ort_facts.json: what CUDA graph capture demands of a graph."""
+
     source: str
     control_flow_ops: tuple[str, ...]
     control_flow_rule: str
@@ -180,6 +214,8 @@ class CudaGraphCapture:
 
 @dataclass(frozen=True)
 class Tensorrt:
+    """ort_facts.json: what TensorRT leaves to other providers."""
+
     not_taken_domains: Mapping[str, str]
     cuda_graph_consequence: str
     source: str
@@ -187,6 +223,8 @@ class Tensorrt:
 
 @dataclass(frozen=True)
 class OrtFacts:
+    """ort_facts.json."""
+
     schema: Literal[1]
     ort_version: str
     about: str

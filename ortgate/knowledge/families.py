@@ -21,6 +21,8 @@ FAMILIES_JSON = Path(__file__).with_name("model_families.json")
 
 @dataclass(frozen=True)
 class ModelFamily:
+    """An MoE model family's defaults (model_families.json)."""
+
     name: str
     label: str  # how messages name it ("Qwen3-MoE")
     aliases: tuple[str, ...]
@@ -45,6 +47,8 @@ def _key(name: str) -> str:
 
 @dataclass(frozen=True)
 class _FamilyEntry:
+    """model_families.json: one family."""
+
     label: str
     aliases: tuple[str, ...]
     moe_activation: Literal["swiglu", "silu", "gelu", "relu", "identity"] | None
@@ -60,6 +64,8 @@ class _FamilyEntry:
 
 @dataclass(frozen=True)
 class _FamiliesFile:
+    """model_families.json."""
+
     schema: Literal[1]
     about: str
     reflects: Mapping[str, str]  # the library versions whose code and builders the defaults were read from

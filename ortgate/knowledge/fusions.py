@@ -20,6 +20,8 @@ CPU = "CPUExecutionProvider"
 
 @dataclass(frozen=True)
 class RmsnormForm:
+    """ort_fusions.json: an RMSNorm form and the pass that fuses it."""
+
     fused_by: tuple[str, ...]  # providers for which SimplifiedLayerNormFusion fuses this form
     seen: str | None = None
     note: str | None = None
@@ -27,6 +29,8 @@ class RmsnormForm:
 
 @dataclass(frozen=True)
 class OptimizerPass:
+    """ort_fusions.json: one ORT optimizer pass: its level, providers and what it produces."""
+
     level: str | None  # the lowest GraphOptimizationLevel that runs it; None: ORT has no such pass
     providers: tuple[str, ...]
     produces: str | None
@@ -38,6 +42,8 @@ class OptimizerPass:
 
 @dataclass(frozen=True)
 class OrtFusions:
+    """ort_fusions.json."""
+
     schema: Literal[1]
     ort_version: str
     about: str

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,8 @@ class Support(enum.Enum):
 
 @dataclass(frozen=True)
 class KernelRegistration:
+    """One kernel registration: its opset range and the dtypes of each type constraint."""
+
     since: int
     until: int | None  # None: open-ended ("13+")
     types: Mapping[str, tuple[str, ...]]  # type-constraint name -> accepted dtypes
@@ -112,6 +114,8 @@ class KernelRegistration:
 
 @dataclass(frozen=True)
 class Formal:
+    """A formal input or output of an op in the kernel table."""
+
     name: str
     constraint: str | None = None  # type-constraint name ("T"), or
     fixed: str | None = None  # a fixed dtype ("int64") / full type ("seq(tensor(float))")
@@ -119,6 +123,8 @@ class Formal:
 
 @dataclass(frozen=True)
 class Signature:
+    """An op's formal inputs and outputs."""
+
     inputs: tuple[Formal, ...]
     outputs: tuple[Formal, ...]
 
@@ -132,6 +138,8 @@ class Signature:
 
 @dataclass(frozen=True)
 class OpKernels:
+    """The kernels one provider registers for one op."""
+
     provider: str
     domain: str
     op_type: str
@@ -176,6 +184,8 @@ InputDtypes = Mapping[str, Any] | Sequence[Any] | None
 
 @dataclass
 class KernelTable:
+    """kernels.json (plus kernel_additions.json): the kernels each provider registers."""
+
     ort_version: str
     commit: str
     source: str
@@ -193,28 +203,8 @@ class KernelTable:
         ops: dict[str, dict[str, dict[str, OpKernels]]] = {}
         for provider, domains in data["providers"].items():
             for domain, entries in domains.items():
-                for op_type, entry in entries.items():
-                    ops.setdefault(provider, {}).setdefault(domain, {})[op_type] = OpKernels(
-                        provider=provider,
-                        domain=domain,
-                        op_type=op_type,
-                        signatures=tuple(
-                            Signature(
-                                inputs=tuple(Formal(**f) for f in sig["inputs"]),
-                                outputs=tuple(Formal(**f) for f in sig["outputs"]),
-                            )
-                            for sig in entry["signatures"]
-                        ),
-                        registrations=tuple(
-                            KernelRegistration(
-                                since=k["since"],
-                                until=k["until"],
-                                types={name: tuple(v) for name, v in k["types"].items()},
-                                added_by=entry.get("source"),
-                            )
-                            for k in entry["kernels"]
-                        ),
-                    )
+                if entries:  # a provider or domain with no entries is not in the table
+                    ops.setdefault(provider, {})[domain] = _OpsOfDomain(provider, domain, entries)
         functions = data.get("function_ops") or {}
         return cls(ort_version=data["ort_version"], commit=data["commit"], source=data["source"], _ops=ops,
                    function_ops={op: (tuple(v["versions"]), tuple(v["function"]))
@@ -459,9 +449,69 @@ def _check_signature(sig: Signature, reg: KernelRegistration, input_dtypes: Inpu
 @functools.cache
 def _known_dtypes() -> frozenset[str]:
     return frozenset(_tensorproto_names().values()) | {
-        t for domains in kernel_table()._ops.values() for ops in domains.values() for e in ops.values()
-        for r in e.registrations for v in r.types.values() for t in v
+        t for domains in kernel_table()._ops.values() for ops in domains.values() for types in _type_lists(ops)
+        for t in types
     }
+
+
+def _type_lists(ops: Mapping[str, OpKernels]) -> Iterator[Sequence[str]]:
+    """Every dtype list of every registration of `ops`, without building the entries not yet built."""
+    for op_type in ops:
+        entry = dict.__getitem__(ops, op_type) if isinstance(ops, _OpsOfDomain) else ops[op_type]
+        if isinstance(entry, OpKernels):
+            yield from (v for r in entry.registrations for v in r.types.values())
+        else:
+            yield from (v for k in entry["kernels"] for v in k["types"].values())
+
+
+def _op_kernels(provider: str, domain: str, op_type: str, entry: Mapping[str, Any]) -> OpKernels:
+    """One kernels.json entry as OpKernels."""
+    return OpKernels(
+        provider=provider,
+        domain=domain,
+        op_type=op_type,
+        signatures=tuple(
+            Signature(
+                inputs=tuple(Formal(**f) for f in sig["inputs"]),
+                outputs=tuple(Formal(**f) for f in sig["outputs"]),
+            )
+            for sig in entry["signatures"]
+        ),
+        registrations=tuple(
+            KernelRegistration(
+                since=k["since"],
+                until=k["until"],
+                types={name: tuple(v) for name, v in k["types"].items()},
+                added_by=entry.get("source"),
+            )
+            for k in entry["kernels"]
+        ),
+    )
+
+
+class _OpsOfDomain(dict):
+    """op_type -> OpKernels of one provider and domain, each built from its kernels.json entry when first read (a
+    lint reads a few dozen of the table's thousands). Reads as a dict of OpKernels: [], get, values, items."""
+
+    def __init__(self, provider: str, domain: str, entries: Mapping[str, Any]) -> None:
+        super().__init__(entries)
+        self.provider, self.domain = provider, domain
+
+    def __getitem__(self, op_type: str) -> OpKernels:
+        value = dict.__getitem__(self, op_type)
+        if not isinstance(value, OpKernels):
+            value = _op_kernels(self.provider, self.domain, op_type, value)
+            dict.__setitem__(self, op_type, value)
+        return value
+
+    def get(self, op_type: str, default: Any = None) -> Any:
+        return self[op_type] if op_type in self else default
+
+    def values(self) -> list[OpKernels]:  # type: ignore[override]
+        return [self[op_type] for op_type in self]
+
+    def items(self) -> list[tuple[str, OpKernels]]:  # type: ignore[override]
+        return [(op_type, self[op_type]) for op_type in self]
 
 
 def _is_known_dtype(dt: str | None) -> bool:
@@ -477,6 +527,8 @@ def _canonical_provider(name: str) -> str:
 
 @dataclass(frozen=True)
 class KernelAddition:
+    """kernel_additions.json: a kernel registered after the table's commit."""
+
     provider: str
     domain: str
     op_type: str
@@ -488,6 +540,8 @@ class KernelAddition:
 
 @dataclass(frozen=True)
 class _KernelAdditionsFile:
+    """kernel_additions.json."""
+
     about: str
     ort_version: str
     kernels: tuple[KernelAddition, ...]

@@ -40,20 +40,19 @@ def build(cls: type[T], data: Any, where: str) -> T:
     """An instance of dataclass `cls` from the JSON object `data`; `where` names it in errors ("file.json: a.b")."""
     if not isinstance(data, dict):
         raise KnowledgeError(f"{where}: expected an object, got {_kind(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    known = {json_key(f) for f in fields}
-    unknown = [k for k in data if k not in known]
-    if unknown:
-        key = unknown[0]
-        hint = difflib.get_close_matches(key, sorted(known), n=1)
-        raise KnowledgeError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _Plan(cls)
+    known = plan.known
+    for key in data:
+        if key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            raise KnowledgeError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     values: dict[str, Any] = {}
-    for f in fields:
-        key = json_key(f)
+    for name, key, to_value, required in plan.fields:
         if key in data:
-            values[f.name] = convert(hints[f.name], data[key], _join(where, key))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            values[name] = to_value(data[key], _join(where, key))
+        elif required:
             raise KnowledgeError(f"{where}: missing key {key!r}")
     try:
         return cls(**values)
@@ -63,58 +62,123 @@ def build(cls: type[T], data: Any, where: str) -> T:
 
 def convert(tp: Any, value: Any, where: str) -> Any:
     """`value` checked against (and shaped as) the annotation `tp`."""
+    return _converter(tp)(value, where)
+
+
+class _Plan:
+    """What `build` needs of a dataclass, worked out once per class: its keys and a converter per field."""
+
+    __slots__ = ("fields", "known")
+
+    def __init__(self, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        self.known = frozenset(json_key(f) for f in fields)
+        self.fields = tuple((f.name, json_key(f), _converter(hints[f.name]),
+                             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                            for f in fields)
+
+
+_PLANS: dict[type, _Plan] = {}
+_Converter = typing.Callable[[Any, str], Any]
+_CONVERTERS: dict[Any, _Converter] = {}
+
+
+def _converter(tp: Any) -> _Converter:
+    """The function that checks and shapes a value of annotation `tp`, made once per annotation."""
+    try:
+        found = _CONVERTERS.get(tp)
+    except TypeError:  # an unhashable annotation: made each time
+        return _make_converter(tp)
+    if found is None:
+        found = _CONVERTERS[tp] = _make_converter(tp)
+    return found
+
+
+def _make_converter(tp: Any) -> _Converter:
     if tp is Any:
-        return value
+        return lambda value, where: value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
-            try:
-                return convert(option, value, where)
-            except KnowledgeError as exc:
-                errors.append(str(exc))
-        raise KnowledgeError(errors[0] if len(errors) == 1 else f"{where}: {_kind(value)} matches none of {tp}")
+        nullable = type(None) in args
+        options = [_converter(a) for a in args if a is not type(None)]
+
+        def union(value: Any, where: str) -> Any:
+            if value is None and nullable:
+                return None
+            errors = []
+            for option in options:
+                try:
+                    return option(value, where)
+                except KnowledgeError as exc:
+                    errors.append(str(exc))
+            raise KnowledgeError(errors[0] if len(errors) == 1 else f"{where}: {_kind(value)} matches none of {tp}")
+        return union
     if origin is typing.Literal:
-        if not any(value == a and type(value) is type(a) for a in args):
-            raise KnowledgeError(f"{where}: expected one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
+        def literal(value: Any, where: str) -> Any:
+            if not any(value == a and type(value) is type(a) for a in args):
+                raise KnowledgeError(f"{where}: expected one of {', '.join(map(repr, args))}, got {value!r}")
+            return value
+        return literal
     if origin is tuple:
-        if not isinstance(value, list):
-            raise KnowledgeError(f"{where}: expected a list, got {_kind(value)}")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise KnowledgeError(f"{where}: expected a list of {len(args)}, got {len(value)} items")
-        return tuple(convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+            item = _converter(args[0])
+
+            def tuple_of(value: Any, where: str) -> Any:
+                if not isinstance(value, list):
+                    raise KnowledgeError(f"{where}: expected a list, got {_kind(value)}")
+                return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(value))
+            return tuple_of
+        items = [_converter(a) for a in args]
+
+        def fixed_tuple(value: Any, where: str) -> Any:
+            if not isinstance(value, list):
+                raise KnowledgeError(f"{where}: expected a list, got {_kind(value)}")
+            if len(value) != len(items):
+                raise KnowledgeError(f"{where}: expected a list of {len(items)}, got {len(value)} items")
+            return tuple(c(v, f"{where}[{i}]") for i, (c, v) in enumerate(zip(items, value)))
+        return fixed_tuple
     if origin in (Mapping, dict, typing.Mapping):
-        if not isinstance(value, dict):
-            raise KnowledgeError(f"{where}: expected an object, got {_kind(value)}")
         key_type, value_type = args or (str, Any)
-        out = {convert(key_type, k, where): convert(value_type, v, _join(where, k)) for k, v in value.items()}
-        return types.MappingProxyType(out)
+        key_of, value_of = _converter(key_type), _converter(value_type)
+
+        def mapping(value: Any, where: str) -> Any:
+            if not isinstance(value, dict):
+                raise KnowledgeError(f"{where}: expected an object, got {_kind(value)}")
+            out = {key_of(k, where): value_of(v, _join(where, k)) for k, v in value.items()}
+            return types.MappingProxyType(out)
+        return mapping
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return build(tp, value, where)
+        return lambda value, where: build(tp, value, where)
     if tp is bool:
-        if not isinstance(value, bool):
-            raise KnowledgeError(f"{where}: expected true or false, got {_kind(value)}")
-        return value
+        def boolean(value: Any, where: str) -> Any:
+            if not isinstance(value, bool):
+                raise KnowledgeError(f"{where}: expected true or false, got {_kind(value)}")
+            return value
+        return boolean
     if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise KnowledgeError(f"{where}: expected an integer, got {_kind(value)}")
-        return value
+        def integer(value: Any, where: str) -> Any:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise KnowledgeError(f"{where}: expected an integer, got {_kind(value)}")
+            return value
+        return integer
     if tp is float:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise KnowledgeError(f"{where}: expected a number, got {_kind(value)}")
-        return float(value)
+        def number(value: Any, where: str) -> Any:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise KnowledgeError(f"{where}: expected a number, got {_kind(value)}")
+            return float(value)
+        return number
     if tp is str:
-        if not isinstance(value, str):
-            raise KnowledgeError(f"{where}: expected a string, got {_kind(value)}")
-        return value
-    raise KnowledgeError(f"{where}: ortgate cannot read a value of type {tp!r}")  # pragma: no cover - schema bug
+        def string(value: Any, where: str) -> Any:
+            if not isinstance(value, str):
+                raise KnowledgeError(f"{where}: expected a string, got {_kind(value)}")
+            return value
+        return string
+
+    def unreadable(value: Any, where: str) -> Any:  # pragma: no cover - schema bug
+        raise KnowledgeError(f"{where}: ortgate cannot read a value of type {tp!r}")
+    return unreadable
 
 
 def _join(where: str, key: str) -> str:

@@ -24,6 +24,8 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 @dataclass(frozen=True)
 class SwigluGate:
+    """The ORT release that fixed com.microsoft.MoE's SwiGLU, and what the defect does before it."""
+
     issue: str
     fixed_by: str
     first_fixed_release: str
@@ -41,6 +43,8 @@ class SwigluGate:
 
 @dataclass(frozen=True)
 class InplaceTrigger:
+    """What makes ORT's CPU MoE kernel take over its input's buffer."""
+
     normalize_routing_weights: int  # the attribute value under which the kernel reads its input after zeroing output
     input: str
     output: str
@@ -49,6 +53,8 @@ class InplaceTrigger:
 
 @dataclass(frozen=True)
 class InplaceWorkaround:
+    """A graph form that avoids the in-place defect."""
+
     form: str
     what: str
     seen: str
@@ -109,6 +115,8 @@ class SparseMixer:
 
 @dataclass(frozen=True)
 class MoeOpFacts:
+    """ort_moe.json, checked: com.microsoft.MoE's inputs, layouts and known defects."""
+
     ort_version: str
     inputs: tuple[str, ...]
     min_inputs: int
@@ -135,6 +143,8 @@ class MoeOpFacts:
 
 @dataclass(frozen=True)
 class _SourcedCount:
+    """ort_moe.json: a count with the version it holds since and its source."""
+
     value: int
     since: str
     source: str
@@ -142,6 +152,8 @@ class _SourcedCount:
 
 @dataclass(frozen=True)
 class _Op:
+    """ort_moe.json: the op and its inputs."""
+
     domain: str
     op_type: str
     inputs: tuple[str, ...]
@@ -151,6 +163,8 @@ class _Op:
 
 @dataclass(frozen=True)
 class _SquareSeen:
+    """ort_moe.json: what a square expert weight was seen to mean."""
+
     value: Literal["new", "legacy"]
     what: str
     seen: str
@@ -158,6 +172,8 @@ class _SquareSeen:
 
 @dataclass(frozen=True)
 class _Layout:
+    """ort_moe.json: the expert weight layouts."""
+
     fc1: str
     fc2: str
     since: str
@@ -166,12 +182,16 @@ class _Layout:
 
 @dataclass(frozen=True)
 class _SourcedValue:
+    """ort_moe.json: a value with its source."""
+
     value: int
     source: str
 
 
 @dataclass(frozen=True)
 class _SwigluReleaseGate:
+    """ort_moe.json: the SwiGLU release gate."""
+
     issue: str
     fixed_by: str
     first_fixed_release: str
@@ -183,6 +203,8 @@ class _SwigluReleaseGate:
 
 @dataclass(frozen=True)
 class _SparseMixer:
+    """ort_moe.json: use_sparse_mixer."""
+
     attribute: str
     k: int
     k_source: str
@@ -196,6 +218,8 @@ class _SparseMixer:
 
 @dataclass(frozen=True)
 class _InplaceDefect:
+    """ort_moe.json: the CPU in-place defect."""
+
     effect: str
     provider: str
     releases_seen_affected: tuple[str, ...]
@@ -211,6 +235,8 @@ class _InplaceDefect:
 
 @dataclass(frozen=True)
 class _OrtMoeFile:
+    """ort_moe.json."""
+
     schema: Literal[1]
     ort_version: str
     about: str

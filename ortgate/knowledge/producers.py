@@ -27,6 +27,8 @@ def release(text: str) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class ProducedForm:
+    """A form a producer writes, since which release and for which providers."""
+
     writes: str  # what the tool writes, in a phrase ("one packed qkv_proj MatMul for GroupQueryAttention")
     since: str | None  # the first release that writes it; None: every checked release does
     applies_to: str  # which models or builds it holds for
@@ -47,6 +49,8 @@ class FusesNone:
 
 @dataclass(frozen=True)
 class Producer:
+    """A tool that writes models (producers.json): its producer names and the fused forms it writes."""
+
     name: str
     label: str  # how messages name it
     producer_names: tuple[str, ...]  # ModelProto.producer_name values it writes
@@ -114,6 +118,8 @@ class Producer:
 
 @dataclass(frozen=True)
 class _ProducerEntry:
+    """producers.json: one producer."""
+
     label: str
     producer_names: tuple[str, ...]
     mentions: tuple[str, ...]
@@ -131,6 +137,8 @@ class _ProducerEntry:
 
 @dataclass(frozen=True)
 class _ProducersFile:
+    """producers.json."""
+
     schema: Literal[1]
     about: str
     reflects: Mapping[str, str]

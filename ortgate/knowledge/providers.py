@@ -49,6 +49,8 @@ def _quote(value: Any) -> str:
 
 @dataclass(frozen=True)
 class ProviderOption:
+    """One provider option: its type, default, values and description."""
+
     provider: str
     key: str
     type: str  # one of OPTION_TYPES
@@ -119,6 +121,8 @@ class ProviderOption:
 
 @dataclass(frozen=True)
 class ProviderCatalog:
+    """A provider's option catalog (provider_options.json), checked."""
+
     name: str  # the ORT execution provider name, e.g. "CUDAExecutionProvider"
     short_names: tuple[str, ...]
     ort_version: str
@@ -188,6 +192,8 @@ class ProviderCatalog:
 
 @dataclass(frozen=True)
 class _OptionEntry:
+    """provider_options.json: one option."""
+
     type: Literal["bool", "int", "size", "float", "enum", "string", "path"]
     default: Any
     description: str
@@ -203,6 +209,8 @@ class _OptionEntry:
 
 @dataclass(frozen=True)
 class _PossiblyValid:
+    """provider_options.json: keys seen in some source version but not verified, with a note."""
+
     keys: tuple[str, ...]
     note: str
 
@@ -219,6 +227,8 @@ class ProviderSource:
 
 @dataclass(frozen=True)
 class _ProviderEntry:
+    """provider_options.json: one provider."""
+
     short_names: tuple[str, ...]
     graph_capture_option: str | None
     unknown_key_behavior: Literal["error", "ignored"]
@@ -233,6 +243,8 @@ class _ProviderEntry:
 
 @dataclass(frozen=True)
 class _ProviderOptionsFile:
+    """provider_options.json."""
+
     schema: Literal[1]
     ort_version: str
     about: str

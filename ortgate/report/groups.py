@@ -13,6 +13,7 @@ one that is the same everywhere keeps its value: `model.layers.N.mlp.gate/MatMul
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ def _indexed(text: str) -> str:
     return _BARE_DYNAMO_NAME.sub(lambda m: m.group() + "_0", text) if "node_" in text else text
 
 
+@functools.lru_cache(maxsize=8192)  # each finding's message and target, read by every grouping of a report
 def _skeleton(text: str) -> str:
     return "".join("#" if isinstance(p, int) else p for p in _pieces(_indexed(text)))
 

@@ -47,6 +47,8 @@ CheckFunction = Callable[["RuleContext"], Iterable[Finding]]
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: its code, name, severity, family, check function, documentation and metadata."""
+
     code: str
     name: str
     severity: Severity
@@ -142,7 +144,8 @@ def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (
             raise ValueError(f"rule code {code!r} must look like OGF001")
         if not _NAME.match(name):
             raise ValueError(f"rule name {name!r} must be kebab-case")
-        missing = [s for s in REQUIRED_SECTIONS if s not in doc_sections(doc)]
+        sections = doc_sections(doc)
+        missing = [s for s in REQUIRED_SECTIONS if s not in sections]
         if missing:
             raise ValueError(f"rule {name}: docstring lacks sections {missing}")
         for existing in _REGISTRY.values():
