@@ -257,6 +257,16 @@ class Node:
         return f"Node({self.key} {self.display_name!r} layer={self.layer})"
 
 
+def _subgraphs(proto: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    """Each subgraph a node's attributes hold (If's branches, Loop's and Scan's bodies), with its attribute's name."""
+    for attr in proto.attribute:
+        if attr.type == ATTR_GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == ATTR_GRAPHS:
+            for sub in attr.graphs:
+                yield attr.name, sub
+
+
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
     if attr.type == ATTR_GRAPH:
         return f"<graph {attr.g.name}>"
@@ -587,26 +597,19 @@ class Graph:
 
     def _push_subgraphs(self, node: Node, proto: onnx.NodeProto, stack: list) -> bool:
         pushed = False
-        for attr in proto.attribute:
-            if attr.type == ATTR_GRAPH:
-                subgraphs = [attr.g]
-            elif attr.type == ATTR_GRAPHS:
-                subgraphs = list(attr.graphs)
-            else:
-                continue
-            for sub in subgraphs:
-                sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr.name}"
-                self.subgraph_paths.append(sub_path)
-                self.subgraph_owners.setdefault(sub_path, node)
-                tensors = sub.initializer
-                for position, t in enumerate(tensors):
-                    name = t.name
-                    if name not in self.initializers:
-                        self.initializers[name] = Initializer(name, tensors, position)
-                for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
-                    self._values.setdefault(vi.name, vi)
-                stack.append((sub_path, sub.node, enumerate(sub.node)))
-                pushed = True
+        for attr_name, sub in _subgraphs(proto):
+            sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr_name}"
+            self.subgraph_paths.append(sub_path)
+            self.subgraph_owners.setdefault(sub_path, node)
+            tensors = sub.initializer
+            for position, t in enumerate(tensors):
+                name = t.name
+                if name not in self.initializers:
+                    self.initializers[name] = Initializer(name, tensors, position)
+            for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
+                self._values.setdefault(vi.name, vi)
+            stack.append((sub_path, sub.node, enumerate(sub.node)))
+            pushed = True
         return pushed
 
     @cached_property
@@ -639,18 +642,11 @@ class Graph:
                         break
             scope.update(node.outputs)
             if node.domain != DEFAULT_DOMAIN or node.op_type in _SUBGRAPH_OPS:
-                for attr in node.proto.attribute:
-                    if attr.type == ATTR_GRAPH:
-                        subgraphs = [attr.g]
-                    elif attr.type == ATTR_GRAPHS:
-                        subgraphs = list(attr.graphs)
-                    else:
-                        continue
-                    for sub in subgraphs:
-                        local = {""}
-                        local.update(t.name for t in sub.initializer)
-                        local.update(vi.name for vi in sub.input)
-                        stack.append([scopes + [local], len(sub.node)])
+                for _, sub in _subgraphs(node.proto):
+                    local = {""}
+                    local.update(t.name for t in sub.initializer)
+                    local.update(vi.name for vi in sub.input)
+                    stack.append([scopes + [local], len(sub.node)])
         return unordered
 
     # ---- queries ------------------------------------------------------------------------------------
