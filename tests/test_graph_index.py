@@ -3,36 +3,67 @@
 from __future__ import annotations
 
 import gc
+import types
 
+from google.protobuf.message import Message
 from onnx import TensorProto, helper
 
 from ortgate.graph import build_graph
-from ortgate.graph.index import Graph, gc_paused
+from ortgate.graph.index import Graph, dtype_name, gc_paused
+from ortgate.graph.layers import METADATA_KEYS, layer_from_name
 from ortgate.graph.load import read_model
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "qwen3-moe-tiny-unfused" / "model.onnx"
 
 
-def _held_messages(obj) -> list:
-    from google.protobuf.message import Message
+def _reachable_messages(root) -> list:
+    """Protobuf messages and containers reachable from `root` (classes and modules are not followed)."""
+    seen, found, todo = set(), [], [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
+            continue
+        seen.add(id(obj))
+        if type(obj).__module__.startswith("google.") or isinstance(obj, Message):
+            found.append(obj)
+            continue
+        todo.extend(gc.get_referents(obj))
+    return found
 
-    return [r for r in gc.get_referents(obj) if isinstance(r, Message)]
+
+def test_the_index_holds_no_protobuf_object_so_the_parsed_model_is_freed():
+    # Nodes, weights and values are read out of the protobuf when the index is built: keeping any message (or a
+    # repeated field of one) would keep the whole parsed model alive, as much memory again as the index.
+    for path in (EXAMPLE, *sorted((REPO / "tests" / "fixtures" / "exported").glob("*/model.onnx"))[:6]):
+        graph = build_graph(read_model(path), str(path))
+        assert graph.nodes and graph.initializers
+        graph.unordered_nodes, [n.attributes for n in graph.nodes]  # what rules decode later
+        assert not _reachable_messages(graph), path
 
 
-def test_nodes_and_initializers_hold_no_protobuf_message_of_their_own():
-    # A message object kept per node or weight costs memory twice (the object, and what protobuf adds to a held
-    # message for every absent field read through it): the index fetches them from their lists when asked.
-    graph = build_graph(read_model(EXAMPLE), str(EXAMPLE))
-    assert graph.nodes and graph.initializers
-    assert not [n for n in graph.nodes if _held_messages(n)]
-    assert not [i for i in graph.initializers.values() if _held_messages(i)]
-    model = graph.model
-    for node in graph.nodes:
-        assert node.graph is not None or model.graph.node[node.position] == node.proto
-        assert node.proto.op_type == node.op_type and tuple(node.proto.output) == node.outputs
-    for name, init in graph.initializers.items():
-        assert init._proto.name == name
+def test_what_the_index_copies_out_is_what_the_protobuf_says():
+    for path in (EXAMPLE, *sorted((REPO / "tests" / "fixtures" / "exported").glob("*/model.onnx"))):
+        model = read_model(path)
+        graph = build_graph(model, str(path))
+        main = [n for n in graph.nodes if n.graph is None]
+        assert [n.position for n in main] == list(range(len(model.graph.node)))
+        for node in main:
+            proto = model.graph.node[node.position]
+            assert (node.name, node.op_type, node.outputs) == (proto.name, proto.op_type, tuple(proto.output))
+            assert [a.SerializeToString() for a in node.attribute_protos()] == [
+                a.SerializeToString() for a in proto.attribute]
+            assert node.attribute_types == {a.name: a.type for a in reversed(proto.attribute)}
+            scopes = [p.value for p in proto.metadata_props if p.key in METADATA_KEYS]
+            assert (node.index in graph.metadata_layers) == bool(scopes)
+            if scopes:
+                assert graph.metadata_layers[node.index] == layer_from_name(scopes[0])
+        assert graph.early_metadata_keys() == {p.key for n in model.graph.node[:64] for p in n.metadata_props}
+        for t in model.graph.initializer:
+            init = graph.initializers[t.name]
+            assert (init.dtype, init.dims) == (dtype_name(t.data_type), tuple(t.dims))
+            entries = {e.key: e.value for e in t.external_data}
+            assert init.location == (entries.get("location") if t.data_location == 1 else None)
 
 
 def _typed_graph() -> Graph:

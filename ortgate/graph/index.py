@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from ortgate.errors import printable
@@ -52,6 +53,8 @@ _SMALL_CONSTANT_BYTES = 64 * 1024
 _MAX_ATTRIBUTE_ELEMENTS = 1 << 20
 # The only ONNX ops with graph attributes; nodes of other domains are checked attribute by attribute.
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+# Graph.early_metadata_keys: the metadata keys of this many first nodes.
+EARLY_METADATA_NODES = 64
 
 
 def canonical_domain(domain: str) -> str:
@@ -93,85 +96,59 @@ class ValueInfo:
 class Initializer:
     """Metadata of a weight: dtype, dims, external or inline, the external data file (never opened).
 
-    Decoded from the TensorProto on first use (a 35B MoE export has tens of thousands of initializers and a
-    rule looks at few of them). Its bytes are never read.
+    Read from the TensorProto when the index is built; the index keeps no protobuf object (the parsed model is
+    freed once it is indexed). Its bytes are never read: a small inline tensor (a slice bound, a shape) is kept
+    serialized and decoded on first use.
     """
 
-    __slots__ = ("name", "_src", "_pos", "_dense", "_dtype", "_dims", "_storage", "_values")
+    __slots__ = ("name", "dtype", "dims", "external", "location", "_length", "_small", "_values")
 
-    def __init__(self, name: str, src: Any, position: int, *, dense: bool = True):
+    def __init__(self, name: str, t: Any, *, dense: bool = True):
         self.name = name
-        # The TensorProto is fetched from its list (GraphProto.initializer, or .sparse_initializer whose `values` it
-        # is) when a field is first read: holding a message object per weight would cost memory for nothing.
-        self._src = src
-        self._pos = position
-        self._dense = dense  # False: the values of a sparse initializer (never decoded as a constant)
-        self._dtype: str | None | object = _UNKNOWN
-        self._dims: tuple[int, ...] | None = None
-        self._storage: tuple[bool, str | None] | None = None  # (external, location)
-        self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
-
-    @property
-    def _proto(self) -> onnx.TensorProto:
-        t = self._src[self._pos]
-        return t if self._dense else t.values
-
-    @property
-    def dtype(self) -> str | None:
-        dtype = self._dtype
-        if dtype is _UNKNOWN:
-            dtype = self._dtype = dtype_name(self._proto.data_type)
-        return cast("str | None", dtype)
-
-    @property
-    def dims(self) -> tuple[int, ...]:
-        dims = self._dims
-        if dims is None:
-            dims = self._dims = tuple(self._proto.dims)
-        return dims
-
-    def _decode_storage(self) -> tuple[bool, str | None]:
-        t = self._proto
-        location = None
+        if not dense:  # the values of a sparse initializer (never decoded as a constant)
+            t = t.values
+        self.dtype: str | None = dtype_name(t.data_type)
+        dims = tuple(t.dims)
+        self.dims: tuple[int, ...] = dims
+        location = length = None
         external = t.data_location == DATA_EXTERNAL
+        self.external: bool = external
         if external:
             for entry in t.external_data:
-                if entry.key == "location":
+                key = entry.key
+                if key == "location":
                     location = entry.value
-        self._storage = (external, location)
-        return self._storage
-
-    @property
-    def external(self) -> bool:
-        return (self._storage or self._decode_storage())[0]
-
-    @property
-    def location(self) -> str | None:
-        """The external data file the model names (never opened)."""
-        return (self._storage or self._decode_storage())[1]
+                elif key == "length" and length is None:
+                    length = entry.value
+        self.location: str | None = location  # the external data file the model names (never opened)
+        self._length: str | None = length
+        small: Any = None  # (its class, its bytes): a small inline tensor, decoded by small_values()
+        if dense and not external:
+            numel = 1
+            for d in dims:
+                numel *= d
+            if numel <= _SMALL_CONSTANT_ELEMENTS:
+                small = (t.__class__, t.SerializeToString())
+        self._small = small
+        self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
 
     @property
     def external_length(self) -> int | None:
         """The byte length the external-data entry declares (the file is never opened), or None."""
-        if not self.external:
+        if not self.external or self._length is None:
             return None
-        for entry in self._proto.external_data:
-            if entry.key == "length":
-                try:
-                    return max(0, int(entry.value))
-                except ValueError:
-                    return None
-        return None
+        try:
+            return max(0, int(self._length))
+        except ValueError:
+            return None
 
     def small_values(self) -> tuple | None:
         """Flattened values of a small inline initializer; None when external, large or sparse."""
         values = self._values
         if values is False:
             # Patterns ask for the same few constants (slice bounds, gather indices) once per candidate.
-            if not self._dense or self.external or self.numel > _SMALL_CONSTANT_ELEMENTS:
-                values = None
-            else:
-                values = _tensor_summary(self._proto).values
+            small = self._small
+            values = None if small is None else _tensor_summary(small[0].FromString(small[1])).values
             self._values = values
         return cast("tuple | None", values)
 
@@ -186,20 +163,61 @@ class Initializer:
         return n
 
 
+class _Attributes:
+    """A node's attributes: kept serialized (one AttributeProto's bytes each), decoded on first use, shared by
+    every node that has the same ones (a 200k-node graph has a dozen distinct attribute sets). A node holding
+    subgraphs keeps its live attribute list instead (the subgraphs are indexed from it)."""
+
+    __slots__ = ("_raw", "_cls", "_live", "_values", "_types")
+
+    def __init__(self, raw: tuple[bytes, ...] | None, cls: Any, live: Any = None):
+        self._raw = raw
+        self._cls = cls
+        self._live = live
+        self._values: dict[str, Any] | None = None
+        self._types: dict[str, int] | None = None
+
+    def protos(self) -> Iterable[onnx.AttributeProto]:
+        if self._live is not None:
+            return self._live
+        if not self._raw:
+            return ()
+        parse = self._cls.FromString
+        return [parse(b) for b in self._raw]
+
+    def values(self) -> dict[str, Any]:
+        values = self._values
+        if values is None:
+            values = self._values = {a.name: _attribute_value(a) for a in self.protos()}
+        return values
+
+    def types(self) -> dict[str, int]:
+        types = self._types
+        if types is None:
+            types = {}
+            for a in self.protos():
+                types.setdefault(a.name, a.type)  # the first of a name, as a reader scanning the list finds it
+            self._types = types
+        return types
+
+
+_NO_ATTRIBUTES = _Attributes((), None)
+
+
 class Node:
     """One node of the model (main graph or a subgraph). Attributes decode on first use.
 
-    The node keeps no protobuf object of its own: `proto` fetches the NodeProto from its graph's node list when
-    asked. A message object held per node would cost memory twice over (the Python object, and the bookkeeping
-    protobuf adds to a held message for every absent field read through it)."""
+    The node keeps no protobuf object: what rules read is copied out when the index is built (attributes kept
+    serialized), so the parsed model can be freed. A message object held per node would cost memory twice over
+    (the Python object, and the bookkeeping protobuf adds to a held message for every absent field read through
+    it), and the model itself as much again."""
 
-    __slots__ = ("index", "position", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs",
-                 "_src")
+    __slots__ = ("index", "position", "name", "op_type", "domain", "inputs", "outputs", "graph", "layer", "_attrs")
 
-    def __init__(self, src: Any, position: int, index: int, graph: str | None, name: str, op_type: str,
+    def __init__(self, attrs: _Attributes, position: int, index: int, graph: str | None, name: str, op_type: str,
                  domain: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
-        self._src = src  # the node list (GraphProto.node) holding it
-        self.position = position  # its position in that list (`index` counts every node of every graph)
+        self._attrs = attrs
+        self.position = position  # its position in its graph's node list (`index` counts every node of every graph)
         self.index = index
         self.name = name
         self.op_type = op_type
@@ -208,12 +226,6 @@ class Node:
         self.outputs = outputs
         self.graph = graph
         self.layer: int | None = None
-        self._attrs: dict[str, Any] | None = None
-
-    @property
-    def proto(self) -> onnx.NodeProto:
-        """The NodeProto (read-only use: the model is shared)."""
-        return self._src[self.position]
 
     @property
     def key(self) -> str:
@@ -228,9 +240,16 @@ class Node:
 
     @property
     def attributes(self) -> dict[str, Any]:
-        if self._attrs is None:
-            self._attrs = {a.name: _attribute_value(a) for a in self.proto.attribute}
-        return self._attrs
+        return self._attrs.values()
+
+    @property
+    def attribute_types(self) -> dict[str, int]:
+        """Attribute name -> its AttributeProto.AttributeType number (the first attribute of a name)."""
+        return self._attrs.types()
+
+    def attribute_protos(self) -> Iterable[onnx.AttributeProto]:
+        """The node's AttributeProtos, in order (read-only use)."""
+        return self._attrs.protos()
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute's value, else `default`. With a default, a value of another kind (text where the
@@ -257,9 +276,9 @@ class Node:
         return f"Node({self.key} {self.display_name!r} layer={self.layer})"
 
 
-def _subgraphs(proto: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+def _subgraphs(attributes: Iterable[onnx.AttributeProto]) -> Iterator[tuple[str, onnx.GraphProto]]:
     """Each subgraph a node's attributes hold (If's branches, Loop's and Scan's bodies), with its attribute's name."""
-    for attr in proto.attribute:
+    for attr in attributes:
         if attr.type == ATTR_GRAPH:
             yield attr.name, attr.g
         elif attr.type == ATTR_GRAPHS:
@@ -385,7 +404,7 @@ def _subgraph_output(node: Node, output: str) -> str | None:
     """The body output that becomes `output` of an If/Loop/Scan node (its dtype is the node output's dtype)."""
     attr_name, offset = _SUBGRAPH_OUTPUT_OFFSET[node.op_type]
     position = node.outputs.index(output) + offset
-    for attr in node.proto.attribute:
+    for attr in node.attribute_protos():
         if attr.name == attr_name and attr.type == ATTR_GRAPH and position < len(attr.g.output):
             return attr.g.output[position].name
     return None
@@ -478,15 +497,17 @@ class _DtypeTable(dict):
 
 
 class Graph:
-    """Read-only index over one ONNX model."""
+    """Read-only index over one ONNX model. It keeps no reference to the model's protobuf (only a model with
+    subgraphs keeps the nodes holding them), so the parsed model is freed once it is indexed."""
 
     def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model"):
-        self.model = model
         self.path = path
         self.role = role  # "model" (as exported) or "optimized" (ORT's optimized dump)
         # What reports call the graph when `path` is not its own file: ORT's optimized graph of a model, written to
         # a temporary file that `ortgate run` deleted ("optimized graph of MODEL"; `path` is then MODEL).
         self.label: str | None = None
+        self._producer_name: str = model.producer_name
+        self._producer_version: str = model.producer_version
         self.opsets: dict[str, int] = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
         self.nodes: list[Node] = []
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
@@ -494,7 +515,7 @@ class Graph:
         # producer(value): the dict's own lookup, called hundreds of thousands of times by the patterns.
         self.producer: Callable[[str], Node | None] = self._producer.get
         self._consumers: dict[str, list[Node]] = {}
-        # ValueInfo, or the ValueInfoProto not decoded yet (dumps declare a value_info for most values).
+        # ValueInfo, or (a subgraph's) ValueInfoProto not decoded yet.
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
         self.initializers: dict[str, Initializer] = {}
         self.subgraph_paths: list[str] = []
@@ -502,34 +523,40 @@ class Graph:
         self._dtype_cache: _DtypeTable = _DtypeTable()
         self._dtypes_filled = False
         self._output_type_rules: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
+        # Node index -> the layer its scope metadata names (None: scoped outside every layer), for the nodes that
+        # carry such metadata (ortgate.graph.layers.METADATA_KEYS); and the metadata keys of the first nodes.
+        self.metadata_layers: dict[int, int | None] = {}
+        self._early_metadata_keys: set[str] = set()
 
         g = model.graph
         self.input_infos: list[ValueInfo] = []
         with gc_paused():
             initializers = self.initializers
-            tensors = g.initializer
-            for position, t in enumerate(tensors):
+            for t in g.initializer:
                 name = t.name
-                initializers[name] = Initializer(name, tensors, position)
-            tensors = g.sparse_initializer
-            for position, t in enumerate(tensors):
+                initializers[name] = Initializer(name, t)
+            for t in g.sparse_initializer:
                 name = t.values.name
                 if name:
-                    initializers[name] = Initializer(name, tensors, position, dense=False)
+                    initializers[name] = Initializer(name, t, dense=False)
             values = self._values
+            input_names = []
             for vi in g.input:
                 name = vi.name
-                if name in initializers:  # IR < 4 lists every initializer as an input too
-                    values[name] = vi
-                else:
-                    info = _value_info(vi)
-                    values[name] = info
+                input_names.append(name)
+                info = _value_info(vi)
+                values[name] = info
+                if name not in initializers:  # IR < 4 lists every initializer as an input too
                     self.input_infos.append(info)
             self.output_infos: list[ValueInfo] = [_value_info(vi) for vi in g.output]
             for info in self.output_infos:
                 values.setdefault(info.name, info)
             for vi in g.value_info:
-                values.setdefault(vi.name, vi)
+                name = vi.name
+                if name not in values:
+                    values[name] = _value_info(vi)
+            # What unordered_nodes needs of the main graph: the names in its scope, its node count.
+            self._main_scope = (len(initializers), tuple(input_names), len(g.node))
             self._index_graph(g, None)
         self.layer_source = "none"  # set by ortgate.graph.layers.assign_layers, a separate pass
 
@@ -538,27 +565,40 @@ class Graph:
     @property
     def producer_name(self) -> str:
         """The tool that wrote the model, as it recorded itself (ModelProto.producer_name), or ''."""
-        return printable(self.model.producer_name).strip()
+        return printable(self._producer_name).strip()
 
     @property
     def producer_version(self) -> str:
-        return printable(self.model.producer_version).strip()
+        return printable(self._producer_version).strip()
+
+    def early_metadata_keys(self) -> frozenset[str]:
+        """The metadata keys of the first nodes (graph.nodes[:EARLY_METADATA_NODES]): what an exporter writes."""
+        return frozenset(self._early_metadata_keys)
 
     # ---- construction -------------------------------------------------------------------------------
 
     def _index_graph(self, g: onnx.GraphProto, path: str | None) -> None:
         # Depth-first over nested graphs without recursion; each graph sees its own names plus its parents'.
         # This loop runs once per node of the model: every protobuf field read and allocation counts.
+        from ortgate.graph.layers import METADATA_KEYS, layer_from_name
+
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
+        metadata_layers, early_keys = self.metadata_layers, self._early_metadata_keys
+        append = nodes.append
         # One str per op type (a 50k-node graph has a few dozen), one key per (domain, op type).
         op_types: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
         op_keys: dict[tuple[str, str], list[Node]] = {}
         # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
         # every later lookup by name compares identical objects instead of equal strings.
         share: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
-        stack: list[tuple[str | None, Any, Iterator[tuple[int, onnx.NodeProto]]]] = [(path, g.node, enumerate(g.node))]
+        # One _Attributes per distinct serialized attribute list.
+        attribute_sets: dict[tuple[bytes, ...], _Attributes] = {}
+        no_attributes = _NO_ATTRIBUTES
+        subgraph_ops = _SUBGRAPH_OPS
+        graph_types = (ATTR_GRAPH, ATTR_GRAPHS)
+        stack: list[tuple[str | None, Iterator[tuple[int, onnx.NodeProto]]]] = [(path, enumerate(g.node))]
         while stack:
-            gpath, src, it = stack[-1]
+            gpath, it = stack[-1]
             for position, proto in it:
                 domain = proto.domain
                 if not domain:
@@ -574,8 +614,29 @@ class Graph:
                 index = len(nodes)
                 if index == position:  # one int object for both (a main graph's nodes, before any subgraph)
                     index = position
-                node = Node(src, position, index, gpath, proto.name, op_type, domain, inputs, outputs)
-                nodes.append(node)
+                attrs = proto.attribute
+                holds_graphs = False
+                if not attrs:
+                    entry = no_attributes
+                elif (domain != DEFAULT_DOMAIN or op_type in subgraph_ops) and any(
+                        a.type in graph_types for a in attrs):
+                    entry = _Attributes(None, None, attrs)
+                    holds_graphs = True
+                else:
+                    raw = tuple([a.SerializeToString() for a in attrs])
+                    entry = attribute_sets.get(raw)  # type: ignore[assignment]
+                    if entry is None:
+                        entry = attribute_sets[raw] = _Attributes(raw, attrs[0].__class__)
+                metadata = proto.metadata_props
+                if metadata:
+                    for prop in metadata:
+                        if prop.key in METADATA_KEYS:
+                            metadata_layers[index] = layer_from_name(prop.value)
+                            break
+                    if index < EARLY_METADATA_NODES:
+                        early_keys.update([prop.key for prop in metadata])
+                node = Node(entry, position, index, gpath, proto.name, op_type, domain, inputs, outputs)
+                append(node)
                 same_op = op_keys.get((domain, op_type))
                 if same_op is None:
                     same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
@@ -590,25 +651,24 @@ class Graph:
                 for name in outputs:
                     if name and name not in producers:
                         producers[name] = node
-                if (domain != DEFAULT_DOMAIN or op_type in _SUBGRAPH_OPS) and self._push_subgraphs(node, proto, stack):
+                if holds_graphs and self._push_subgraphs(node, attrs, stack):
                     break  # index the subgraphs first; this graph's iterator resumes after them
             else:
                 stack.pop()
 
-    def _push_subgraphs(self, node: Node, proto: onnx.NodeProto, stack: list) -> bool:
+    def _push_subgraphs(self, node: Node, attrs: Any, stack: list) -> bool:
         pushed = False
-        for attr_name, sub in _subgraphs(proto):
+        for attr_name, sub in _subgraphs(attrs):
             sub_path = f"{node.graph + '/' if node.graph else ''}{node.display_name}/{attr_name}"
             self.subgraph_paths.append(sub_path)
             self.subgraph_owners.setdefault(sub_path, node)
-            tensors = sub.initializer
-            for position, t in enumerate(tensors):
+            for t in sub.initializer:
                 name = t.name
                 if name not in self.initializers:
-                    self.initializers[name] = Initializer(name, tensors, position)
+                    self.initializers[name] = Initializer(name, t)
             for vi in list(sub.input) + list(sub.value_info) + list(sub.output):
                 self._values.setdefault(vi.name, vi)
-            stack.append((sub_path, sub.node, enumerate(sub.node)))
+            stack.append((sub_path, enumerate(sub.node)))
             pushed = True
         return pushed
 
@@ -616,16 +676,15 @@ class Graph:
     def unordered_nodes(self) -> list[Node]:
         """Nodes using a value not produced before them in their graph or a graph around it (a cycle, a bad
         order, a name nothing defines), in node order. Worked out when first asked, in the index's own order."""
-        g = self.model.graph
+        initializer_count, input_names, node_count = self._main_scope
         visible = {""}  # "" (an omitted input) is in every scope
-        visible.update(t.name for t in g.initializer)
-        visible.update(t.values.name for t in g.sparse_initializer if t.values.name)
-        visible.update(vi.name for vi in g.input)
+        visible.update(islice(self.initializers, initializer_count))  # the main graph's, dense and sparse
+        visible.update(input_names)
         unordered: list[Node] = []
         nodes = iter(self.nodes)
         # Per graph being walked: its scopes (its own last, then those around it) and its nodes left to see. A node
         # holding subgraphs has them walked next, the last one pushed first, as the index walked them.
-        stack: list[list] = [[[visible], len(g.node)]]
+        stack: list[list] = [[[visible], node_count]]
         while stack:
             frame = stack[-1]
             if not frame[1]:
@@ -641,8 +700,8 @@ class Graph:
                         unordered.append(node)
                         break
             scope.update(node.outputs)
-            if node.domain != DEFAULT_DOMAIN or node.op_type in _SUBGRAPH_OPS:
-                for _, sub in _subgraphs(node.proto):
+            if node._attrs._live is not None:  # a node holding subgraphs
+                for _, sub in _subgraphs(node._attrs._live):
                     local = {""}
                     local.update(t.name for t in sub.initializer)
                     local.update(vi.name for vi in sub.input)

@@ -34,8 +34,6 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import onnx
-
     from ortgate.graph.index import Graph, Node
 
 _LAYER_IN_NAME = re.compile(
@@ -43,7 +41,8 @@ _LAYER_IN_NAME = re.compile(
 )
 # ORT names a node it creates "<old name>/<Pass>/" (MatMulScaleFusion, QuickGeluFusion, ...).
 _ORT_PASS_SUFFIX = re.compile(r"(/[A-Za-z0-9_]*(?:Fusion|Transformer|Elimination|Rewriter)[A-Za-z0-9_]*/?)+$")
-_METADATA_KEYS = ("pkg.torch.onnx.name_scopes", "namespace", "pkg.torch.onnx.class_hierarchy")
+# The node metadata that scopes a node (the index reads it: Graph.metadata_layers).
+METADATA_KEYS = frozenset({"pkg.torch.onnx.name_scopes", "namespace", "pkg.torch.onnx.class_hierarchy"})
 _FINAL_NORM_NAME = re.compile(r"final_norm|final_layernorm", re.IGNORECASE)
 # Ops a norm-only pseudo layer may hold besides the norms themselves.
 _NORM_OPS = frozenset({
@@ -66,12 +65,11 @@ def layer_from_name(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _own_layer(node: Node, proto: onnx.NodeProto | None = None) -> tuple[int | None, bool]:
-    """(layer, whether the node's metadata or name is authoritative even when it names no layer). `proto`: the
-    node's NodeProto when the caller has it at hand."""
-    for prop in (proto if proto is not None else node.proto).metadata_props:
-        if prop.key in _METADATA_KEYS:
-            return layer_from_name(prop.value), True
+def _own_layer(node: Node, metadata_layers: dict[int, int | None]) -> tuple[int | None, bool]:
+    """(layer, whether the node's metadata or name is authoritative even when it names no layer).
+    `metadata_layers`: the graph's Graph.metadata_layers."""
+    if metadata_layers and node.index in metadata_layers:
+        return metadata_layers[node.index], True
     name = node.name
     if name:
         m = _LAYER_IN_NAME.search(name)
@@ -99,12 +97,9 @@ def assign_layers(graph: Graph, reference: Graph | None = None) -> str:
     fixed: set[int] = set()
     from_reference = 0
     nodes = graph.nodes
-    # The node lists hold the protos in node order when there are no subgraphs: read them in step.
-    protos = graph.model.graph.node if not graph.subgraph_paths else None
-    if protos is None or len(protos) != len(nodes):
-        protos = (node.proto for node in nodes)
-    for node, proto in zip(nodes, protos):
-        node.layer, authoritative = _own_layer(node, proto)
+    metadata_layers = graph.metadata_layers
+    for node in nodes:
+        node.layer, authoritative = _own_layer(node, metadata_layers)
         if not authoritative and node.index in carried:
             node.layer, authoritative = carried[node.index], True
             from_reference += 1

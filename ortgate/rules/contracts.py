@@ -368,10 +368,8 @@ def _type_verdict(op: str, contract: OpContract, dtypes: tuple[str | None, ...]
 
 
 def _attribute_type(node: Node, name: str) -> str | None:
-    for a in node.proto.attribute:
-        if a.name == name:
-            return attribute_type_names().get(a.type)
-    return None
+    found = node.attribute_types.get(name)
+    return attribute_type_names().get(found) if found is not None else None
 
 
 @rule("OGX004", "op-attribute-missing", Severity.ERROR)
@@ -458,7 +456,7 @@ def op_attribute_type(ctx: RuleContext):
     """
     graph = ctx.model
     for node, contract, plan in _to_check(graph)["typed_attributes"]:
-        if not node.proto.attribute:
+        if not node.attribute_types:
             continue
         for attr in plan.typed_attributes:
             name = attr.name

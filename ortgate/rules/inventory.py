@@ -363,7 +363,7 @@ def decoder_without_kv_cache(ctx: RuleContext):
 
 def kv_cache_export_advice(graph: Graph) -> str:
     """The export that adds a KV cache, for the exporter that made `graph` (every way when it is unknown)."""
-    keys = {p.key for node in graph.nodes[:64] for p in node.proto.metadata_props}
+    keys = set(graph.early_metadata_keys())
     exporter = cache_export(graph.producer_name, keys)
     if exporter is None:
         return cache_export_otherwise()
