@@ -270,7 +270,8 @@ class Node:
 
     def input(self, i: int) -> str:
         """The i-th input name, "" when absent or omitted."""
-        return self.inputs[i] if i < len(self.inputs) else ""
+        inputs = self.inputs
+        return inputs[i] if i < len(inputs) else ""
 
     def __repr__(self) -> str:
         return f"Node({self.key} {self.display_name!r} layer={self.layer})"
@@ -478,6 +479,15 @@ def _declared_dtype(values: dict[str, Any], initializers: dict[str, Initializer]
     return init.dtype if init is not None else None
 
 
+class _ConsumerTable(dict):
+    """Value name -> the nodes reading it; a name nothing reads gets a new empty list (not kept)."""
+
+    __slots__ = ()
+
+    def __missing__(self, name: str) -> list[Node]:
+        return []
+
+
 class _DtypeTable(dict):
     """Value name -> dtype. Once every node output is in it (Graph._fill_dtypes), a missing name is no node's
     output: `declared` gives its dtype (a graph input's, a weight's, or None), kept for the next lookup. It holds
@@ -514,7 +524,9 @@ class Graph:
         self._producer: dict[str, Node] = {}
         # producer(value): the dict's own lookup, called hundreds of thousands of times by the patterns.
         self.producer: Callable[[str], Node | None] = self._producer.get
-        self._consumers: dict[str, list[Node]] = {}
+        self._consumers: dict[str, list[Node]] = _ConsumerTable()
+        # consumers(value): the table's own lookup (a value nothing reads gets a new empty list).
+        self.consumers: Callable[[str], list[Node]] = self._consumers.__getitem__  # type: ignore[method-assign]
         # ValueInfo, or (a subgraph's) ValueInfoProto not decoded yet.
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
         self.initializers: dict[str, Initializer] = {}
@@ -726,7 +738,7 @@ class Graph:
     def count(self, domain: str, op_type: str) -> int:
         return len(self.by_op(domain, op_type))
 
-    def consumers(self, value: str) -> list[Node]:
+    def consumers(self, value: str) -> list[Node]:  # replaced per instance by its table's lookup (see __init__)
         return self._consumers.get(value, [])
 
     def value(self, name: str) -> ValueInfo | None:
@@ -786,16 +798,26 @@ class Graph:
         if found is not _UNKNOWN:
             return cast("str | None", found)
         if not self._dtypes_filled:
-            # One value's dtype can hang on the whole graph above it (an activation's comes from the embedding
-            # table), and rules ask for most values: settle every node output at once.
-            self._dtypes_filled = True
-            self._fill_dtypes()
-            # Every produced value is now in the table; any other name's dtype is its declared one (what the walk
-            # would find), which the table works out on a miss: from here on dtype(name) is the table's lookup.
-            cache.declared = functools.partial(_declared_dtype, self._values, self.initializers)
-            self.dtype = cache.__getitem__  # type: ignore[method-assign,assignment]
+            self._settle_dtypes()
             return cache[name]
         return self._walk_dtype(name)
+
+    def dtype_lookup(self) -> Callable[[str], str | None]:
+        """Graph.dtype as a plain function, with every dtype settled: for callers asking for many values."""
+        if not self._dtypes_filled:
+            self._settle_dtypes()
+        return self._dtype_cache.__getitem__
+
+    def _settle_dtypes(self) -> None:
+        # One value's dtype can hang on the whole graph above it (an activation's comes from the embedding
+        # table), and rules ask for most values: settle every node output at once.
+        self._dtypes_filled = True
+        self._fill_dtypes()
+        # Every produced value is now in the table; any other name's dtype is its declared one (what the walk
+        # would find), which the table works out on a miss: from here on dtype(name) is the table's lookup.
+        cache = self._dtype_cache
+        cache.declared = functools.partial(_declared_dtype, self._values, self.initializers)
+        self.dtype = cache.__getitem__  # type: ignore[method-assign,assignment]
 
     def _fill_dtypes(self) -> None:
         """Every node output's dtype in one pass in graph order (in a valid graph producers come first); what the

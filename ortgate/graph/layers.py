@@ -65,22 +65,6 @@ def layer_from_name(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _own_layer(node: Node, metadata_layers: dict[int, int | None]) -> tuple[int | None, bool]:
-    """(layer, whether the node's metadata or name is authoritative even when it names no layer).
-    `metadata_layers`: the graph's Graph.metadata_layers."""
-    if metadata_layers and node.index in metadata_layers:
-        return metadata_layers[node.index], True
-    name = node.name
-    if name:
-        m = _LAYER_IN_NAME.search(name)
-        if m:
-            return int(m.group(1)), True
-        # A scoped name such as "/model/norm/Mul", "model.norm/Mul" or "/lm_head/MatMul" places the node outside
-        # every layer; "node_silu_3/QuickGeluFusion/" is ORT's name for a fused node, not a scope.
-        return None, "/" in _ORT_PASS_SUFFIX.sub("", node.name)
-    return None, False
-
-
 def _initializer_layer(graph: Graph, node: Node) -> int | None:
     for name in node.inputs:
         if name and name in graph.initializers:
@@ -97,14 +81,30 @@ def assign_layers(graph: Graph, reference: Graph | None = None) -> str:
     fixed: set[int] = set()
     from_reference = 0
     nodes = graph.nodes
+    # A node's own layer, and whether its metadata or name is authoritative even when it names no layer: its
+    # scope metadata's (read by the index), else its name's.
     metadata_layers = graph.metadata_layers
+    search, strip = _LAYER_IN_NAME.search, _ORT_PASS_SUFFIX.sub
     for node in nodes:
-        node.layer, authoritative = _own_layer(node, metadata_layers)
-        if not authoritative and node.index in carried:
-            node.layer, authoritative = carried[node.index], True
+        index = node.index
+        if index in metadata_layers:
+            layer, authoritative = metadata_layers[index], True
+        elif name := node.name:
+            m = search(name)
+            if m:
+                layer, authoritative = int(m.group(1)), True
+            else:
+                # A scoped name such as "/model/norm/Mul", "model.norm/Mul" or "/lm_head/MatMul" places the node
+                # outside every layer; "node_silu_3/QuickGeluFusion/" is ORT's name for a fused node, not a scope.
+                layer, authoritative = None, "/" in strip("", name)
+        else:
+            layer, authoritative = None, False
+        if not authoritative and index in carried:
+            layer, authoritative = carried[index], True
             from_reference += 1
+        node.layer = layer
         if authoritative:
-            fixed.add(node.index)
+            fixed.add(index)
     named = any(graph.nodes[i].layer is not None for i in fixed)
     # The residual stream decides the layers when names do not cover the graph, and places the nodes names leave
     # unplaced: it is walked only when one of those can happen.

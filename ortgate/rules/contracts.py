@@ -86,7 +86,7 @@ def input_dtypes(graph: Graph) -> list[tuple[str | None, ...]]:
     graph neither declares nor implies): read once per graph for every rule that matches nodes by their types."""
 
     def compute(g: Graph) -> list[tuple[str | None, ...]]:
-        dtype = g.dtype
+        dtype = g.dtype_lookup()
         out: list[tuple[str | None, ...]] = []
         append = out.append
         for node in g.nodes:
