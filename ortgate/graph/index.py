@@ -526,7 +526,7 @@ class Graph:
         self.producer: Callable[[str], Node | None] = self._producer.get
         self._consumers: dict[str, list[Node]] = _ConsumerTable()
         # consumers(value): the table's own lookup (a value nothing reads gets a new empty list).
-        self.consumers: Callable[[str], list[Node]] = self._consumers.__getitem__  # type: ignore[method-assign]
+        self.consumers: Callable[[str], list[Node]] = self._consumers.__getitem__  # type: ignore[method-assign,assignment]
         # ValueInfo, or (a subgraph's) ValueInfoProto not decoded yet.
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
         self.initializers: dict[str, Initializer] = {}
