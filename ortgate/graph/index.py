@@ -828,16 +828,21 @@ class Graph:
         inputs, exactly what _dtype_inputs and _infer_output_dtype say for it."""
         cache, producers, values, initializers = self._dtype_cache, self._producer, self._values, self.initializers
         declared_dtype, dtype_inputs, infer = self._declared_dtype, self._dtype_inputs, self._infer_output_dtype
-        walk = self._walk_dtype
-        rules_of: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
+        walk, get = self._walk_dtype, cache.get
+        unknown, special_ops = _UNKNOWN, _DTYPE_SPECIAL_OPS
+        # Per (domain, op type, input count): per output position, its fixed dtype (a str) or the positions of the
+        # inputs that type it (None: every input); positions past the tuple take every input.
+        plans_of: dict[tuple[str, str, int], tuple[str | tuple[int, ...] | None, ...]] = {}
         for node in self.nodes:
             op_type = node.op_type
-            special = op_type in _DTYPE_SPECIAL_OPS
-            if not special:
-                key = (node.domain, op_type)
-                rules = rules_of.get(key, _NO_CONTRACT)
-                if rules is _NO_CONTRACT:
-                    rules = rules_of[key] = self._rules_for(key)
+            inputs = node.inputs
+            if op_type in special_ops:
+                plans = None
+            else:
+                plan_key = (node.domain, op_type, len(inputs))
+                plans = plans_of.get(plan_key)
+                if plans is None:
+                    plans = plans_of[plan_key] = self._dtype_plans(plan_key)
             for position, out in enumerate(node.outputs):
                 if not out or out in cache:
                     continue
@@ -846,21 +851,30 @@ class Graph:
                     if declared:
                         cache[out] = declared
                         continue
-                if special:
+                sources: tuple[str, ...] | list[str]
+                if plans is None:
                     sources = dtype_inputs(node, out)
                 else:
-                    rule = rules[position] if rules and position < len(rules) else None  # type: ignore[index,arg-type]
-                    if rule is None:
-                        sources = node.inputs
-                    elif rule.fixed:
-                        cache[out] = rule.fixed
+                    plan = plans[position] if position < len(plans) else None
+                    if plan is None:
+                        sources = inputs
+                    elif plan.__class__ is str:
+                        cache[out] = plan
                         continue
                     else:
-                        inputs = node.inputs
-                        count = len(inputs)
-                        sources = [inputs[i] for i in rule.inputs if i < count]  # "" is skipped below
-                        if rule.variadic_from is not None:
-                            sources.extend(inputs[rule.variadic_from + 1:])
+                        sources = [inputs[i] for i in cast("tuple[int, ...]", plan)]  # "" is skipped below
+                    # The usual case in graph order: every source is settled; the first known dtype is the output's.
+                    found = None
+                    for i in sources:
+                        if i:
+                            known = get(i, unknown)
+                            if known is unknown:
+                                break
+                            if found is None and known:
+                                found = known
+                    else:
+                        cache[out] = found or None
+                        continue
                 for i in sources:
                     if i and i not in cache:
                         if i in producers:
@@ -869,7 +883,7 @@ class Graph:
                             cache[i] = declared_dtype(i) or None
                 if out in cache:  # the walk reaches it first when it sits on a cycle
                     continue
-                if special:
+                if plans is None:
                     cache[out] = infer(node, out)
                 else:
                     found = None
@@ -879,6 +893,21 @@ class Graph:
                             if found:
                                 break
                     cache[out] = found or None
+
+    def _dtype_plans(self, key: tuple[str, str, int]) -> tuple[str | tuple[int, ...] | None, ...]:
+        """_fill_dtypes' plan for a node of this (domain, op type, input count): per output position of the op's
+        contract, what _dtype_inputs and _infer_output_dtype decide for it."""
+        domain, op_type, count = key
+        plans: list[str | tuple[int, ...] | None] = []
+        for rule in self._rules_for((domain, op_type)) or ():
+            if rule.fixed:
+                plans.append(rule.fixed)
+                continue
+            positions = [i for i in rule.inputs if i < count]
+            if rule.variadic_from is not None:
+                positions.extend(range(rule.variadic_from + 1, count))
+            plans.append(tuple(positions))
+        return tuple(plans)
 
     def _walk_dtype(self, name: str) -> str | None:
         cache = self._dtype_cache
