@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -597,12 +598,10 @@ class Graph:
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
         metadata_layers, early_keys = self.metadata_layers, self._early_metadata_keys
         append = nodes.append
-        # One str per op type (a 50k-node graph has a few dozen), one key per (domain, op type).
-        op_types: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
+        # One str object per op type and per value name (sys.intern's), shared by node inputs, outputs and the index
+        # keys: less memory, and every later lookup by name compares identical objects instead of equal strings.
+        share = sys.intern
         op_keys: dict[tuple[str, str], list[Node]] = {}
-        # One str object per value name, shared by node inputs, outputs and the index keys: less memory, and
-        # every later lookup by name compares identical objects instead of equal strings.
-        share: Callable[[str, str], str] = cast(dict[str, str], {}).setdefault
         # One _Attributes per distinct serialized attribute list.
         attribute_sets: dict[tuple[bytes, ...], _Attributes] = {}
         no_attributes = _NO_ATTRIBUTES
@@ -617,12 +616,9 @@ class Graph:
                     domain = DEFAULT_DOMAIN
                 elif domain != DEFAULT_DOMAIN:
                     domain = canonical_domain(domain)
-                op_type = proto.op_type
-                op_type = op_types(op_type, op_type)
-                names = proto.input
-                inputs = tuple(map(share, names, names))
-                names = proto.output
-                outputs = tuple(map(share, names, names))
+                op_type = share(proto.op_type)
+                inputs = tuple(map(share, proto.input))
+                outputs = tuple(map(share, proto.output))
                 index = len(nodes)
                 if index == position:  # one int object for both (a main graph's nodes, before any subgraph)
                     index = position
