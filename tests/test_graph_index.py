@@ -125,3 +125,15 @@ def test_unordered_nodes_are_those_reading_a_value_not_yet_visible():
         [helper.make_tensor("w", TensorProto.FLOAT, [1], [0.0])])
     index = Graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "order.onnx")
     assert [n.name for n in index.unordered_nodes] == ["reads_later", "uses_late", "reads_nothing_defined"]
+
+
+def test_a_weight_in_a_constant_is_summarised_without_copying_it():
+    big = helper.make_tensor("w", TensorProto.FLOAT, [20000], [0.5] * 20000)  # 80 KB: a weight
+    small = helper.make_tensor("s", TensorProto.INT64, [2], [3, 4])
+    nodes = [helper.make_node("Constant", [], ["w"], value=big), helper.make_node("Constant", [], ["s"], value=small)]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [20000])])
+    g = build_graph(helper.make_model(graph), "constants.onnx")
+    weight, shape = g.nodes
+    assert weight._attrs._live is not None and shape._attrs._live is None  # the weight's bytes stay in the model
+    assert (weight.attributes["value"].dims, weight.attributes["value"].values) == ((20000,), None)
+    assert g.constant_value("s") == (3, 4) and g.dtype("w") == "float"

@@ -128,7 +128,8 @@ class Initializer:
             numel = 1
             for d in dims:
                 numel *= d
-            if numel <= _SMALL_CONSTANT_ELEMENTS:
+            # (a larger protobuf is never decoded: _tensor_summary's bound, checked before copying any bytes)
+            if numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
                 small = (t.__class__, t.SerializeToString())
         self._small = small
         self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
@@ -167,7 +168,8 @@ class Initializer:
 class _Attributes:
     """A node's attributes: kept serialized (one AttributeProto's bytes each), decoded on first use, shared by
     every node that has the same ones (a 200k-node graph has a dozen distinct attribute sets). A node holding
-    subgraphs keeps its live attribute list instead (the subgraphs are indexed from it)."""
+    subgraphs (indexed from it), or an attribute over 64 KiB (a weight in a Constant, never copied), keeps its live
+    attribute list instead, and with it the parsed model."""
 
     __slots__ = ("_raw", "_cls", "_live", "_values", "_types")
 
@@ -630,6 +632,8 @@ class Graph:
                         a.type in graph_types for a in attrs):
                     entry = _Attributes(None, None, attrs)
                     holds_graphs = True
+                elif any(a.ByteSize() > _SMALL_CONSTANT_BYTES for a in attrs):
+                    entry = _Attributes(None, None, attrs)  # a weight in a Constant: never copied
                 else:
                     raw = tuple([a.SerializeToString() for a in attrs])
                     entry = attribute_sets.get(raw)  # type: ignore[assignment]
@@ -708,8 +712,9 @@ class Graph:
                         unordered.append(node)
                         break
             scope.update(node.outputs)
-            if node._attrs._live is not None:  # a node holding subgraphs
-                for _, sub in _subgraphs(node._attrs._live):
+            live = node._attrs._live  # (a node holding subgraphs keeps its attribute list)
+            if live is not None and (node.domain != DEFAULT_DOMAIN or node.op_type in _SUBGRAPH_OPS):
+                for _, sub in _subgraphs(live):
                     local = {""}
                     local.update(t.name for t in sub.initializer)
                     local.update(vi.name for vi in sub.input)
