@@ -104,34 +104,42 @@ class Initializer:
 
     __slots__ = ("name", "dtype", "dims", "external", "location", "_length", "_small", "_values")
 
+    dtype: str | None
+    dims: tuple[int, ...]
+    external: bool
+    location: str | None  # the external data file the model names (never opened)
+
     def __init__(self, name: str, t: Any, *, dense: bool = True):
         self.name = name
         if not dense:  # the values of a sparse initializer (never decoded as a constant)
             t = t.values
-        self.dtype: str | None = dtype_name(t.data_type)
-        dims = tuple(t.dims)
-        self.dims: tuple[int, ...] = dims
+        elem_type = t.data_type
+        dtype = _DTYPE_NAMES.get(elem_type, "")
+        self.dtype = dtype_name(elem_type) if dtype == "" else dtype
+        dims = self.dims = tuple(t.dims)
         location = length = None
-        external = t.data_location == DATA_EXTERNAL
-        self.external: bool = external
-        if external:
+        if t.data_location == DATA_EXTERNAL:
+            self.external = True
             for entry in t.external_data:
                 key = entry.key
                 if key == "location":
                     location = entry.value
                 elif key == "length" and length is None:
                     length = entry.value
-        self.location: str | None = location  # the external data file the model names (never opened)
+            small = None
+        else:
+            self.external = False
+            small = None  # (its class, its bytes): a small inline tensor, decoded by small_values()
+            if dense:
+                numel = 1
+                for d in dims:
+                    numel *= d
+                # (a larger protobuf is never decoded: _tensor_summary's bound, checked before copying any bytes)
+                if numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
+                    small = (t.__class__, t.SerializeToString())
+        self.location = location
         self._length: str | None = length
-        small: Any = None  # (its class, its bytes): a small inline tensor, decoded by small_values()
-        if dense and not external:
-            numel = 1
-            for d in dims:
-                numel *= d
-            # (a larger protobuf is never decoded: _tensor_summary's bound, checked before copying any bytes)
-            if numel <= _SMALL_CONSTANT_ELEMENTS and t.ByteSize() <= _SMALL_CONSTANT_BYTES:
-                small = (t.__class__, t.SerializeToString())
-        self._small = small
+        self._small: Any = small
         self._values: tuple | None | bool = False  # small_values(), decoded on first use (False: not yet)
 
     @property
