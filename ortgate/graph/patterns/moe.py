@@ -484,7 +484,8 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
     out: dict[int, Node] = {}
     seen: set[str] = set()
     frontier = list(_data_inputs(graph, down))
-    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per expert
+    producer, is_constant = graph.producer, graph.is_constant  # once per expert
+    initializers = graph.initializers
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
@@ -502,19 +503,47 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
         for i in node.inputs:
             if i and not is_constant(i) and i not in initializers:
                 frontier.append(i)
-    return sorted(out.values(), key=lambda n: n.index)
+    if len(out) < 2:
+        return list(out.values())
+    return sorted(out.values(), key=_node_index)
+
+
+def _node_index(node: Node) -> int:
+    return node.index
 
 
 def _data_inputs(graph: Graph, linear: Node) -> list[str]:
     """The activation operand(s) of a linear: not its weight, not a gathered weight stack."""
     out = []
+    is_constant = graph.is_constant
+    dims_memo = _weight_dims_memo(graph)
+    gather_memo = memo_table(graph, "moe_gather_above")
     for i in linear.inputs[:2]:
-        if not i or weight_dims(graph, i) is not None or graph.is_constant(i):
+        if not i or is_constant(i):
             continue
-        if _gathered_stack(graph, i) is not None:
+        dims = dims_memo.get(i, _UNSET)
+        if dims is _UNSET:
+            dims = weight_dims(graph, i)
+        if dims is not None:
+            continue
+        gathered = gather_memo.get(i, _UNSET)
+        if gathered is _UNSET:
+            gathered = _gather_above(graph, i)
+        if gathered is not None and _stack_dims(graph, gathered) is not None:
             continue
         out.append(i)
     return out
+
+
+_UNSET = object()
+
+
+def _weight_dims_memo(graph: Graph) -> dict:
+    """`weight_dims`'s memo (read directly where a loop asks it of every expert; a miss still calls weight_dims)."""
+    memo = graph.__dict__.get("_weight_dims_memo")
+    if memo is None:
+        memo = graph.__dict__["_weight_dims_memo"] = {}
+    return memo
 
 
 def _gather_above(graph: Graph, value: str) -> Node | None:
@@ -535,14 +564,23 @@ def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     node = _gather_above(graph, value)
     if node is None:
         return None
-    dims = weight_dims(graph, node.inputs[0])
+    return _stack_dims(graph, node)
+
+
+def _stack_dims(graph: Graph, gather: Node) -> tuple[int, ...] | None:
+    dims = weight_dims(graph, gather.inputs[0])
     return dims if dims is not None and len(dims) >= 3 else None
 
 
 def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     """Batched form: the expert stack a down projection gathers its weight from by routing-derived indices."""
+    gather_memo = memo_table(graph, "moe_gather_above")
     for i in down.inputs[:2]:
-        node = _gather_above(graph, i) if i else None
+        if not i:
+            continue
+        node = gather_memo.get(i, _UNSET)
+        if node is _UNSET:
+            node = _gather_above(graph, i)
         if node is not None and node.op_type in ("Gather", "GatherND") and node.inputs[1] in routing:
             dims = weight_dims(graph, node.inputs[0])
             if dims is not None and len(dims) >= 3:

@@ -693,6 +693,14 @@ def _down_projection(graph: Graph, value: str) -> Node | None:
 
 def _linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     """The MatMul/Gemm producing `value` (through pass-through ops), and the constant bias added after it, if any."""
+    memo = memo_table(graph, "moe_linear_and_bias")  # an expert's output is asked for its weighting, then its detail
+    found = memo.get(value)
+    if found is None:
+        found = memo[value] = _find_linear_and_bias(graph, value)
+    return found
+
+
+def _find_linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     node = producer_through(graph, value, _VIEW_OPS)
     bias = None
     if node is not None and node.op_type == "Add" and node.domain == DEFAULT_DOMAIN and len(node.inputs) == 2:
@@ -946,20 +954,13 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
         view, x = _linear_view(graph, linear, pick)
         return _with_bias(graph, view, bias, pick), x
     if node.op_type == "Split" and node.domain == DEFAULT_DOMAIN:
-        linear, bias = _linear_and_bias(graph, node.input(0))
-        if linear is None or linear.op_type not in ("MatMul", "Gemm"):
-            raise _Refuse("a split expert projection is not a MatMul/Gemm")
-        if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
-            raise _Refuse("a merged gate_up projection is split on another axis than its features")
-        view, x = _linear_view(graph, linear, pick)
-        view = _with_bias(graph, view, bias, pick)
-        total = _out_features(graph, view)
-        sizes = const_ints(graph, node.input(1)) if node.input(1) else None
-        if sizes is None:
-            parts = len(node.outputs)
-            if total is None or total % parts:
-                raise _Refuse("cannot size the parts of a merged gate_up projection")
-            sizes = (total // parts,) * parts
+        # The gate and up parts of one merged projection read the same split: its view and sizes are read once.
+        memo = memo_table(graph, "moe_split_view")
+        key = (node.index, pick)
+        split = memo.get(key)
+        if split is None:
+            split = memo[key] = _split_view(graph, node, pick)
+        view, x, sizes = split
         position = node.outputs.index(value)
         start = sum(sizes[:position])
         return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1),
@@ -978,6 +979,25 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
         stop = min(ends[0], total)
         return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0]), view.bias), x
     raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
+
+
+def _split_view(graph: Graph, node: Node, pick: int | None) -> tuple[WeightView, str, tuple[int, ...]]:
+    """The weight view of the merged linear a Split cuts into parts, the value it reads, and the parts' sizes."""
+    linear, bias = _linear_and_bias(graph, node.input(0))
+    if linear is None or linear.op_type not in ("MatMul", "Gemm"):
+        raise _Refuse("a split expert projection is not a MatMul/Gemm")
+    if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
+        raise _Refuse("a merged gate_up projection is split on another axis than its features")
+    view, x = _linear_view(graph, linear, pick)
+    view = _with_bias(graph, view, bias, pick)
+    total = _out_features(graph, view)
+    sizes = const_ints(graph, node.input(1)) if node.input(1) else None
+    if sizes is None:
+        parts = len(node.outputs)
+        if total is None or total % parts:
+            raise _Refuse("cannot size the parts of a merged gate_up projection")
+        sizes = (total // parts,) * parts
+    return view, x, sizes
 
 
 def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[WeightView, str]:
