@@ -317,8 +317,47 @@ class _Region:
     boundary: dict[int, Node]
 
 
+def _region_start(graph: Graph, router: Node) -> list[str]:
+    return [dequantized_output(graph, router)] if router.op_type == "MatMulInteger" else [o for o in router.outputs if o]
+
+
+def _outside_for_what_it_is(graph: Graph, c: Node) -> bool:
+    """A node no routing region takes in, whatever its inputs: a shape, a projection by a weight, a fused MoE, a node
+    of a subgraph."""
+    op_type = c.op_type
+    return op_type in ("Shape", "Size") or (op_type in _LINEAR_OPS and (
+        matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)) or op_type in ("MoE", "QMoE") \
+        or c.graph is not None
+
+
+def _may_select(graph: Graph, router: Node) -> bool:
+    """Whether a selection (TopK / ArgMax) is reachable from the router's output through nodes a routing region may
+    take in: a routing region holds only such nodes, so without one the candidate has no selection (most candidates
+    are other projections, whose output flows on to the end of the graph without one). Every value a search that
+    found none has visited reaches none either (the search took in all it reaches): those are remembered."""
+    barren = memo_table(graph, "moe_no_selection_below")
+    start = [v for v in _region_start(graph, router) if v not in barren]
+    seen = set(start)
+    frontier = list(start)
+    consumers = graph.consumers
+    while frontier:
+        value = frontier.pop()
+        for c in consumers(value):
+            if c.op_type in SELECTION_OPS and c.domain == DEFAULT_DOMAIN and c.graph is None:
+                return True
+            if _outside_for_what_it_is(graph, c):
+                continue
+            for o in c.outputs:
+                if o and o not in seen and o not in barren:
+                    seen.add(o)
+                    frontier.append(o)
+    for value in seen:
+        barren[value] = True
+    return False
+
+
 def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
-    start = [dequantized_output(graph, router)] if router.op_type == "MatMulInteger" else [o for o in router.outputs if o]
+    start = _region_start(graph, router)
     values = set(start)
     nodes: dict[int, Node] = {}
     boundary: dict[int, Node] = {}
@@ -333,7 +372,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     # Why a boundary node is outside: the first input neither routing nor aux when it was looked at ("" when it is
     # outside for what it is). Values only join the region, so it stays outside until that input joins.
     outside: dict[int, str] = {}
-    known = aux.memo.get  # what aux already settled (a value it found False is asked again, and is False again)
+    known = aux.memo.get  # what aux already settled
+    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers
 
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
@@ -345,7 +385,16 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
         for i in data:
-            if i and i not in values and not (known(i) or aux(i)):
+            if not i or i in values:
+                continue
+            settled = known(i)
+            if settled is None:
+                p = producer(i)
+                if p is not None and p.op_type in _LINEAR_OPS and not is_constant(i) and i not in initializers:
+                    settled = False  # what aux finds at once (an expert's output, as a rule)
+                else:
+                    settled = aux(i)
+            if not settled:
                 outside[c.index] = i
                 return False
         return True
@@ -371,6 +420,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
 
 
 def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | None:
+    if not _may_select(graph, router):
+        return None  # what the routing region would find: no selection
     region = _routing_region(graph, router, aux)
     selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN),
                        key=lambda n: n.index)

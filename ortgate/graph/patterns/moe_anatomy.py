@@ -1003,6 +1003,10 @@ def _split_view(graph: Graph, node: Node, pick: int | None) -> tuple[WeightView,
 def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[WeightView, str]:
     """The [out, in] weight view of a MatMul(x, W) / Gemm(x, W, transB) and its input x; with `pick`, also of a
     batched MatMul whose weight (either side) is gathered from an [E, ., .] stack by the routing indices."""
+    if pick is None and node.op_type == "MatMul" and len(node.inputs) == 2:
+        init = graph.initializers.get(node.inputs[1])
+        if init is not None and len(init.dims) == 2:
+            return WeightView(node.inputs[1], None, True), node.inputs[0]  # MatMul(x, W): the walk below's first step
     if pick is not None and node.op_type == "MatMul":
         for side in (0, 1):
             stack = _gathered_stack(graph, node.input(side))
