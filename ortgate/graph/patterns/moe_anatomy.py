@@ -197,8 +197,9 @@ def sparse_mixer_refusal(a: MoeAnatomy) -> str:
 def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Integer values of a small constant (initializer or Constant node, through Cast/Identity), else None."""
     memo = memo_table(graph, "const_ints")
-    if value in memo:
-        return memo[value]
+    found = memo.get(value, _UNSET)
+    if found is not _UNSET:
+        return found
     found = None
     for v in view_chain(graph, value, _CONSTANT_VIEWS):
         values = graph.constant_value(v)
@@ -207,6 +208,9 @@ def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
             break
     memo[value] = found
     return found
+
+
+_UNSET = object()
 
 
 def const_floats(graph: Graph, value: str) -> tuple[float, ...] | None:
@@ -1212,9 +1216,13 @@ def _check_shapes(graph: Graph, a: MoeAnatomy) -> None:
     verdicts: dict[tuple, str | None] = {}
     initializers = graph.initializers
     for e in a.experts:
-        views = (e.up, e.down, e.gate)
-        key = tuple(None if v is None else (initializers[v.initializer].dims, initializers[v.initializer].dtype,
-                                            v.index is None, v.transposed, v.rows) for v in views)
+        up, down, gate = e.up, e.down, e.gate
+        init_up, init_down = initializers[up.initializer], initializers[down.initializer]
+        init_gate = initializers[gate.initializer] if gate is not None else None
+        key = ((init_up.dims, init_up.dtype, up.index is None, up.transposed, up.rows),
+               (init_down.dims, init_down.dtype, down.index is None, down.transposed, down.rows),
+               None if gate is None or init_gate is None else (init_gate.dims, init_gate.dtype, gate.index is None,
+                                                               gate.transposed, gate.rows))
         if key not in verdicts:
             verdicts[key] = _expert_shape_problem(graph, e, inter, hidden, hidden_dtype)
         problem = verdicts[key]
