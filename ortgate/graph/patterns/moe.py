@@ -36,6 +36,7 @@ from enum import Enum
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
+    VIEW_OPS,
     cached,
     data_input,
     dequantized_input,
@@ -565,25 +566,22 @@ def _node_index(node: Node) -> int:
 
 def _data_inputs(graph: Graph, linear: Node) -> list[str]:
     """The activation operand(s) of a linear: not its weight, not a gathered weight stack."""
-    out = []
-    is_constant = graph.is_constant
-    dims_memo = _weight_dims_memo(graph)
-    gather_memo = memo_table(graph, "moe_gather_above")
-    for i in linear.inputs[:2]:
-        if not i or is_constant(i):
-            continue
-        dims = dims_memo.get(i, _UNSET)
-        if dims is _UNSET:
-            dims = weight_dims(graph, i)
-        if dims is not None:
-            continue
-        gathered = gather_memo.get(i, _UNSET)
-        if gathered is _UNSET:
-            gathered = _gather_above(graph, i)
-        if gathered is not None and _stack_dims(graph, gathered) is not None:
-            continue
-        out.append(i)
-    return out
+    return [i for i in linear.inputs[:2] if _is_data_input(graph, i)]
+
+
+def _is_data_input(graph: Graph, value: str) -> bool:
+    """Whether a linear's operand `value` is an activation: not a weight, not a gathered weight stack."""
+    if not value or graph.is_constant(value):
+        return False
+    dims = _weight_dims_memo(graph).get(value, _UNSET)
+    if dims is _UNSET:
+        dims = weight_dims(graph, value)
+    if dims is not None:
+        return False
+    gathered = memo_table(graph, "moe_gather_above").get(value, _UNSET)
+    if gathered is _UNSET:
+        gathered = _gather_above(graph, value)
+    return gathered is None or _stack_dims(graph, gathered) is None
 
 
 _UNSET = object()
@@ -606,6 +604,9 @@ def _gather_above(graph: Graph, value: str) -> Node | None:
 
 
 def _find_gather_above(graph: Graph, value: str) -> Node | None:
+    node = graph.producer(value)
+    if node is None or (node.op_type not in _GATHER_OPS and node.op_type not in VIEW_OPS):
+        return None  # neither a gather nor a view: the walk's first step ends it (a weight, an activation)
     return find_up(graph, value, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in _GATHER_OPS and len(n.inputs) > 1,
                    lambda n: data_input(n) if is_view(graph, n) else [])
 
@@ -952,8 +953,8 @@ def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> Expe
     looked: set[str] = set()  # the experts of a dense loop all read the same x: it is looked at once
     for e in routed:
         for p in e.projections:
-            for i in _data_inputs(graph, p):
-                if i in looked:
+            for i in p.inputs[:2]:
+                if i in looked or not _is_data_input(graph, i):  # what is looked at is a data input
                     continue
                 looked.add(i)
                 if _selected_rows(graph, i, region.values):

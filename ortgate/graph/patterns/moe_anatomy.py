@@ -676,7 +676,7 @@ def _contributions(graph: Graph, a: MoeAnatomy, routing_values: set[str]) -> lis
         if node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
         left, right = node.inputs
-        left_routed, right_routed = _routed(graph, left, routing_values), _routed(graph, right, routing_values)
+        left_routed, right_routed = left in routing_values, right in routing_values  # _routed
         if left_routed == right_routed:
             continue
         weight, expert_out = (left, right) if left_routed else (right, left)
