@@ -829,7 +829,8 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     down, down_bias = _linear_and_bias(graph, expert_out)
     assert down is not None
     down_view, h = _linear_view(graph, down, pick)
-    down_view = _with_bias(graph, down_view, down_bias, pick)
+    if down_bias is not None:
+        down_view = _with_bias(graph, down_view, down_bias, pick)
     h_node = producer_through(graph, h, _ACTIVATION_VIEWS)
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
@@ -852,9 +853,11 @@ def _gated(graph: Graph, node: Node) -> tuple | None:
     (up.clamp(-L, L) + beta) * g * sigmoid(alpha * g) with g = gate.clamp(max=L)."""
     if node.op_type != "Mul" or len(node.inputs) != 2:
         return None
-    clamped = _clamped_swiglu(graph, node)
-    if clamped is not None:
-        return clamped
+    first, second = graph.producer(node.inputs[0]), graph.producer(node.inputs[1])
+    if first is not None and second is not None and {first.op_type, second.op_type} == {"Add", "Mul"}:
+        clamped = _clamped_swiglu(graph, node)  # (up + beta) * glu: an Add and a Mul
+        if clamped is not None:
+            return clamped
     for act_side, up_side in ((0, 1), (1, 0)):
         gate = _silu_input(graph, node.input(act_side))
         if gate is not None:
@@ -947,6 +950,9 @@ def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
 def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple[WeightView, str]:
     """The weight view behind `value` (a linear's output, or one part of a merged linear's Split/Slice) and the
     value that linear reads."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "MatMul" and node.domain == DEFAULT_DOMAIN:
+        return _linear_view(graph, node, pick)  # the usual case: what the walk below reads of a plain MatMul
     value = _through_views(graph, value, _PROJECTION_VIEWS)
     node = graph.producer(value)
     if node is None:
