@@ -783,10 +783,11 @@ def _derived(graph: Graph, value: str, source: str) -> bool:
 def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
     """The accumulation of the weighted expert outputs: its values, and the node where it ends."""
     starts: list[str] = []
+    routing = region.values
     for e in routed:
         assert e.down is not None
         for c in _consumers_through(graph, e.down.outputs[0]):
-            if c.op_type in ("Mul", "Div") and any(i in region.values for i in c.inputs):
+            if c.op_type in ("Mul", "Div") and any(i in routing for i in c.inputs):
                 starts.extend(o for o in c.outputs if o)
     values = set(starts)
     frontier = list(starts)
@@ -795,13 +796,19 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     while frontier:
         value = frontier.pop()
         for c in consumers(value):
-            if (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
+            op_type = c.op_type
+            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
                 continue
-            others = [i for i in c.inputs if i and i != value]
-            if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
-                continue
-            if c.op_type in ("ScatterND", "ScatterElements") and c.inputs and c.inputs[0] == value and not all(
-                    i in values or i in region.values for i in others):
+            if op_type in ("Add", "Sum", "Concat"):
+                joined = True  # every other input is in the sum, or a weighted expert output
+                for i in c.inputs:
+                    if i and i != value and i not in values and not _weighted(graph, i, region):
+                        joined = False
+                        break
+                if not joined:
+                    continue
+            elif op_type in ("ScatterND", "ScatterElements") and c.inputs and c.inputs[0] == value and any(
+                    i and i != value and i not in values and i not in routing for i in c.inputs):
                 continue
             for o in c.outputs:
                 if o and o not in values:
