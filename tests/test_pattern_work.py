@@ -68,3 +68,28 @@ def test_the_hidden_state_every_expert_reads_is_looked_at_once_for_token_dispatc
     blocks = moe.moe_blocks(graph)
     assert [b.expert_form for b in blocks] == [moe.ExpertForm.DENSE] * 2
     assert len(looked) == 2, len(looked)
+
+
+def test_a_projection_with_no_selection_below_gets_no_routing_region(make_model, monkeypatch):
+    """Every projection to a few outputs is a router candidate (attention's o_proj is one): a candidate from whose
+    output no TopK / ArgMax can be reached through nodes a routing region takes in is passed over before its
+    routing region is read (it used to read one for each candidate, its inputs traced up the whole residual
+    stream)."""
+    graph = _graph(make_model(moe="dense_loop", experts=8, layers=3))
+    candidates = [n for n, _ in moe._router_candidates(graph)]
+    regions = _counting(monkeypatch, moe, "_routing_region")
+    blocks = moe.moe_blocks(graph)
+    assert len(blocks) == 3 and len(candidates) > len(blocks)
+    assert [args[1] for args in regions] == [b.router for b in blocks]
+
+
+def test_a_merged_gate_up_projection_is_read_once_for_its_two_parts(make_model, monkeypatch):
+    """The gate and up halves of a merged gate_up projection are two outputs of one Split of one MatMul: its weight
+    view is read once per expert, with the down projection's (it used to be read for each half)."""
+    graph = _graph(make_model(moe="dense_loop", gate_up="merged", experts=8, layers=2))
+    viewed = _counting(monkeypatch, moe_anatomy, "_linear_view")
+    anatomies = moe_anatomy.moe_anatomies(graph)
+    assert [a.refusal for a in anatomies] == [None, None]
+    assert all(e.gate is not None and e.gate.initializer == e.up.initializer and e.gate.rows != e.up.rows
+               for a in anatomies for e in a.experts)
+    assert len(viewed) == 2 * 8 * 2, len(viewed)

@@ -34,6 +34,10 @@ def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:
 def memo_table(graph: Graph, key: str) -> dict:
     """A per-graph table for memoising a pure function of the (read-only) graph and its arguments: the walks of
     every expert of every layer ask the same questions of the same values (a weight's dims, a constant's ints)."""
+    try:
+        return graph.__dict__["_pattern_memo"][key]  # asked once per expert by several walks: the lookup alone
+    except KeyError:
+        pass
     tables = graph.__dict__.get("_pattern_memo")
     if tables is None:
         tables = graph.__dict__["_pattern_memo"] = {}

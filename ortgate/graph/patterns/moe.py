@@ -36,6 +36,7 @@ from enum import Enum
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
+    VIEW_OPS,
     cached,
     data_input,
     dequantized_input,
@@ -317,8 +318,47 @@ class _Region:
     boundary: dict[int, Node]
 
 
+def _region_start(graph: Graph, router: Node) -> list[str]:
+    return [dequantized_output(graph, router)] if router.op_type == "MatMulInteger" else [o for o in router.outputs if o]
+
+
+def _outside_for_what_it_is(graph: Graph, c: Node) -> bool:
+    """A node no routing region takes in, whatever its inputs: a shape, a projection by a weight, a fused MoE, a node
+    of a subgraph."""
+    op_type = c.op_type
+    return op_type in ("Shape", "Size") or (op_type in _LINEAR_OPS and (
+        matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)) or op_type in ("MoE", "QMoE") \
+        or c.graph is not None
+
+
+def _may_select(graph: Graph, router: Node) -> bool:
+    """Whether a selection (TopK / ArgMax) is reachable from the router's output through nodes a routing region may
+    take in: a routing region holds only such nodes, so without one the candidate has no selection (most candidates
+    are other projections, whose output flows on to the end of the graph without one). Every value a search that
+    found none has visited reaches none either (the search took in all it reaches): those are remembered."""
+    barren = memo_table(graph, "moe_no_selection_below")
+    start = [v for v in _region_start(graph, router) if v not in barren]
+    seen = set(start)
+    frontier = list(start)
+    consumers = graph.consumers
+    while frontier:
+        value = frontier.pop()
+        for c in consumers(value):
+            if c.op_type in SELECTION_OPS and c.domain == DEFAULT_DOMAIN and c.graph is None:
+                return True
+            if _outside_for_what_it_is(graph, c):
+                continue
+            for o in c.outputs:
+                if o and o not in seen and o not in barren:
+                    seen.add(o)
+                    frontier.append(o)
+    for value in seen:
+        barren[value] = True
+    return False
+
+
 def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
-    start = [dequantized_output(graph, router)] if router.op_type == "MatMulInteger" else [o for o in router.outputs if o]
+    start = _region_start(graph, router)
     values = set(start)
     nodes: dict[int, Node] = {}
     boundary: dict[int, Node] = {}
@@ -333,7 +373,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     # Why a boundary node is outside: the first input neither routing nor aux when it was looked at ("" when it is
     # outside for what it is). Values only join the region, so it stays outside until that input joins.
     outside: dict[int, str] = {}
-    known = aux.memo.get  # what aux already settled (a value it found False is asked again, and is False again)
+    known = aux.memo.get  # what aux already settled
+    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers
 
     def inside(c: Node) -> bool:
         if c.op_type in ("Shape", "Size"):
@@ -345,7 +386,16 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
             return False
         data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
         for i in data:
-            if i and i not in values and not (known(i) or aux(i)):
+            if not i or i in values:
+                continue
+            settled = known(i)
+            if settled is None:
+                p = producer(i)
+                if p is not None and p.op_type in _LINEAR_OPS and not is_constant(i) and i not in initializers:
+                    settled = False  # what aux finds at once (an expert's output, as a rule)
+                else:
+                    settled = aux(i)
+            if not settled:
                 outside[c.index] = i
                 return False
         return True
@@ -371,6 +421,8 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
 
 
 def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | None:
+    if not _may_select(graph, router):
+        return None  # what the routing region would find: no selection
     region = _routing_region(graph, router, aux)
     selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN),
                        key=lambda n: n.index)
@@ -484,7 +536,8 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
     out: dict[int, Node] = {}
     seen: set[str] = set()
     frontier = list(_data_inputs(graph, down))
-    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per expert
+    producer, is_constant = graph.producer, graph.is_constant  # once per expert
+    initializers = graph.initializers
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
@@ -502,19 +555,44 @@ def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: se
         for i in node.inputs:
             if i and not is_constant(i) and i not in initializers:
                 frontier.append(i)
-    return sorted(out.values(), key=lambda n: n.index)
+    if len(out) < 2:
+        return list(out.values())
+    return sorted(out.values(), key=_node_index)
+
+
+def _node_index(node: Node) -> int:
+    return node.index
 
 
 def _data_inputs(graph: Graph, linear: Node) -> list[str]:
     """The activation operand(s) of a linear: not its weight, not a gathered weight stack."""
-    out = []
-    for i in linear.inputs[:2]:
-        if not i or weight_dims(graph, i) is not None or graph.is_constant(i):
-            continue
-        if _gathered_stack(graph, i) is not None:
-            continue
-        out.append(i)
-    return out
+    return [i for i in linear.inputs[:2] if _is_data_input(graph, i)]
+
+
+def _is_data_input(graph: Graph, value: str) -> bool:
+    """Whether a linear's operand `value` is an activation: not a weight, not a gathered weight stack."""
+    if not value or graph.is_constant(value):
+        return False
+    dims = _weight_dims_memo(graph).get(value, _UNSET)
+    if dims is _UNSET:
+        dims = weight_dims(graph, value)
+    if dims is not None:
+        return False
+    gathered = memo_table(graph, "moe_gather_above").get(value, _UNSET)
+    if gathered is _UNSET:
+        gathered = _gather_above(graph, value)
+    return gathered is None or _stack_dims(graph, gathered) is None
+
+
+_UNSET = object()
+
+
+def _weight_dims_memo(graph: Graph) -> dict:
+    """`weight_dims`'s memo (read directly where a loop asks it of every expert; a miss still calls weight_dims)."""
+    memo = graph.__dict__.get("_weight_dims_memo")
+    if memo is None:
+        memo = graph.__dict__["_weight_dims_memo"] = {}
+    return memo
 
 
 def _gather_above(graph: Graph, value: str) -> Node | None:
@@ -526,6 +604,9 @@ def _gather_above(graph: Graph, value: str) -> Node | None:
 
 
 def _find_gather_above(graph: Graph, value: str) -> Node | None:
+    node = graph.producer(value)
+    if node is None or (node.op_type not in _GATHER_OPS and node.op_type not in VIEW_OPS):
+        return None  # neither a gather nor a view: the walk's first step ends it (a weight, an activation)
     return find_up(graph, value, lambda n: n.domain == DEFAULT_DOMAIN and n.op_type in _GATHER_OPS and len(n.inputs) > 1,
                    lambda n: data_input(n) if is_view(graph, n) else [])
 
@@ -535,14 +616,23 @@ def _gathered_stack(graph: Graph, value: str) -> tuple[int, ...] | None:
     node = _gather_above(graph, value)
     if node is None:
         return None
-    dims = weight_dims(graph, node.inputs[0])
+    return _stack_dims(graph, node)
+
+
+def _stack_dims(graph: Graph, gather: Node) -> tuple[int, ...] | None:
+    dims = weight_dims(graph, gather.inputs[0])
     return dims if dims is not None and len(dims) >= 3 else None
 
 
 def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     """Batched form: the expert stack a down projection gathers its weight from by routing-derived indices."""
+    gather_memo = memo_table(graph, "moe_gather_above")
     for i in down.inputs[:2]:
-        node = _gather_above(graph, i) if i else None
+        if not i:
+            continue
+        node = gather_memo.get(i, _UNSET)
+        if node is _UNSET:
+            node = _gather_above(graph, i)
         if node is not None and node.op_type in ("Gather", "GatherND") and node.inputs[1] in routing:
             dims = weight_dims(graph, node.inputs[0])
             if dims is not None and len(dims) >= 3:
@@ -693,10 +783,11 @@ def _derived(graph: Graph, value: str, source: str) -> bool:
 def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
     """The accumulation of the weighted expert outputs: its values, and the node where it ends."""
     starts: list[str] = []
+    routing = region.values
     for e in routed:
         assert e.down is not None
         for c in _consumers_through(graph, e.down.outputs[0]):
-            if c.op_type in ("Mul", "Div") and any(i in region.values for i in c.inputs):
+            if c.op_type in ("Mul", "Div") and any(i in routing for i in c.inputs):
                 starts.extend(o for o in c.outputs if o)
     values = set(starts)
     frontier = list(starts)
@@ -705,13 +796,19 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     while frontier:
         value = frontier.pop()
         for c in consumers(value):
-            if (c.domain != DEFAULT_DOMAIN or c.op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
+            op_type = c.op_type
+            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
                 continue
-            others = [i for i in c.inputs if i and i != value]
-            if c.op_type in ("Add", "Sum", "Concat") and not all(i in values or _weighted(graph, i, region) for i in others):
-                continue
-            if c.op_type in ("ScatterND", "ScatterElements") and c.inputs and c.inputs[0] == value and not all(
-                    i in values or i in region.values for i in others):
+            if op_type in ("Add", "Sum", "Concat"):
+                joined = True  # every other input is in the sum, or a weighted expert output
+                for i in c.inputs:
+                    if i and i != value and i not in values and not _weighted(graph, i, region):
+                        joined = False
+                        break
+                if not joined:
+                    continue
+            elif op_type in ("ScatterND", "ScatterElements") and c.inputs and c.inputs[0] == value and any(
+                    i and i != value and i not in values and i not in routing for i in c.inputs):
                 continue
             for o in c.outputs:
                 if o and o not in values:
@@ -863,8 +960,8 @@ def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> Expe
     looked: set[str] = set()  # the experts of a dense loop all read the same x: it is looked at once
     for e in routed:
         for p in e.projections:
-            for i in _data_inputs(graph, p):
-                if i in looked:
+            for i in p.inputs[:2]:
+                if i in looked or not _is_data_input(graph, i):  # what is looked at is a data input
                     continue
                 looked.add(i)
                 if _selected_rows(graph, i, region.values):

@@ -197,8 +197,9 @@ def sparse_mixer_refusal(a: MoeAnatomy) -> str:
 def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
     """Integer values of a small constant (initializer or Constant node, through Cast/Identity), else None."""
     memo = memo_table(graph, "const_ints")
-    if value in memo:
-        return memo[value]
+    found = memo.get(value, _UNSET)
+    if found is not _UNSET:
+        return found
     found = None
     for v in view_chain(graph, value, _CONSTANT_VIEWS):
         values = graph.constant_value(v)
@@ -207,6 +208,9 @@ def const_ints(graph: Graph, value: str) -> tuple[int, ...] | None:
             break
     memo[value] = found
     return found
+
+
+_UNSET = object()
 
 
 def const_floats(graph: Graph, value: str) -> tuple[float, ...] | None:
@@ -672,7 +676,7 @@ def _contributions(graph: Graph, a: MoeAnatomy, routing_values: set[str]) -> lis
         if node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
         left, right = node.inputs
-        left_routed, right_routed = _routed(graph, left, routing_values), _routed(graph, right, routing_values)
+        left_routed, right_routed = left in routing_values, right in routing_values  # _routed
         if left_routed == right_routed:
             continue
         weight, expert_out = (left, right) if left_routed else (right, left)
@@ -693,6 +697,14 @@ def _down_projection(graph: Graph, value: str) -> Node | None:
 
 def _linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     """The MatMul/Gemm producing `value` (through pass-through ops), and the constant bias added after it, if any."""
+    memo = memo_table(graph, "moe_linear_and_bias")  # an expert's output is asked for its weighting, then its detail
+    found = memo.get(value)
+    if found is None:
+        found = memo[value] = _find_linear_and_bias(graph, value)
+    return found
+
+
+def _find_linear_and_bias(graph: Graph, value: str) -> tuple[Node | None, str | None]:
     node = producer_through(graph, value, _VIEW_OPS)
     bias = None
     if node is not None and node.op_type == "Add" and node.domain == DEFAULT_DOMAIN and len(node.inputs) == 2:
@@ -817,7 +829,8 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     down, down_bias = _linear_and_bias(graph, expert_out)
     assert down is not None
     down_view, h = _linear_view(graph, down, pick)
-    down_view = _with_bias(graph, down_view, down_bias, pick)
+    if down_bias is not None:
+        down_view = _with_bias(graph, down_view, down_bias, pick)
     h_node = producer_through(graph, h, _ACTIVATION_VIEWS)
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
@@ -840,9 +853,11 @@ def _gated(graph: Graph, node: Node) -> tuple | None:
     (up.clamp(-L, L) + beta) * g * sigmoid(alpha * g) with g = gate.clamp(max=L)."""
     if node.op_type != "Mul" or len(node.inputs) != 2:
         return None
-    clamped = _clamped_swiglu(graph, node)
-    if clamped is not None:
-        return clamped
+    first, second = graph.producer(node.inputs[0]), graph.producer(node.inputs[1])
+    if first is not None and second is not None and {first.op_type, second.op_type} == {"Add", "Mul"}:
+        clamped = _clamped_swiglu(graph, node)  # (up + beta) * glu: an Add and a Mul
+        if clamped is not None:
+            return clamped
     for act_side, up_side in ((0, 1), (1, 0)):
         gate = _silu_input(graph, node.input(act_side))
         if gate is not None:
@@ -935,6 +950,9 @@ def _plain_activation(graph: Graph, value: str) -> tuple[str, str]:
 def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple[WeightView, str]:
     """The weight view behind `value` (a linear's output, or one part of a merged linear's Split/Slice) and the
     value that linear reads."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "MatMul" and node.domain == DEFAULT_DOMAIN:
+        return _linear_view(graph, node, pick)  # the usual case: what the walk below reads of a plain MatMul
     value = _through_views(graph, value, _PROJECTION_VIEWS)
     node = graph.producer(value)
     if node is None:
@@ -946,20 +964,13 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
         view, x = _linear_view(graph, linear, pick)
         return _with_bias(graph, view, bias, pick), x
     if node.op_type == "Split" and node.domain == DEFAULT_DOMAIN:
-        linear, bias = _linear_and_bias(graph, node.input(0))
-        if linear is None or linear.op_type not in ("MatMul", "Gemm"):
-            raise _Refuse("a split expert projection is not a MatMul/Gemm")
-        if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
-            raise _Refuse("a merged gate_up projection is split on another axis than its features")
-        view, x = _linear_view(graph, linear, pick)
-        view = _with_bias(graph, view, bias, pick)
-        total = _out_features(graph, view)
-        sizes = const_ints(graph, node.input(1)) if node.input(1) else None
-        if sizes is None:
-            parts = len(node.outputs)
-            if total is None or total % parts:
-                raise _Refuse("cannot size the parts of a merged gate_up projection")
-            sizes = (total // parts,) * parts
+        # The gate and up parts of one merged projection read the same split: its view and sizes are read once.
+        memo = memo_table(graph, "moe_split_view")
+        key = (node.index, pick)
+        split = memo.get(key)
+        if split is None:
+            split = memo[key] = _split_view(graph, node, pick)
+        view, x, sizes = split
         position = node.outputs.index(value)
         start = sum(sizes[:position])
         return WeightView(view.initializer, view.index, view.transposed, (start, start + sizes[position], 1),
@@ -980,9 +991,32 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
     raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
 
 
+def _split_view(graph: Graph, node: Node, pick: int | None) -> tuple[WeightView, str, tuple[int, ...]]:
+    """The weight view of the merged linear a Split cuts into parts, the value it reads, and the parts' sizes."""
+    linear, bias = _linear_and_bias(graph, node.input(0))
+    if linear is None or linear.op_type not in ("MatMul", "Gemm"):
+        raise _Refuse("a split expert projection is not a MatMul/Gemm")
+    if not _last_axis(graph, node.input(0), node.attr("axis", 0)):
+        raise _Refuse("a merged gate_up projection is split on another axis than its features")
+    view, x = _linear_view(graph, linear, pick)
+    view = _with_bias(graph, view, bias, pick)
+    total = _out_features(graph, view)
+    sizes = const_ints(graph, node.input(1)) if node.input(1) else None
+    if sizes is None:
+        parts = len(node.outputs)
+        if total is None or total % parts:
+            raise _Refuse("cannot size the parts of a merged gate_up projection")
+        sizes = (total // parts,) * parts
+    return view, x, sizes
+
+
 def _linear_view(graph: Graph, node: Node, pick: int | None = None) -> tuple[WeightView, str]:
     """The [out, in] weight view of a MatMul(x, W) / Gemm(x, W, transB) and its input x; with `pick`, also of a
     batched MatMul whose weight (either side) is gathered from an [E, ., .] stack by the routing indices."""
+    if pick is None and node.op_type == "MatMul" and len(node.inputs) == 2:
+        init = graph.initializers.get(node.inputs[1])
+        if init is not None and len(init.dims) == 2:
+            return WeightView(node.inputs[1], None, True), node.inputs[0]  # MatMul(x, W): the walk below's first step
     if pick is not None and node.op_type == "MatMul":
         for side in (0, 1):
             stack = _gathered_stack(graph, node.input(side))
@@ -1188,9 +1222,13 @@ def _check_shapes(graph: Graph, a: MoeAnatomy) -> None:
     verdicts: dict[tuple, str | None] = {}
     initializers = graph.initializers
     for e in a.experts:
-        views = (e.up, e.down, e.gate)
-        key = tuple(None if v is None else (initializers[v.initializer].dims, initializers[v.initializer].dtype,
-                                            v.index is None, v.transposed, v.rows) for v in views)
+        up, down, gate = e.up, e.down, e.gate
+        init_up, init_down = initializers[up.initializer], initializers[down.initializer]
+        init_gate = initializers[gate.initializer] if gate is not None else None
+        key = ((init_up.dims, init_up.dtype, up.index is None, up.transposed, up.rows),
+               (init_down.dims, init_down.dtype, down.index is None, down.transposed, down.rows),
+               None if gate is None or init_gate is None else (init_gate.dims, init_gate.dtype, gate.index is None,
+                                                               gate.transposed, gate.rows))
         if key not in verdicts:
             verdicts[key] = _expert_shape_problem(graph, e, inter, hidden, hidden_dtype)
         problem = verdicts[key]
