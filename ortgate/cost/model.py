@@ -534,10 +534,11 @@ def node_components(graph: Graph) -> dict[int, str]:
 
     def compute(g: Graph) -> dict[int, str]:
         out: dict[int, str] = {}
+        setdefault = out.setdefault
 
         def mark(nodes: Iterable[Node], component: str) -> None:
             for n in nodes:
-                out.setdefault(n.index, component)
+                setdefault(n.index, component)
 
         for block in moe_blocks(g):
             mark([n for n in (block.fused, block.router, block.topk) if n is not None], "moe")
