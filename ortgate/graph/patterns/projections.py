@@ -271,8 +271,9 @@ def _find_gated(graph: Graph) -> list[GatedMlp]:
                 continue
             gate = one(gate_value)
             up = one(up_value)
-            layers = {n.layer for n in (product, *act_nodes)}
-            layer = next(iter(layers)) if len(layers) == 1 else graph.layer_of_nodes([product, *act_nodes])
+            layer = product.layer
+            if any(n.layer != layer for n in act_nodes):
+                layer = graph.layer_of_nodes([product, *act_nodes])
             out.append(GatedMlp(product, act_nodes, fused, gate, up, layer))
     out.sort(key=lambda m: m.product.index)
     return out
