@@ -93,3 +93,19 @@ def test_a_merged_gate_up_projection_is_read_once_for_its_two_parts(make_model, 
     assert all(e.gate is not None and e.gate.initializer == e.up.initializer and e.gate.rows != e.up.rows
                for a in anatomies for e in a.experts)
     assert len(viewed) == 2 * 8 * 2, len(viewed)
+
+
+def test_a_merged_gate_up_read_through_its_split_is_found_without_the_upstream_walk(make_model, monkeypatch):
+    """Gate and up of a merged gate_up projection are the two outputs of one Split of one MatMul: the gated-MLP
+    pattern finds that MatMul for both without walking upstream (it used to walk from each of the 2 x E values),
+    and finds what the walk finds."""
+    from ortgate.graph.patterns import projections
+
+    graph = _graph(make_model(moe="dense_loop", gate_up="merged", experts=8, layers=2))
+    walked = _counting(monkeypatch, projections, "trace_to_projections")
+    mlps = projections.gated_mlps(graph)
+    assert len(mlps) == 16 and all(m.merged for m in mlps)
+    assert walked == [], len(walked)
+    for m in mlps:  # the walk itself, asked of the same values, names the same projection
+        (gate,) = projections.trace_to_projections(graph, m.activation[0].input(0)).linears
+        assert gate is m.gate

@@ -527,13 +527,16 @@ def largest_costs(est: Estimate, n: int = 3) -> list[CostItem]:
     expected = step.expected_s or 1.0
     which = 2 if step.in_cache else 0
     groups: dict[str, list] = defaultdict(lambda: [0.0, 0.0, set()])  # words -> [bytes, seconds, layers]
+    times = est.node_times
+    component_words = _COMPONENT_WORDS.get
     for i, nc in est.model.costs.items():
-        if not nc.cost.bytes:
+        nbytes = nc.cost.bytes
+        if not nbytes:
             continue
-        words = nc.label or _COMPONENT_WORDS.get(nc.component, nc.component)
+        words = nc.label or component_words(nc.component, nc.component)
         g = groups[words]
-        g[0] += nc.cost.bytes
-        g[1] += est.node_times[i][which]
+        g[0] += nbytes
+        g[1] += times[i][which]
         if nc.layer is not None:
             g[2].add(nc.layer)
     items = []

@@ -240,18 +240,14 @@ def _initializer_read(graph: Graph, name: str) -> WeightRead | None:
         init = graph.initializers.get(name)
         if init is None:
             return None
-        read = cache[name] = _first_read(init, name, _propagated_dtypes(graph))
+        read = cache[name] = _first_read(init, name, graph.dtype(name))
     return read
 
 
-def _propagated_dtypes(graph: Graph) -> dict[str, str | None]:
-    # the dtypes the rules already propagated (reading a TensorProto field again costs a protobuf parse)
-    return graph.__dict__.get("_dtype_cache", {})
-
-
-def _first_read(init: Initializer, name: str, propagated: dict[str, str | None]) -> WeightRead:
+def _first_read(init: Initializer, name: str, dtype: str | None) -> WeightRead:
+    """`init`'s WeightRead; `dtype`: the graph's dtype of `name` (Graph.dtype), else the initializer's own."""
     numel = float(math.prod(init.dims))
-    dtype = propagated.get(name) or init.dtype
+    dtype = dtype or init.dtype
     size = DTYPE_BYTES.get(dtype or "")
     # WeightRead(...) without the named tuple's Python-level __new__: one per initializer read
     return _tuple_new(WeightRead, (None if size is None else numel * size, dtype, name, numel))
@@ -362,9 +358,9 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
     costs = model.costs
     reads = _initializer_reads(graph)
     initializers = graph.initializers
-    propagated = _propagated_dtypes(graph)
     is_host_known = known.__contains__
     no_weights = known.isdisjoint
+    reads_get, costs_get, components_get = reads.get, costs.get, components.get
     for node in graph.nodes:
         if node.graph is not None:
             continue
@@ -396,45 +392,48 @@ def _build(graph: Graph, shape: StepShape, gpu: bool, provider: str | None, leve
         nbytes = flops = 0.0
         by_dtype: dict[str, float] | None = None
         compute_dtype: str | None | object = _UNSET
-        for position, i in enumerate(inputs):
-            if not i or i not in known:
+        position = -1
+        for i in inputs:
+            position += 1
+            if i not in known or not i:
                 continue
-            read = reads.get(i)
+            read = reads_get(i)
             if read is None:
                 init = initializers.get(i)
                 if init is not None:
-                    read = reads[i] = _first_read(init, i, propagated)
+                    read = reads[i] = _first_read(init, i, graph.dtype(i))
                 else:
                     read = weight_read(graph, i, known)
                     if read is None:
                         continue
             if tables is not None and position in tables and read.bytes is not None:
                 read = _rows_read(graph, i, read, tokens)
-            size = read.bytes
+            size, read_dtype, _, numel = read
             if size is None:
                 unknown_dtype_weights[components.get(index, "other")].append(read.name)
                 continue
             nbytes += size
-            key_dtype = read.dtype or "unknown"
+            key_dtype = read_dtype or "unknown"
             if by_dtype is None:
                 by_dtype = {key_dtype: size}
             else:
                 by_dtype[key_dtype] = by_dtype.get(key_dtype, 0.0) + size
             if position == 1 and action == _LINEAR:
-                flops += 2.0 * tokens * read.numel
-                compute_dtype = read.dtype
+                flops += 2.0 * tokens * numel
+                compute_dtype = read_dtype
         if by_dtype is not None:
-            nc = costs.get(index)
+            nc = costs_get(index)
             if nc is None:  # the usual case: the node has no cost yet
                 nc = costs[index] = NodeCost(index, node.name, node.op_type, node.layer,
-                                             components.get(index, "other"), Cost(nbytes, flops, 0, 0, by_dtype))
+                                             components_get(index, "other"), Cost(nbytes, flops, 0, 0, by_dtype),
+                                             None if compute_dtype is _UNSET else compute_dtype)  # type: ignore[arg-type]
             else:  # a host synchronisation was counted on it: bytes and FLOPs are still 0
                 cost = nc.cost
                 cost.bytes += nbytes
                 cost.flops += flops
                 cost.bytes_by_dtype = by_dtype
-            if compute_dtype is not _UNSET:
-                nc.compute_dtype = compute_dtype  # type: ignore[assignment]
+                if compute_dtype is not _UNSET:
+                    nc.compute_dtype = compute_dtype  # type: ignore[assignment]
         if action == _NBITS:
             k, n = node.int_attr("K"), node.int_attr("N")
             if k and n:
@@ -535,10 +534,11 @@ def node_components(graph: Graph) -> dict[int, str]:
 
     def compute(g: Graph) -> dict[int, str]:
         out: dict[int, str] = {}
+        setdefault = out.setdefault
 
         def mark(nodes: Iterable[Node], component: str) -> None:
             for n in nodes:
-                out.setdefault(n.index, component)
+                setdefault(n.index, component)
 
         for block in moe_blocks(g):
             mark([n for n in (block.fused, block.router, block.topk) if n is not None], "moe")

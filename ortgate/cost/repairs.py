@@ -100,14 +100,25 @@ def find_repairs(model: StepModel) -> list[Repair]:
     costs = model.costs
     groups: dict[tuple[str, int | None], _Group] = defaultdict(_Group)
 
+    launch_counts = model.launches
+
     def removed_cost(indices) -> Cost:
-        total = Cost()
+        """The nodes' costs summed (what Cost.add sums, node by node in `indices`' order)."""
+        nbytes = flops = 0.0
+        n = syncs = 0
+        by_dtype: dict[str, float] = {}
         for i in indices:
-            total.launches += model.launches[i]
+            n += launch_counts[i]
             nc = costs.get(i)
             if nc is not None:
-                total.add(nc.cost)
-        return total
+                c = nc.cost
+                nbytes += c.bytes
+                flops += c.flops
+                n += c.launches
+                syncs += c.syncs
+                for k, v in c.bytes_by_dtype.items():
+                    by_dtype[k] = by_dtype.get(k, 0.0) + v
+        return Cost(nbytes, flops, n, syncs, by_dtype)
 
     def dtype_of(index: int) -> str | None:
         nc = costs.get(index)

@@ -235,11 +235,31 @@ def _find_gated(graph: Graph) -> list[GatedMlp]:
     out = []
     norms, rotaries, inputs, producer = norm_by_output(graph), rotary_by_output(graph), graph.input_names, graph.producer
 
+    linear: dict[int, bool] = {}  # node index -> whether it is a linear projection (gate and up share nodes)
+
+    def is_linear(node: Node) -> bool:
+        found = linear.get(node.index)
+        if found is None:
+            found = linear[node.index] = linear_dims(graph, node) is not None
+        return found
+
     def one(value: str) -> Node | None:
         """`_one`, with the tables its walk reads looked up once (a MoE graph has a gated MLP per expert)."""
         start = producer(value) if value else None
-        if _projection_output(graph, value, start, norms, rotaries, inputs):
-            return start
+        if start is not None and value not in norms and value not in rotaries and value not in inputs \
+                and not graph.is_constant(value):
+            if is_linear(start):  # `_projection_output`: the walk ends at its first step
+                return start
+            # One step through a single-input pass (the Split of a merged gate_up projection) to a projection:
+            # what the walk finds there, decided without it.
+            if start.op_type in _PASS_FIRST and start.domain == DEFAULT_DOMAIN and start.inputs:
+                source = start.inputs[0]
+                if source and source != value and source not in inputs and source not in norms \
+                        and source not in rotaries and not graph.is_constant(source):
+                    node = producer(source)
+                    if node is not None and (start.layer is None or node.layer is None or node.layer == start.layer) \
+                            and is_linear(node):
+                        return node
         return _one(graph, value)
 
     for gate_value, silu, act_nodes, fused in _silu_gates(graph):
@@ -251,8 +271,9 @@ def _find_gated(graph: Graph) -> list[GatedMlp]:
                 continue
             gate = one(gate_value)
             up = one(up_value)
-            layers = {n.layer for n in (product, *act_nodes)}
-            layer = next(iter(layers)) if len(layers) == 1 else graph.layer_of_nodes([product, *act_nodes])
+            layer = product.layer
+            if any(n.layer != layer for n in act_nodes):
+                layer = graph.layer_of_nodes([product, *act_nodes])
             out.append(GatedMlp(product, act_nodes, fused, gate, up, layer))
     out.sort(key=lambda m: m.product.index)
     return out
