@@ -377,14 +377,15 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers
 
     def inside(c: Node) -> bool:
-        if c.op_type in ("Shape", "Size"):
+        op_type = c.op_type
+        if op_type in ("Shape", "Size"):
             outside[c.index] = ""
             return False  # its output is a shape (aux), not routing
-        if (c.op_type in _LINEAR_OPS and (matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)
-                ) or c.op_type in ("MoE", "QMoE") or c.graph is not None:
+        if (op_type in _LINEAR_OPS and (matmul_weight(graph, c) is not None or quantized_weight(graph, c) is not None)
+                ) or op_type in ("MoE", "QMoE") or c.graph is not None:
             outside[c.index] = ""
             return False
-        data = c.inputs[:1] if c.op_type == "TopK" else c.inputs  # k is a count, whatever computes it
+        data = c.inputs[:1] if op_type == "TopK" else c.inputs  # k is a count, whatever computes it
         for i in data:
             if not i or i in values:
                 continue
@@ -401,11 +402,13 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
         return True
 
     frontier = list(start)
+    consumers = graph.consumers
     while frontier:
         while frontier:
             value = frontier.pop()
-            for c in graph.consumers(value):
-                if c.index in nodes or c.index in boundary:
+            for c in consumers(value):
+                index = c.index
+                if index in nodes or index in boundary:
                     continue
                 if inside(c):
                     admit(c, frontier)
@@ -478,21 +481,30 @@ def _is_linear(graph: Graph, node: Node) -> bool:
 def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[str], aux: _AuxValues) -> list[ExpertFfn]:
     """Expert FFNs whose output is weighted by a routing value: each one's down projection, traced back to x."""
     routed: dict[int, ExpertFfn] = {}
-    for node in sorted(region.boundary.values(), key=lambda n: n.index):
+    values = region.values
+    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per block
+    for node in sorted(region.boundary.values(), key=_node_index):
         if node.op_type not in ("Mul", "Div") or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
         a, b = node.inputs
-        if (a in region.values) == (b in region.values):
+        a_routing = a in values
+        if a_routing == (b in values):
             continue
-        weight, expert_out = (a, b) if a in region.values else (b, a)
-        down = _down_above(graph, expert_out)
+        weight, expert_out = (a, b) if a_routing else (b, a)
+        down = producer(expert_out)
+        if down is None or down.op_type not in _LINEAR_OPS or down.domain not in (DEFAULT_DOMAIN, MS_DOMAIN):
+            down = _down_above(graph, expert_out)  # through views and a bias Add (its first step is the one above)
         if down is None or down.index in routed or down is router:
             continue
-        projections = _first_projections(graph, down, x_values, region.values)
+        data = []
+        for i in down.inputs[:2]:
+            if i and not is_constant(i) and _is_data_input(graph, i):  # _data_inputs
+                data.append(i)
+        projections = _projections_of(producer, is_constant, initializers, data, x_values, values)
         if not projections:
             continue
-        stacked = _stack_depth(graph, down, region.values)
-        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, region.values),
+        stacked = _stack_depth(graph, down, values)
+        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, values),
                                        stacked=stacked)
     return sorted(routed.values(), key=lambda e: e.down.index if e.down else 0)
 
@@ -531,13 +543,13 @@ def _bias_operand(graph: Graph, value: str) -> bool:
     return dims is not None and len(dims) == 2 and not graph.is_constant(node.inputs[1])
 
 
-def _first_projections(graph: Graph, down: Node, x_values: set[str], routing: set[str]) -> list[Node]:
-    """The linears reading x that feed `down` through the expert's activation (not through another linear)."""
+def _projections_of(producer: Callable[[str], Node | None], is_constant: Callable[[str], bool], initializers: dict,
+                    start: list[str], x_values: set[str], routing: set[str]) -> list[Node]:
+    """The linears reading x that feed a down projection (from its data inputs `start`) through the expert's
+    activation, not through another linear; the graph's tables are bound once per block."""
     out: dict[int, Node] = {}
     seen: set[str] = set()
-    frontier = list(_data_inputs(graph, down))
-    producer, is_constant = graph.producer, graph.is_constant  # once per expert
-    initializers = graph.initializers
+    frontier = list(start)
     while frontier:
         value = frontier.pop()
         if value in seen or value in x_values or value in routing:
@@ -643,31 +655,34 @@ def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
 def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> int | None:
     """The expert a dense-loop contribution belongs to: a constant Gather index of its stacked weight, or the
     constant column its routing weight is sliced / gathered from (looked for inside the routing region)."""
+    producer = graph.producer
     for i in down.inputs[:2]:
-        node = graph.producer(i) if i else None
+        node = producer(i) if i else None
         if node is not None and node.op_type == "Gather" and len(node.inputs) > 1:
             index = graph.scalar(node.inputs[1])
             if isinstance(index, int):
                 return index
-
-    def column(node: Node) -> int | None:
-        if node.op_type == "Slice" and len(node.inputs) >= 3:
-            start, end = graph.constant_value(node.inputs[1]), graph.constant_value(node.inputs[2])
-            if start and end and len(start) == 1 and len(end) == 1 and end[0] == start[0] + 1:
-                return int(start[0])
-        if node.op_type == "Gather" and len(node.inputs) > 1:
-            index = graph.scalar(node.inputs[1])
-            if isinstance(index, int):
-                return index
-        return None
-
-    first = graph.producer(weight)
-    index = column(first) if first is not None else None
+    first = producer(weight)
+    index = _column(graph, first) if first is not None else None
     if index is not None:
         return index  # the walk's first step
-    found = find_up(graph, weight, lambda n: column(n) is not None,
+    found = find_up(graph, weight, lambda n: _column(graph, n) is not None,
                     lambda n: [i for i in n.inputs[:1] if i in routing])
-    return column(found) if found is not None else None
+    return _column(graph, found) if found is not None else None
+
+
+def _column(graph: Graph, node: Node) -> int | None:
+    """The constant expert column a Slice [e:e+1] or a Gather e of the routing takes, or None."""
+    op_type = node.op_type
+    if op_type == "Slice" and len(node.inputs) >= 3:
+        start, end = graph.constant_value(node.inputs[1]), graph.constant_value(node.inputs[2])
+        if start and end and len(start) == 1 and len(end) == 1 and end[0] == start[0] + 1:
+            return int(start[0])
+    if op_type == "Gather" and len(node.inputs) > 1:
+        index = graph.scalar(node.inputs[1])
+        if isinstance(index, int):
+            return index
+    return None
 
 
 def _main_topk(graph: Graph, selection: list[Node], experts: int) -> Node | None:
@@ -787,8 +802,11 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
     for e in routed:
         assert e.down is not None
         for c in _consumers_through(graph, e.down.outputs[0]):
-            if c.op_type in ("Mul", "Div") and any(i in routing for i in c.inputs):
-                starts.extend(o for o in c.outputs if o)
+            if c.op_type in ("Mul", "Div"):
+                for i in c.inputs:
+                    if i in routing:  # weighted by the routing
+                        starts.extend(o for o in c.outputs if o)
+                        break
     values = set(starts)
     frontier = list(starts)
     last: Node | None = None
@@ -838,10 +856,14 @@ def _consumers_through(graph: Graph, value: str) -> list[Node]:
     out = []
     frontier = [value]
     seen = {value}
+    consumers = graph.consumers
     while frontier:
         v = frontier.pop()
-        for c in graph.consumers(v):
-            if is_view(graph, c, v) or _bias_add(graph, c):
+        for c in consumers(v):
+            op_type = c.op_type
+            if op_type not in VIEW_OPS and op_type != "Add":
+                out.append(c)  # neither a view nor a bias Add, whatever its inputs
+            elif is_view(graph, c, v) or _bias_add(graph, c):
                 for o in c.outputs[:1]:
                     if o and o not in seen:
                         seen.add(o)
@@ -958,10 +980,11 @@ def _expert_form(graph: Graph, routed: list[ExpertFfn], region: _Region) -> Expe
     if any(e.stacked for e in routed):
         return ExpertForm.BATCHED
     looked: set[str] = set()  # the experts of a dense loop all read the same x: it is looked at once
+    is_constant = graph.is_constant
     for e in routed:
         for p in e.projections:
             for i in p.inputs[:2]:
-                if i in looked or not _is_data_input(graph, i):  # what is looked at is a data input
+                if i in looked or not i or is_constant(i) or not _is_data_input(graph, i):  # a data input is looked at
                     continue
                 looked.add(i)
                 if _selected_rows(graph, i, region.values):

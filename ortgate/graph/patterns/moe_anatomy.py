@@ -831,7 +831,9 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     down_view, h = _linear_view(graph, down, pick)
     if down_bias is not None:
         down_view = _with_bias(graph, down_view, down_bias, pick)
-    h_node = producer_through(graph, h, _ACTIVATION_VIEWS)
+    h_node = graph.producer(h)
+    if h_node is not None and h_node.op_type in _ACTIVATION_VIEWS:
+        h_node = producer_through(graph, h, _ACTIVATION_VIEWS)  # no view in between: the producer is the one
     if h_node is None:
         raise _Refuse(f"expert {index}: the down projection reads a graph input")
     gated = _gated(graph, h_node)
@@ -854,7 +856,7 @@ def _gated(graph: Graph, node: Node) -> tuple | None:
     if node.op_type != "Mul" or len(node.inputs) != 2:
         return None
     first, second = graph.producer(node.inputs[0]), graph.producer(node.inputs[1])
-    if first is not None and second is not None and {first.op_type, second.op_type} == {"Add", "Mul"}:
+    if first is not None and second is not None and (first.op_type, second.op_type) in (("Add", "Mul"), ("Mul", "Add")):
         clamped = _clamped_swiglu(graph, node)  # (up + beta) * glu: an Add and a Mul
         if clamped is not None:
             return clamped
