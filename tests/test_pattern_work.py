@@ -109,3 +109,25 @@ def test_a_merged_gate_up_read_through_its_split_is_found_without_the_upstream_w
     for m in mlps:  # the walk itself, asked of the same values, names the same projection
         (gate,) = projections.trace_to_projections(graph, m.activation[0].input(0)).linears
         assert gate is m.gate
+
+
+def test_a_dense_loop_s_constant_weights_are_not_searched_for_a_gathered_stack(make_model, monkeypatch):
+    """Whether an expert's down projection gathers its weight from a stack by the routing is asked of its
+    computed inputs only: a constant weight is no Gather's output (it used to be walked up from, once per expert)."""
+    graph = _graph(make_model(moe="dense_loop", gate_up="separate", experts=16, layers=2))
+    walked = _counting(monkeypatch, moe, "_gather_above")
+    blocks = moe.moe_blocks(graph)
+    assert [b.routed_experts_found for b in blocks] == [16, 16]
+    assert [b.expert_form for b in blocks] == [moe.ExpertForm.DENSE] * 2
+    assert walked and not [v for _, v in walked if graph.is_constant(v)]
+
+
+def test_separate_gate_and_up_matmuls_are_read_as_linears_without_the_projection_walk(make_model, monkeypatch):
+    """An expert's gate and up projections that are plain MatMuls of x are read as linears directly; the walk
+    through Split / Slice / bias views is left to merged or biased projections (it used to run for every part)."""
+    graph = _graph(make_model(moe="dense_loop", gate_up="separate", experts=8, layers=2))
+    walked = _counting(monkeypatch, moe_anatomy, "_projection_part")
+    anatomies = moe_anatomy.moe_anatomies(graph)
+    assert [a.refusal for a in anatomies] == [None, None]
+    assert all(e.gate is not None and e.gate.initializer != e.up.initializer for a in anatomies for e in a.experts)
+    assert walked == []

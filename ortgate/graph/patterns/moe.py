@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
@@ -253,8 +254,16 @@ def _router_candidates(graph: Graph) -> list[tuple[Node, int]]:
     """Projections of x to a few logits: MatMul, Gemm, MatMulNBits, or a MatMulInteger of a quantized weight (its
     logits are the dequantizing Mul after it: `dequantized_output`)."""
     out = []
-    for node in sorted(graph.by_op_type("MatMul", "Gemm", "MatMulNBits", "MatMulInteger"), key=lambda n: n.index):
-        dims = matmul_weight(graph, node) or quantized_weight(graph, node)
+    weight_memo = _weight_dims_memo(graph)
+    for node in sorted(graph.by_op_type("MatMul", "Gemm", "MatMulNBits", "MatMulInteger"), key=_node_index):
+        if node.op_type == "MatMul" and node.domain == DEFAULT_DOMAIN:  # matmul_weight's first case, its memo read
+            inputs = node.inputs
+            weight = inputs[1] if len(inputs) > 1 else ""
+            dims = weight_memo.get(weight, _UNSET)
+            if dims is _UNSET:
+                dims = weight_dims(graph, weight)
+        else:
+            dims = matmul_weight(graph, node) or quantized_weight(graph, node)
         if dims and len(dims) == 2 and 2 <= dims[-1] <= MAX_EXPERTS:
             out.append((node, dims[-1]))
     return out
@@ -482,7 +491,8 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
     """Expert FFNs whose output is weighted by a routing value: each one's down projection, traced back to x."""
     routed: dict[int, ExpertFfn] = {}
     values = region.values
-    producer, is_constant, initializers = graph.producer, graph.is_constant, graph.initializers  # once per block
+    producer, is_constant = graph.producer, graph.is_constant  # once per block
+    weight_memo, gather_memo = _weight_dims_memo(graph), memo_table(graph, "moe_gather_above")
     for node in sorted(region.boundary.values(), key=_node_index):
         if node.op_type not in ("Mul", "Div") or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
@@ -497,10 +507,20 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
         if down is None or down.index in routed or down is router:
             continue
         data = []
-        for i in down.inputs[:2]:
-            if i and not is_constant(i) and _is_data_input(graph, i):  # _data_inputs
+        for i in down.inputs[:2]:  # _data_inputs, its memos read directly
+            if not i or is_constant(i):
+                continue
+            dims = weight_memo.get(i, _UNSET)
+            if dims is _UNSET:
+                dims = weight_dims(graph, i)
+            if dims is not None:
+                continue
+            gathered = gather_memo.get(i, _UNSET)
+            if gathered is _UNSET:
+                gathered = _gather_above(graph, i)
+            if gathered is None or _stack_dims(graph, gathered) is None:
                 data.append(i)
-        projections = _projections_of(producer, is_constant, initializers, data, x_values, values)
+        projections = _projections_of(producer, is_constant, data, x_values, values)
         if not projections:
             continue
         stacked = _stack_depth(graph, down, values)
@@ -543,8 +563,8 @@ def _bias_operand(graph: Graph, value: str) -> bool:
     return dims is not None and len(dims) == 2 and not graph.is_constant(node.inputs[1])
 
 
-def _projections_of(producer: Callable[[str], Node | None], is_constant: Callable[[str], bool], initializers: dict,
-                    start: list[str], x_values: set[str], routing: set[str]) -> list[Node]:
+def _projections_of(producer: Callable[[str], Node | None], is_constant: Callable[[str], bool], start: list[str],
+                    x_values: set[str], routing: set[str]) -> list[Node]:
     """The linears reading x that feed a down projection (from its data inputs `start`) through the expert's
     activation, not through another linear; the graph's tables are bound once per block."""
     out: dict[int, Node] = {}
@@ -565,15 +585,14 @@ def _projections_of(producer: Callable[[str], Node | None], is_constant: Callabl
                     break
             continue
         for i in node.inputs:
-            if i and not is_constant(i) and i not in initializers:
+            if i and not is_constant(i):  # every initializer is a constant
                 frontier.append(i)
     if len(out) < 2:
         return list(out.values())
     return sorted(out.values(), key=_node_index)
 
 
-def _node_index(node: Node) -> int:
-    return node.index
+_node_index = attrgetter("index")  # a sort key, read in C
 
 
 def _data_inputs(graph: Graph, linear: Node) -> list[str]:
@@ -639,9 +658,10 @@ def _stack_dims(graph: Graph, gather: Node) -> tuple[int, ...] | None:
 def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     """Batched form: the expert stack a down projection gathers its weight from by routing-derived indices."""
     gather_memo = memo_table(graph, "moe_gather_above")
+    is_constant = graph.is_constant
     for i in down.inputs[:2]:
-        if not i:
-            continue
+        if not i or is_constant(i):
+            continue  # a constant is no gather's output (a weight of the dense loop)
         node = gather_memo.get(i, _UNSET)
         if node is _UNSET:
             node = _gather_above(graph, i)
@@ -853,10 +873,16 @@ def _weighted(graph: Graph, value: str, region: _Region) -> bool:
 
 def _consumers_through(graph: Graph, value: str) -> list[Node]:
     """Consumers of `value` past view ops and the Add of a constant bias."""
+    consumers = graph.consumers
+    first = consumers(value)
+    for c in first:
+        if c.op_type in VIEW_OPS or c.op_type == "Add":
+            break
+    else:
+        return list(first)  # the usual case (an expert's down projection read by its weighting Mul): no view, no Add
     out = []
     frontier = [value]
     seen = {value}
-    consumers = graph.consumers
     while frontier:
         v = frontier.pop()
         for c in consumers(v):
@@ -969,8 +995,9 @@ def _gate_above(graph: Graph, value: str, gates: dict[int, Node]) -> Node | None
 def _block_output(graph: Graph, routed_sum: set[str], shared: list[ExpertFfn]) -> str:
     last = ""
     last_index = -1
+    producer = graph.producer
     for v in routed_sum:
-        node = graph.producer(v)
+        node = producer(v)
         if node is not None and node.index > last_index:
             last, last_index = v, node.index
     return last

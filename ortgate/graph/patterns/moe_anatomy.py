@@ -840,8 +840,17 @@ def _expert_mlp(graph: Graph, index: int, expert_out: str, pick: int | None = No
     if gated is not None:
         gate_value, up_value, name = gated[:3]
         activation = (name, gated[3] if len(gated) > 3 else (1.0, 0.0, None))
-        gate_view, x_gate = _projection_part(graph, gate_value, pick)
-        up_view, x_up = _projection_part(graph, up_value, pick)
+        producer = graph.producer
+        node = producer(gate_value)
+        if node is not None and node.op_type == "MatMul" and node.domain == DEFAULT_DOMAIN:
+            gate_view, x_gate = _linear_view(graph, node, pick)  # _projection_part's first case
+        else:
+            gate_view, x_gate = _projection_part(graph, gate_value, pick)
+        node = producer(up_value)
+        if node is not None and node.op_type == "MatMul" and node.domain == DEFAULT_DOMAIN:
+            up_view, x_up = _linear_view(graph, node, pick)
+        else:
+            up_view, x_up = _projection_part(graph, up_value, pick)
         if x_gate != x_up:
             raise _Refuse(f"expert {index}: gate and up projections read different tensors")
         return ExpertAnatomy(index, up_view, down_view, gate_view), x_gate, activation
@@ -1159,15 +1168,21 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
     # of the values that joined: a node is looked at again only when one of its inputs has just joined (each
     # condition only grows with `values`), not every node on every round (quadratic in the experts).
     pending = list(values)
+    consumers = graph.consumers
     while pending:
         value = pending.pop()
-        for c in graph.consumers(value):
+        for c in consumers(value):
             if c.index in members or c.domain != DEFAULT_DOMAIN:
                 continue
-            if c.op_type in ("Cast", "Identity", "Expand"):
+            op_type = c.op_type
+            if op_type in ("Cast", "Identity", "Expand"):
                 ok = c.input(0) == value  # the weighted rows on their way to a scatter
-            elif c.op_type == "Add":
-                ok = all(i in values or _zeros(graph, i) for i in c.inputs)
+            elif op_type == "Add":
+                ok = True
+                for i in c.inputs:
+                    if i not in values and not _zeros(graph, i):
+                        ok = False
+                        break
             elif c.op_type in _COMBINE_OPS:  # ScatterND / ScatterElements of weighted outputs into the sum
                 # reduction=add accumulates; reduction=none into zeros then added to the sum is torch's index_add_
                 # as the legacy exporter writes it (exact: one expert's rows are distinct tokens).
@@ -1185,9 +1200,17 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
     chain = list(members.values())
     if not chain:
         raise _Refuse("the experts' weighted outputs are not summed")
-    ends = [n for n in chain if n.op_type in _COMBINE_OPS
-            and not any(c.index in members for c in graph.consumers(n.outputs[0]))]
-    if sum(1 for n in chain if n.op_type in _COMBINE_OPS) < len(muls) - 1:
+    ends = []
+    combines = 0
+    for n in chain:
+        if n.op_type in _COMBINE_OPS:
+            combines += 1
+            for c in consumers(n.outputs[0]):
+                if c.index in members:
+                    break
+            else:
+                ends.append(n)  # no member reads it
+    if combines < len(muls) - 1:
         raise _Refuse("not every weighted expert output reaches the sum")
     if len(ends) != 1:
         raise _Refuse("the experts' weighted outputs are not summed into one tensor")
