@@ -828,7 +828,9 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
                         starts.extend(o for o in c.outputs if o)
                         break
     values = set(starts)
-    frontier = list(starts)
+    # The first expert's contribution is taken first (popped last): a chain of Adds over the experts then joins in
+    # one pass, each Add's other operand already in the sum (what joins does not depend on the order).
+    frontier = starts[::-1]
     last: Node | None = None
     consumers = graph.consumers
     while frontier:

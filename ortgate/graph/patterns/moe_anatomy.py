@@ -1166,8 +1166,9 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
     members: dict[int, Node] = {}
     # A fixpoint: an Add joins once both its operands are in the sum (or zeros it starts from). Worked from a list
     # of the values that joined: a node is looked at again only when one of its inputs has just joined (each
-    # condition only grows with `values`), not every node on every round (quadratic in the experts).
-    pending = list(values)
+    # condition only grows with `values`), not every node on every round (quadratic in the experts). The first
+    # expert's output is taken first (popped last): a chain of Adds then joins in one pass, in the experts' order.
+    pending = [m.outputs[0] for m in reversed(muls)]
     consumers = graph.consumers
     while pending:
         value = pending.pop()
