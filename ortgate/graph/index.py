@@ -109,7 +109,8 @@ class Initializer:
     external: bool
     location: str | None  # the external data file the model names (never opened)
 
-    def __init__(self, name: str, t: Any, *, dense: bool = True):
+    def __init__(self, name: str, t: Any, *, dense: bool = True, locations: list[str] | None = None):
+        """`locations`, when given, gets every external-data location entry the tensor holds, in order."""
         self.name = name
         if not dense:  # the values of a sparse initializer (never decoded as a constant)
             t = t.values
@@ -124,6 +125,8 @@ class Initializer:
                 key = entry.key
                 if key == "location":
                     location = entry.value
+                    if locations is not None:
+                        locations.append(location)
                 elif key == "length" and length is None:
                     length = entry.value
             small = None
@@ -171,6 +174,16 @@ class Initializer:
         for d in self.dims:
             n *= d
         return n
+
+
+def index_initializers(g: onnx.GraphProto, locations: list[str] | None = None) -> dict[str, Initializer]:
+    """A graph's dense initializers by name (a repeated name: the last one), in the order the graph lists them.
+    `locations`, when given, gets every external-data location entry of the external ones (Initializer)."""
+    initializers: dict[str, Initializer] = {}
+    for t in g.initializer:
+        name = t.name
+        initializers[name] = Initializer(name, t, locations=locations)
+    return initializers
 
 
 class _Attributes:
@@ -521,7 +534,10 @@ class Graph:
     """Read-only index over one ONNX model. It keeps no reference to the model's protobuf (only a model with
     subgraphs keeps the nodes holding them), so the parsed model is freed once it is indexed."""
 
-    def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model"):
+    def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model",
+                 initializers: dict[str, Initializer] | None = None):
+        """`initializers`: the main graph's dense initializers of this very model, already read
+        (index_initializers), so that they are not read twice."""
         self.path = path
         self.role = role  # "model" (as exported) or "optimized" (ORT's optimized dump)
         # What reports call the graph when `path` is not its own file: ORT's optimized graph of a model, written to
@@ -540,7 +556,7 @@ class Graph:
         self.consumers: Callable[[str], list[Node]] = self._consumers.__getitem__  # type: ignore[method-assign,assignment]
         # ValueInfo, or (a subgraph's) ValueInfoProto not decoded yet.
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
-        self.initializers: dict[str, Initializer] = {}
+        self.initializers: dict[str, Initializer] = {} if initializers is None else initializers
         self.subgraph_paths: list[str] = []
         self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
         self._dtype_cache: _DtypeTable = _DtypeTable()
@@ -554,10 +570,8 @@ class Graph:
         g = model.graph
         self.input_infos: list[ValueInfo] = []
         with gc_paused():
-            initializers = self.initializers
-            for t in g.initializer:
-                name = t.name
-                initializers[name] = Initializer(name, t)
+            if initializers is None:
+                initializers = self.initializers = index_initializers(g)
             for t in g.sparse_initializer:
                 name = t.values.name
                 if name:
