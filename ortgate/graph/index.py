@@ -110,7 +110,7 @@ class Initializer:
     location: str | None  # the external data file the model names (never opened)
 
     def __init__(self, name: str, t: Any, *, dense: bool = True, locations: list[str] | None = None):
-        """`locations`, when given, gets every external-data location entry the tensor holds, in order."""
+        """`locations`, when given, gets every external-data location entry the tensor holds."""
         self.name = name
         if not dense:  # the values of a sparse initializer (never decoded as a constant)
             t = t.values
@@ -132,6 +132,8 @@ class Initializer:
             small = None
         else:
             self.external = False
+            if locations is not None:  # (a location entry on a tensor not stored externally: still checked)
+                locations.extend([entry.value for entry in t.external_data if entry.key == "location"])
             small = None  # (its class, its bytes): a small inline tensor, decoded by small_values()
             if dense:
                 numel = 1
@@ -178,7 +180,7 @@ class Initializer:
 
 def index_initializers(g: onnx.GraphProto, locations: list[str] | None = None) -> dict[str, Initializer]:
     """A graph's dense initializers by name (a repeated name: the last one), in the order the graph lists them.
-    `locations`, when given, gets every external-data location entry of the external ones (Initializer)."""
+    `locations`, when given, gets every external-data location entry they hold (Initializer)."""
     initializers: dict[str, Initializer] = {}
     for t in g.initializer:
         name = t.name
@@ -626,6 +628,7 @@ class Graph:
         # keys: less memory, and every later lookup by name compares identical objects instead of equal strings.
         share = sys.intern
         op_keys: dict[tuple[str, str], list[Node]] = {}
+        default_ops: dict[str, list[Node]] = {}  # the same lists, for the default domain: no key tuple per node
         # One _Attributes per distinct serialized attribute list.
         attribute_sets: dict[tuple[bytes, ...], _Attributes] = {}
         no_attributes = _NO_ATTRIBUTES
@@ -671,9 +674,14 @@ class Graph:
                         early_keys.update([prop.key for prop in metadata])
                 node = Node(entry, position, index, gpath, proto.name, op_type, domain, inputs, outputs)
                 append(node)
-                same_op = op_keys.get((domain, op_type))
-                if same_op is None:
-                    same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
+                if domain is DEFAULT_DOMAIN:
+                    same_op = default_ops.get(op_type)
+                    if same_op is None:
+                        same_op = default_ops[op_type] = by_op[(domain, op_type)]
+                else:
+                    same_op = op_keys.get((domain, op_type))
+                    if same_op is None:
+                        same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
                 same_op.append(node)
                 for name in inputs:
                     if name:

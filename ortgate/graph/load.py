@@ -112,18 +112,14 @@ def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelPro
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
     initializers = None
-    escaping = None
     if indexed:
         from ortgate.graph.index import gc_paused, index_initializers
 
         locations: list[str] = []
         with gc_paused():
             initializers = index_initializers(model.graph, locations)
-        # Every location entry puts its key's bytes in the file: when the initializers' entries account for every
-        # occurrence, there is no other entry to look for (check_external_data_locations stops there too).
-        if len(locations) >= locations_in_bytes:
-            escaping = sorted({value for value in set(locations) if escapes_folder(value)})
-    if escaping is None:
+        escaping = check_external_data_locations(model, locations_in_bytes, initializer_locations=locations)
+    else:
         escaping = check_external_data_locations(model, locations_in_bytes)
     if escaping:
         raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
@@ -289,16 +285,24 @@ def escapes_folder(location: str) -> bool:
     return normal == ".." or normal.startswith(("../", "/"))
 
 
-def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None) -> list[str]:
+def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None, *,
+                                  initializer_locations: list[str] | None = None) -> list[str]:
     """External data locations that would escape the model's folder (absolute or '..'). Never opened.
 
     `locations_in_bytes`, the count of b"location" in the serialized model, lets the search stop at the
     initializers when they account for every occurrence (the usual case), instead of visiting every node's
-    attributes for tensors."""
+    attributes for tensors. `initializer_locations`: every location entry of the main graph's initializers,
+    already read (index_initializers): they are not read again."""
     bad: set[str] = set()
     seen: dict[str, bool] = {}
     found = 0
-    for tensor in _all_tensors(model, initializers_first=True):
+    if initializer_locations is not None:
+        found = len(initializer_locations)
+        for value in set(initializer_locations):
+            seen[value] = escapes_folder(value)
+            if seen[value]:
+                bad.add(value)
+    for tensor in _all_tensors(model, initializers_first=True, skip_initializers=initializer_locations is not None):
         if tensor is None:  # the initializers are done
             if locations_in_bytes is not None and found >= locations_in_bytes:
                 break
@@ -314,11 +318,13 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
     return sorted(bad)
 
 
-def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
+def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False, skip_initializers: bool = False):
     """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
-    `initializers_first`, the main graph's initializers come first, then a None marker, then the rest."""
+    `initializers_first`, the main graph's initializers come first (none with `skip_initializers`), then a None
+    marker, then the rest."""
     if initializers_first:
-        yield from model.graph.initializer
+        if not skip_initializers:
+            yield from model.graph.initializer
         yield None
     stack = [model.graph]
     while stack:
