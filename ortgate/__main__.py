@@ -1,3 +1,3 @@
-from ortgate.cli import main
+from ortgate.cli.main import console
 
-raise SystemExit(main())
+console()

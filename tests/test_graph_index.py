@@ -5,9 +5,12 @@ from __future__ import annotations
 import gc
 import types
 
+import onnx
+import pytest
 from google.protobuf.message import Message
 from onnx import TensorProto, helper
 
+from ortgate.errors import InputError
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph, dtype_name, gc_paused
 from ortgate.graph.layers import METADATA_KEYS, layer_from_name
@@ -137,3 +140,109 @@ def test_a_weight_in_a_constant_is_summarised_without_copying_it():
     assert weight._attrs._live is not None and shape._attrs._live is None  # the weight's bytes stay in the model
     assert (weight.attributes["value"].dims, weight.attributes["value"].values) == ((20000,), None)
     assert g.constant_value("s") == (3, 4) and g.dtype("w") == "float"
+
+
+def _external(name: str, location: str, *, external: bool = True):
+    from onnx import TensorProto, helper
+
+    t = helper.make_tensor(name, TensorProto.FLOAT, [4], [0.0] * 4)
+    t.ClearField("float_data")
+    if external:
+        t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value=location)
+    return t
+
+
+def _model_with_weights(path, weights, nodes=None):
+    from onnx import TensorProto, helper
+
+    nodes = nodes or [helper.make_node("Add", [weights[0].name, weights[-1].name], ["y"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              initializer=weights)
+    path.write_bytes(helper.make_model(graph, ir_version=10).SerializeToString())
+    return path
+
+
+def test_indexed_read_checks_locations_on_the_index_it_hands_over(tmp_path, monkeypatch):
+    """Each weight's external-data entries are read once: the index read_model_indexed builds is the one the
+    locations are checked on and the one the Graph keeps."""
+    from ortgate.graph import build_graph, load
+    from ortgate.graph.load import read_model_indexed
+
+    walked: list[str] = []
+    all_tensors = load._all_tensors
+
+    def tensors(model, **kwargs):
+        for t in all_tensors(model, **kwargs):
+            walked.append(t.name if t is not None else "|")
+            yield t
+
+    monkeypatch.setattr(load, "_all_tensors", tensors)
+    path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data"),
+                                                          _external("v", "sub/../model.onnx.data")])
+    model, weights = read_model_indexed(path)
+    assert weights is not None and list(weights) == ["w", "v"]
+    assert walked == ["|"]  # the initializers' entries were read once, by the index
+    graph = build_graph(model, str(path), initializers=weights)
+    assert graph.initializers is weights and graph.external_data_files == ["model.onnx.data",
+                                                                              "sub/../model.onnx.data"]
+    bad = _model_with_weights(tmp_path / "bad.onnx", [_external("w", "model.onnx.data"), _external("u", "/etc/passwd"),
+                                                      _external("v", "../x")])
+    with pytest.raises(InputError, match=r"bad.onnx: external data location '\.\./x' is outside the model's "):
+        read_model_indexed(bad)
+
+
+@pytest.mark.parametrize("where", ["inline tensor", "tensor attribute"])
+def test_indexed_read_still_finds_a_location_the_index_does_not_read(tmp_path, where):
+    """A location entry outside the external initializers (an inline tensor's, a Constant's) is still found."""
+    from onnx import helper
+
+    from ortgate.graph.load import read_model, read_model_indexed
+
+    if where == "inline tensor":
+        path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data"),
+                                                              _external("v", "../../etc/passwd", external=False)])
+    else:
+        constant = helper.make_node("Constant", [], ["c"], value=_external("c_value", "../../etc/passwd"))
+        path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data")],
+                                   [constant, helper.make_node("Add", ["w", "c"], ["y"])])
+    for read in (read_model, read_model_indexed):
+        with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
+            read(path)
+
+
+def test_a_location_named_in_the_models_metadata_does_not_send_the_check_through_every_node(tmp_path, monkeypatch):
+    """The search stops at the initializers when they hold every "location" of the file that is not the model's
+    own metadata text; an escaping location in a tensor attribute is still found when the count says so."""
+    from onnx import helper
+
+    from ortgate.graph import load
+    from ortgate.graph.load import read_model_indexed
+
+    walked: list[str] = []
+    all_tensors = load._all_tensors
+
+    def tensors(model, **kwargs):
+        for t in all_tensors(model, **kwargs):
+            walked.append(t.name if t is not None else "|")
+            yield t
+
+    monkeypatch.setattr(load, "_all_tensors", tensors)
+    path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data")],
+                               [helper.make_node("Constant", [], ["c"], value=helper.make_tensor(
+                                   "c_value", TensorProto.FLOAT, [1], [1.0])), helper.make_node("Add", ["w", "c"], ["y"])])
+    model = onnx.load(path, load_external_data=False)
+    helper.set_model_props(model, {"stub_location": "a location, another location"})
+    path.write_bytes(model.SerializeToString())
+    read_model_indexed(path)
+    assert walked == ["|"]
+    walked.clear()
+    constant = helper.make_node("Constant", [], ["c"], value=_external("c_value", "../../etc/passwd"))
+    bad = _model_with_weights(tmp_path / "bad.onnx", [_external("w", "model.onnx.data")],
+                              [constant, helper.make_node("Add", ["w", "c"], ["y"])])
+    model = onnx.load(bad, load_external_data=False)
+    helper.set_model_props(model, {"location": "location"})
+    bad.write_bytes(model.SerializeToString())
+    with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
+        read_model_indexed(bad)
+    assert walked[:2] == ["|", "c_value"]

@@ -79,6 +79,38 @@ def test_the_process_entry_leaves_its_objects_to_the_exit():
     assert done.stdout.split() == ["1", "True", "True"], done.stdout + done.stderr
 
 
+EXIT_PROBE = """
+import atexit, sys
+from ortgate.cli.main import console
+from ortgate.graph.index import Graph
+Graph.__del__ = lambda self: print("graph freed", file=sys.stderr)
+atexit.register(lambda: print("atexit ran", end=""))
+print("buffered", end=" ")
+sys.argv = ["ortgate", *sys.argv[1:]]
+console()
+"""
+
+
+def test_the_process_leaves_lints_index_to_the_exit_after_doing_what_an_exit_does(tmp_path):
+    """The `ortgate` process skips the interpreter's teardown after a lint (the graph index is never freed object
+    by object), yet its atexit callbacks run, its buffered output is flushed and its exit code is main()'s."""
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-c", EXIT_PROBE, "lint", str(UNFUSED), "--policy", str(CPU_POLICY),
+                           "--format", "json", "--output", str(report)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "buffered atexit ran", "")
+    assert report.read_text().startswith("{")
+    # In-process, a lint frees its index when it returns, as any library call does.
+    in_process = subprocess.run([sys.executable, "-c", EXIT_PROBE.replace("console()", "main(sys.argv[1:])").replace(
+        "import console", "import main"), "lint", str(UNFUSED), "--format", "json", "--output", str(report)],
+        capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert in_process.returncode == 0 and "graph freed" in in_process.stderr, in_process.stderr
+    # A longer command (run, fix) ends through the interpreter's own exit.
+    usage = subprocess.run([sys.executable, "-c", EXIT_PROBE, "run"], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+    assert usage.returncode == 2 and usage.stdout == "buffered atexit ran", usage.stdout + usage.stderr
+
+
 def test_version_reads_the_kernel_table_only():
     """The knowledge package loads a module (and its file) when one of its names is first used: `--version`
     reads kernels.json and no other knowledge file."""

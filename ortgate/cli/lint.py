@@ -61,6 +61,12 @@ def add_parser(sub) -> None:
                            "group of identical findings across layers")
 
 
+# What each lint of the `ortgate` process leaves to the process's exit (a list there, see cli.main.console: the exit
+# skips the interpreter's teardown, so the graph index is never freed object by object). None in-process: a library
+# caller's lint frees what it built when it returns.
+KEPT_UNTIL_EXIT: list | None = None
+
+
 def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.engine.baseline import load_baseline
     from ortgate.engine.gate import gate_config_from
@@ -97,6 +103,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
     result = write_baselines(args, result, inputs, config)
     for fmt, path in reports:
         write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
+    if KEPT_UNTIL_EXIT is not None:
+        KEPT_UNTIL_EXIT.append((inputs, result))
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code

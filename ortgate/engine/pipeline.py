@@ -23,7 +23,7 @@ from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
-from ortgate.graph.load import read_model
+from ortgate.graph.load import read_model_indexed
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
 from ortgate.rules.needs import unmet
@@ -50,17 +50,18 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     genai: GenaiConfig | None = load_genai_config(config_path) if config_path else None
     policy: Policy | None = load_policy(request.policy) if request.policy else None
     note(f"loading {files.model}")
-    proto = read_model(files.model)
+    proto, weights = read_model_indexed(files.model)
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
-    model = build_graph(proto, str(files.model), role="model")
-    del proto
+    model = build_graph(proto, str(files.model), role="model", initializers=weights)
+    del proto, weights
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
-        proto = read_model(request.optimized)
+        proto, weights = read_model_indexed(request.optimized)
         note(f"indexing {len(proto.graph.node):,} nodes of {Path(request.optimized).name}")
-        optimized = build_graph(proto, str(request.optimized), role="optimized", reference=model)
-        del proto
+        optimized = build_graph(proto, str(request.optimized), role="optimized", reference=model,
+                                initializers=weights)
+        del proto, weights
         mismatch = optimization_mismatch(model, optimized)
         if mismatch is not None:
             raise InputError(f"not an optimization of {files.model}: {mismatch}", request.optimized)

@@ -109,7 +109,8 @@ class Initializer:
     external: bool
     location: str | None  # the external data file the model names (never opened)
 
-    def __init__(self, name: str, t: Any, *, dense: bool = True):
+    def __init__(self, name: str, t: Any, *, dense: bool = True, locations: list[str] | None = None):
+        """`locations`, when given, gets every external-data location entry the tensor holds."""
         self.name = name
         if not dense:  # the values of a sparse initializer (never decoded as a constant)
             t = t.values
@@ -124,11 +125,15 @@ class Initializer:
                 key = entry.key
                 if key == "location":
                     location = entry.value
+                    if locations is not None:
+                        locations.append(location)
                 elif key == "length" and length is None:
                     length = entry.value
             small = None
         else:
             self.external = False
+            if locations is not None:  # (a location entry on a tensor not stored externally: still checked)
+                locations.extend([entry.value for entry in t.external_data if entry.key == "location"])
             small = None  # (its class, its bytes): a small inline tensor, decoded by small_values()
             if dense:
                 numel = 1
@@ -171,6 +176,16 @@ class Initializer:
         for d in self.dims:
             n *= d
         return n
+
+
+def index_initializers(g: onnx.GraphProto, locations: list[str] | None = None) -> dict[str, Initializer]:
+    """A graph's dense initializers by name (a repeated name: the last one), in the order the graph lists them.
+    `locations`, when given, gets every external-data location entry they hold (Initializer)."""
+    initializers: dict[str, Initializer] = {}
+    for t in g.initializer:
+        name = t.name
+        initializers[name] = Initializer(name, t, locations=locations)
+    return initializers
 
 
 class _Attributes:
@@ -521,7 +536,10 @@ class Graph:
     """Read-only index over one ONNX model. It keeps no reference to the model's protobuf (only a model with
     subgraphs keeps the nodes holding them), so the parsed model is freed once it is indexed."""
 
-    def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model"):
+    def __init__(self, model: onnx.ModelProto, path: str, *, role: str = "model",
+                 initializers: dict[str, Initializer] | None = None):
+        """`initializers`: the main graph's dense initializers of this very model, already read
+        (index_initializers), so that they are not read twice."""
         self.path = path
         self.role = role  # "model" (as exported) or "optimized" (ORT's optimized dump)
         # What reports call the graph when `path` is not its own file: ORT's optimized graph of a model, written to
@@ -540,7 +558,7 @@ class Graph:
         self.consumers: Callable[[str], list[Node]] = self._consumers.__getitem__  # type: ignore[method-assign,assignment]
         # ValueInfo, or (a subgraph's) ValueInfoProto not decoded yet.
         self._values: dict[str, ValueInfo | onnx.ValueInfoProto] = {}
-        self.initializers: dict[str, Initializer] = {}
+        self.initializers: dict[str, Initializer] = {} if initializers is None else initializers
         self.subgraph_paths: list[str] = []
         self.subgraph_owners: dict[str, Node] = {}  # subgraph path (Node.graph) -> the node holding it
         self._dtype_cache: _DtypeTable = _DtypeTable()
@@ -554,10 +572,8 @@ class Graph:
         g = model.graph
         self.input_infos: list[ValueInfo] = []
         with gc_paused():
-            initializers = self.initializers
-            for t in g.initializer:
-                name = t.name
-                initializers[name] = Initializer(name, t)
+            if initializers is None:
+                initializers = self.initializers = index_initializers(g)
             for t in g.sparse_initializer:
                 name = t.values.name
                 if name:
@@ -612,6 +628,7 @@ class Graph:
         # keys: less memory, and every later lookup by name compares identical objects instead of equal strings.
         share = sys.intern
         op_keys: dict[tuple[str, str], list[Node]] = {}
+        default_ops: dict[str, list[Node]] = {}  # the same lists, for the default domain: no key tuple per node
         # One _Attributes per distinct serialized attribute list.
         attribute_sets: dict[tuple[bytes, ...], _Attributes] = {}
         no_attributes = _NO_ATTRIBUTES
@@ -657,9 +674,14 @@ class Graph:
                         early_keys.update([prop.key for prop in metadata])
                 node = Node(entry, position, index, gpath, proto.name, op_type, domain, inputs, outputs)
                 append(node)
-                same_op = op_keys.get((domain, op_type))
-                if same_op is None:
-                    same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
+                if domain is DEFAULT_DOMAIN:
+                    same_op = default_ops.get(op_type)
+                    if same_op is None:
+                        same_op = default_ops[op_type] = by_op[(domain, op_type)]
+                else:
+                    same_op = op_keys.get((domain, op_type))
+                    if same_op is None:
+                        same_op = op_keys[(domain, op_type)] = by_op[(domain, op_type)]
                 same_op.append(node)
                 for name in inputs:
                     if name:

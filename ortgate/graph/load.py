@@ -12,6 +12,8 @@ from ortgate.proto import ATTR_GRAPH, ATTR_GRAPHS, ATTR_TENSOR, ATTR_TENSORS, pl
 if TYPE_CHECKING:  # imported where a model is parsed: loading the pipeline for a policy alone never needs it
     import onnx
 
+    from ortgate.graph.index import Initializer
+
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses messages of 2 GiB and more
 
 _NOT_ONNX_SIGNATURES = (
@@ -31,7 +33,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     `ortgate fix`). Every failure is an InputError naming the file; the checks are read_model's."""
     import onnx
 
-    return _load(Path(path), onnx.ModelProto)
+    model, _ = _load(Path(path), onnx.ModelProto)
+    return model
 
 
 def read_model(path: str | Path) -> onnx.ModelProto:
@@ -44,11 +47,19 @@ def read_model(path: str | Path) -> onnx.ModelProto:
     external data would be read from outside their folder (ORT refuses those too). External data files are never
     opened. A model with local functions is inlined by onnx's inliner (onnx is imported for those alone).
     """
-    return _load(Path(path), None)
+    model, _ = _load(Path(path), None)
+    return model
 
 
-def _load(p: Path, model_class) -> onnx.ModelProto:
-    """read_model (`model_class` None) or load_model (onnx.ModelProto)."""
+def read_model_indexed(path: str | Path) -> tuple[onnx.ModelProto, dict[str, Initializer] | None]:
+    """read_model, and the main graph's dense initializers already indexed (for Graph's `initializers`; None
+    when the model has local functions, which inlining rewrites): the external-data locations are checked on what
+    that index reads, so each weight's protobuf is read once. Same checks, same errors, in the same order."""
+    return _load(Path(path), None, indexed=True)
+
+
+def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelProto, dict[str, Initializer] | None]:
+    """read_model (`model_class` None) or load_model (onnx.ModelProto); with `indexed`, read_model_indexed."""
     if not p.exists():
         raise InputError("no such file", p)
     if not p.is_file():
@@ -100,11 +111,26 @@ def _load(p: Path, model_class) -> onnx.ModelProto:
     bad_text = None if utf8_ok else first_non_utf8_text(model)
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
-    escaping = check_external_data_locations(model, locations_in_bytes)
+    if locations_in_bytes and model.metadata_props:
+        # The model's own metadata is text, stored verbatim: a "location" inside it is no external-data entry.
+        locations_in_bytes -= sum(prop.key.count("location") + prop.value.count("location")
+                                  for prop in model.metadata_props)
+    initializers = None
+    if indexed:
+        from ortgate.graph.index import gc_paused, index_initializers
+
+        locations: list[str] = []
+        with gc_paused():
+            initializers = index_initializers(model.graph, locations)
+        escaping = check_external_data_locations(model, locations_in_bytes, initializer_locations=locations)
+    else:
+        escaping = check_external_data_locations(model, locations_in_bytes)
     if escaping:
         raise InputError(f"external data location {escaping[0]!r} is outside the model's folder (absolute or "
                          "'..'); ONNX Runtime refuses such a model and ortgate never opens it", p)
-    return inline_local_functions(model, p)
+    if model.functions:
+        return inline_local_functions(model, p), None
+    return model, initializers
 
 
 def _parse(data: bytes, model_class, p: Path, size: int):
@@ -263,16 +289,24 @@ def escapes_folder(location: str) -> bool:
     return normal == ".." or normal.startswith(("../", "/"))
 
 
-def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None) -> list[str]:
+def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: int | None = None, *,
+                                  initializer_locations: list[str] | None = None) -> list[str]:
     """External data locations that would escape the model's folder (absolute or '..'). Never opened.
 
     `locations_in_bytes`, the count of b"location" in the serialized model, lets the search stop at the
     initializers when they account for every occurrence (the usual case), instead of visiting every node's
-    attributes for tensors."""
+    attributes for tensors. `initializer_locations`: every location entry of the main graph's initializers,
+    already read (index_initializers): they are not read again."""
     bad: set[str] = set()
     seen: dict[str, bool] = {}
     found = 0
-    for tensor in _all_tensors(model, initializers_first=True):
+    if initializer_locations is not None:
+        found = len(initializer_locations)
+        for value in set(initializer_locations):
+            seen[value] = escapes_folder(value)
+            if seen[value]:
+                bad.add(value)
+    for tensor in _all_tensors(model, initializers_first=True, skip_initializers=initializer_locations is not None):
         if tensor is None:  # the initializers are done
             if locations_in_bytes is not None and found >= locations_in_bytes:
                 break
@@ -288,11 +322,13 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
     return sorted(bad)
 
 
-def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False):
+def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False, skip_initializers: bool = False):
     """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
-    `initializers_first`, the main graph's initializers come first, then a None marker, then the rest."""
+    `initializers_first`, the main graph's initializers come first (none with `skip_initializers`), then a None
+    marker, then the rest."""
     if initializers_first:
-        yield from model.graph.initializer
+        if not skip_initializers:
+            yield from model.graph.initializer
         yield None
     stack = [model.graph]
     while stack:
