@@ -111,10 +111,6 @@ def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelPro
     bad_text = None if utf8_ok else first_non_utf8_text(model)
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
-    if locations_in_bytes and model.metadata_props:
-        # The model's own metadata is text, stored verbatim: a "location" inside it is no external-data entry.
-        locations_in_bytes -= sum(prop.key.count("location") + prop.value.count("location")
-                                  for prop in model.metadata_props)
     initializers = None
     if indexed:
         from ortgate.graph.index import gc_paused, index_initializers
