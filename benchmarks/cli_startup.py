@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET = 2.0
 HEAVY = ("onnx", "onnxruntime", "numpy", "jsonschema", "rich")
 IMPORTS_PROBE = f"""
-import json, runpy, sys
-sys.argv = ["ortgate"] + sys.argv[1:]
+import json, sys
+from ortgate.cli.main import main  # the command in process: the console script's os._exit would skip the probe
 try:
-    runpy.run_module("ortgate", run_name="__main__")
+    main(sys.argv[1:])
 except SystemExit:
     pass
 sys.stderr.write("\\n" + json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))))
