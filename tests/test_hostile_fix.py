@@ -235,6 +235,33 @@ def test_with_stderr_closed_the_error_line_never_lands_in_stdout(tmp_path):
     assert (done.returncode, done.stdout) == (2, "")
 
 
+def _shell(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(f'"{sys.executable}" -m ortgate {command}', shell=True, executable="/bin/bash",
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
+                          cwd=REPO)
+
+
+def test_a_closed_stdout_is_an_output_error_not_an_internal_one():
+    done = _shell(f'lint "{EXAMPLE}" >&-')
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and "standard output is closed" in done.stderr, done.stderr
+
+
+def test_a_closed_stderr_changes_nothing_but_the_error_lines():
+    closed, shown = _shell(f'lint "{EXAMPLE}" 2>&-'), _shell(f'lint "{EXAMPLE}"')
+    assert shown.returncode in (0, 1), shown.stderr
+    assert (closed.returncode, closed.stdout) == (shown.returncode, shown.stdout)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [f'lint "{EXAMPLE}"', f'lint "{EXAMPLE}" --format json', "rules"])
+def test_a_full_stdout_is_an_output_error_naming_it(command):
+    done = _shell(f"{command} > /dev/full")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "standard output" in done.stderr and "No space left on device" in done.stderr, done.stderr
+
+
 def test_a_broken_pipe_never_passes(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nexecution_provider:\n  name: cpu\n" + "".join(f"bogus{i}: 1\n" for i in range(2000)))

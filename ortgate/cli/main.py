@@ -6,6 +6,7 @@ Exit codes: 0 the gate passes, 1 it fails, 2 usage or input error, 3 internal er
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import os
 import sys
@@ -113,7 +114,14 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
+# A stream write that fails for want of room or a device error: the output cannot be written, as with a full disk.
+_WRITE_FAILURES = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO))
+
+
 def _main(args: list[str]) -> int:
+    if sys.stdout is None:  # `>&-`: there is nowhere to write what the command says
+        error("standard output is closed: nowhere to write the output (open it, or redirect it to a file)")
+        return EXIT_INPUT
     try:
         return _dispatch(build_parser(), args)
     except InputError as exc:
@@ -134,6 +142,13 @@ def _main(args: list[str]) -> int:
         _silence_stdout()
         return EXIT_INPUT
     except OSError as exc:
+        if exc.filename is None and exc.errno in _WRITE_FAILURES:
+            # A stream write failed (`> /dev/full`): the output is not all there, so the command cannot pass. A full
+            # disk is the machine's state, not an ortgate bug. Every file ortgate writes is written under its name
+            # (an error naming it), so a nameless write is standard output's (a full stderr could not say so anyway).
+            _silence_stdout()
+            error(f"standard output: cannot be written: {exc.strerror}")
+            return EXIT_INPUT
         if exc.filename is None:
             return _internal(exc)
         # A path the command line named (or one reached through it) that the system refuses: too long, unreadable,

@@ -219,7 +219,7 @@ PROGRESS_DELAY_S = 0.4
 
 def progress_wanted() -> bool:
     """Progress goes to stderr only when stderr is an interactive terminal (never in CI logs or pipes)."""
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    return sys.stderr is not None and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
 @contextmanager

@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def emit(outcome) -> int:
         return _emit(args, reports, outcome)
 
-    with RunProgress(enabled=sys.stderr.isatty()) as progress:
+    with RunProgress(enabled=sys.stderr is not None and sys.stderr.isatty()) as progress:
         outcome = run_reference(request, progress=progress, hard_exit=True, gate=gate, emit=emit,
                                 before_writing=lambda inputs: check_outputs(outputs,
                                                                             [*run_reads(inputs), args.baseline]))
