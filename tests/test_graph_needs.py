@@ -17,8 +17,8 @@ from ortgate.rules.needs import has
 from tests.conftest import EXAMPLES, EXPORTED, POLICIES
 
 CUDA_POLICY = POLICIES / "qwen3-30b-a3b-cuda.yaml"  # declares a CUDA provider: the rules' other needs are met
-MOE_RULES = {"OGF001", "OGM001", "OGX008", "OGK006", "OGK007", "OGK008"}
-ATTENTION_RULES = {"OGF002", "OGM002", "OGM005", "OGK009"}
+MOE_RULES = {"OGF001", "OGF008", "OGM001", "OGX008", "OGK006", "OGK007", "OGK008"}
+ATTENTION_RULES = {"OGF002", "OGF007", "OGF011", "OGM002", "OGM005", "OGK009"}
 KV_CACHE_RULES = {"OGM012"}
 WITHOUT_ANY = EXPORTED / "dynamo-mamba"  # a state-space model: no MoE, no attention, no KV cache
 WITH_ALL = EXPORTED / "genai-qwen3_5_moe-fp16-cuda"  # fused MoE, GroupQueryAttention, a KV cache

@@ -70,7 +70,7 @@ def _ort_packs(graph: Graph, found: QkvProjections, tgt: Target) -> bool:
     return False
 
 
-@rule("OGF007", "qkv-not-packed", Severity.WARNING, price="qkv")
+@rule("OGF007", "qkv-not-packed", Severity.WARNING, needs=("attention",), price="qkv")
 def qkv_not_packed(ctx: RuleContext):
     """Attention reads Q, K and V from separate projections of the same hidden state instead of one packed QKV GEMM.
 
@@ -166,7 +166,7 @@ def _qkv_finding(ctx: RuleContext, found: QkvProjections, repacked: bool):
     )
 
 
-@rule("OGF011", "qkv-packed-by-ort", Severity.INFO)
+@rule("OGF011", "qkv-packed-by-ort", Severity.INFO, needs=("attention",))
 def qkv_packed_by_ort(ctx: RuleContext):
     """Separate Q, K and V projections that ORT's GroupQueryAttentionFusion is expected to pack at session creation.
 
@@ -237,7 +237,7 @@ def _routed(mlp: GatedMlp, routed_linears: set[int]) -> bool:
     return any(n is not None and n.index in routed_linears for n in (mlp.gate, mlp.up))
 
 
-@rule("OGF008", "gate-up-not-merged", Severity.WARNING, price="gate_up")
+@rule("OGF008", "gate-up-not-merged", Severity.WARNING, needs=("moe",), price="gate_up")
 def gate_up_not_merged(ctx: RuleContext):
     """MoE experts compute the gate and up projections as two GEMMs instead of one merged (w13) GEMM.
 
