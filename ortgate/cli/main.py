@@ -62,9 +62,14 @@ COMMANDS = {
 _WITHOUT_COLLECTOR = frozenset(("lint", "estimate", "rules", "explain", "policy"))
 
 
+def _command(args: Sequence[str]) -> str | None:
+    """The command the arguments name (their first that is no flag), None for none (`--help`, `--version`)."""
+    return next((a for a in args if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in args if not a.startswith("-")), None)
+    command = _command(args)
     paused = gc.isenabled() and (command is None or command in _WITHOUT_COLLECTOR)
     if paused:
         gc.disable()
@@ -86,9 +91,7 @@ def console() -> NoReturn:
     being freed object by object. Everything an exit does that can be seen still happens, in the interpreter's
     order: atexit callbacks, then stdout and stderr flushed; the exit code is main()'s. A stream that cannot be
     flushed (its reader went away), a thread still running or a longer command gets the interpreter's own exit."""
-    args = sys.argv[1:]
-    command = next((a for a in args if not a.startswith("-")), None)
-    fast = command in _WITHOUT_COLLECTOR
+    fast = _command(sys.argv[1:]) in _WITHOUT_COLLECTOR
     if fast:
         lint.KEPT_UNTIL_EXIT = []
     code = main()

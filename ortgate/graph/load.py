@@ -112,7 +112,7 @@ def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelPro
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
     initializers = None
-    if indexed:
+    if indexed and not model.functions:  # (inlining rewrites the graph: its index would be thrown away)
         from ortgate.graph.index import gc_paused, index_initializers
 
         locations: list[str] = []
