@@ -208,3 +208,16 @@ def test_indexed_read_still_finds_a_location_the_index_does_not_read(tmp_path, w
     for read in (read_model, read_model_indexed):
         with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
             read(path)
+
+
+def test_is_constant_taken_before_its_first_call_gathers_the_constants_once():
+    graph = build_graph(read_model(EXAMPLE), str(EXAMPLE))
+    early = graph.is_constant  # bound before the set exists, as the patterns bind it once per block
+    weight = next(iter(graph.initializers))
+    activation = graph.nodes[0].outputs[0]
+    assert early(weight) and not early(activation)
+    built = graph._constants
+    assert built is not None and weight in built
+    assert early(weight) and not early("no such value")
+    assert graph._constants is built  # the early-bound method tests the same set, not a new one per call
+    assert graph.is_constant(weight) and not graph.is_constant(activation)

@@ -568,6 +568,7 @@ class Graph:
         # carry such metadata (ortgate.graph.layers.METADATA_KEYS); and the metadata keys of the first nodes.
         self.metadata_layers: dict[int, int | None] = {}
         self._early_metadata_keys: set[str] = set()
+        self._constants: frozenset[str] | None = None  # is_constant's set, once built
 
         g = model.graph
         self.input_infos: list[ValueInfo] = []
@@ -785,15 +786,20 @@ class Graph:
 
     def is_constant(self, name: str) -> bool:
         """A weight, or the output of a Constant node. The first call gathers every such name; from then on
-        is_constant(name) is that set's own membership test (the patterns ask hundreds of thousands of times)."""
+        is_constant(name) is that set's own membership test (the patterns ask hundreds of thousands of times). A
+        caller that took the method before the first call keeps it: it then tests the same set, built once."""
+        built = self._constants
+        if built is not None:
+            return name in built
         constants = set(self.initializers)
         producers = self._producer
         for node in self._by_op.get((DEFAULT_DOMAIN, "Constant"), ()):
             for out in node.outputs:
                 if out and producers.get(out) is node:
                     constants.add(out)
-        self.is_constant = frozenset(constants).__contains__  # type: ignore[method-assign,assignment]
-        return name in constants
+        frozen = self._constants = frozenset(constants)
+        self.is_constant = frozen.__contains__  # type: ignore[method-assign,assignment]
+        return name in frozen
 
     def constant_value(self, name: str) -> tuple | None:
         """Flattened values of a small constant (Constant node or small inline initializer); else None."""
