@@ -11,8 +11,11 @@
 
 Whole processes are timed in CPU seconds (user + system of the child, which load on a shared machine inflates less
 than wall time), as medians of alternated pairs, each after a warm-up; in-process times are medians of REPEAT runs
-after a warm-up lint. The children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an
-installed package has them: with PYTHONDONTWRITEBYTECODE set, every process would compile ortgate's sources anew.
+after a warm-up lint. Beside each median ratio, the range of its pairs' ratios (an alternated pair of whole
+processes, or one in-process lint and the bare loop after it) says whether the verdict holds for every pair, so a
+verdict a rerun may reverse shows as one. The children write bytecode caches to a temporary folder
+(PYTHONPYCACHEPREFIX), as an installed package has them: with PYTHONDONTWRITEBYTECODE set, every process would
+compile ortgate's sources anew.
 
     python benchmarks/lint_startup.py [--rounds 5] [--repeat 3] [--workdir DIR [--keep]]
 """
@@ -80,7 +83,8 @@ def _child(kind: str, path: str, policy: str, report: str, repeat: int) -> dict:
         start = time.perf_counter()
         walk()
         floor.append(time.perf_counter() - start)
-    return {"lint": statistics.median(lint), "walk": statistics.median(floor), "codes": sorted(codes)}
+    return {"lint": statistics.median(lint), "walk": statistics.median(floor), "codes": sorted(codes),
+            "ratios": [x / y for x, y in zip(lint, floor)]}
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------------------
@@ -102,14 +106,22 @@ def _cpu(argv: list[str], env: dict) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def _pairs(a: list[str], b: list[str], rounds: int, env: dict) -> tuple[float, float]:
-    """Medians of CPU seconds of `a` and `b`, run alternately after one warm-up each."""
+def _pairs(a: list[str], b: list[str], rounds: int, env: dict) -> tuple[float, float, list[float]]:
+    """Medians of CPU seconds of `a` and `b`, run alternately after one warm-up each, and each pair's ratio a/b."""
     _cpu(a, env), _cpu(b, env)
     xs, ys = [], []
     for _ in range(rounds):
         xs.append(_cpu(a, env))
         ys.append(_cpu(b, env))
-    return statistics.median(xs), statistics.median(ys)
+    return statistics.median(xs), statistics.median(ys), [x / y for x, y in zip(xs, ys)]
+
+
+def _spread(ratios: list[float], bound: float) -> str:
+    """The range of the per-pair ratios, and whether every pair, no pair or only some meet the bound: a verdict
+    on a median that some pairs contradict is one the next run may reverse."""
+    low, high = min(ratios), max(ratios)
+    agree = "every pair" if high <= bound else "no pair" if low > bound else "only some pairs"
+    return f"; pairs {low:.2f}x to {high:.2f}x, {agree} within {bound}x"
 
 
 def _run_child(env: dict, *args: str) -> dict:
@@ -140,25 +152,26 @@ def run(args: argparse.Namespace) -> int:
 
         print("whole processes", file=sys.stderr)
         lint_small = [py, "-m", "ortgate", "lint", str(EXAMPLE), "--policy", str(CPU_POLICY)]
-        small, onnx_import = _pairs(lint_small, [py, "-c", "import onnx"], args.rounds, env)
+        small, onnx_import, pairs = _pairs(lint_small, [py, "-c", "import onnx"], args.rounds, env)
         ratio = small / onnx_import
         verdicts.append((ratio <= TARGETS["small"], (f"lint of {EXAMPLE.name} (whole process) <= {TARGETS['small']}x "
-                         f"`python -c \"import onnx\"`: {small:.3f} s vs {onnx_import:.3f} s CPU = {ratio:.2f}x")))
+                         f"`python -c \"import onnx\"`: {small:.3f} s vs {onnx_import:.3f} s CPU = {ratio:.2f}x"
+                         + _spread(pairs, TARGETS["small"]))))
         lint_dense = [py, "-m", "ortgate", "lint", str(dense.path), "--policy", str(CPU_POLICY), "--format", "json",
                       "--output", report]
         load_dense = [py, "-c", f"import onnx; onnx.load({str(dense.path)!r}, load_external_data=False)"]
-        whole, load = _pairs(lint_dense, load_dense, args.rounds, env)
+        whole, load, pairs = _pairs(lint_dense, load_dense, args.rounds, env)
         ratio = whole / load
         verdicts.append((ratio <= TARGETS["dense"], (f"lint of the 48 x 128 dense-loop graph ({dense.nodes:,} nodes, "
                          f"whole process) <= {TARGETS['dense']}x a whole-process onnx.load: {whole:.3f} s vs "
-                         f"{load:.3f} s CPU = {ratio:.2f}x")))
+                         f"{load:.3f} s CPU = {ratio:.2f}x" + _spread(pairs, TARGETS["dense"]))))
 
         print("in process", file=sys.stderr)
         head = _run_child(env, "time", str(skeleton.path), str(SKELETON_POLICY), report, str(args.repeat))
         ratio = head["lint"] / head["walk"]
         verdicts.append((ratio <= TARGETS["skeleton"], (f"in-process lint of the {skeleton.nodes:,}-node skeleton <= "
                          f"{TARGETS['skeleton']}x the bare node loop: {head['lint'] * 1e3:,.0f} ms vs "
-                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x")))
+                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _spread(head["ratios"], TARGETS["skeleton"]))))
         timed = [(m, _run_child(env, "time", str(m.path), str(SKELETON_POLICY), report, str(args.repeat)))
                  for m in series]
         per_node = [t["lint"] / m.nodes for m, t in timed]
