@@ -210,63 +210,6 @@ def test_indexed_read_still_finds_a_location_the_index_does_not_read(tmp_path, w
             read(path)
 
 
-def _with_location_in_text(path, where: str) -> None:
-    """Rewrite the model at `path` with the word "location" in its metadata or doc strings."""
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    if where == "metadata":
-        model.metadata_props.add(key="stub_location", value='{"location": "model.onnx.data", "location2": 1}')
-    elif where == "doc strings":
-        model.doc_string = "weights: see each tensor's location"
-        model.graph.doc_string = "location, location"
-    path.write_bytes(model.SerializeToString())
-
-
-@pytest.mark.parametrize("where", ["metadata", "doc strings"])
-def test_location_in_metadata_text_does_not_hide_an_escaping_constant(tmp_path, where):
-    """The words "location" in the model's own strings are discounted from the bound, and no more: a Constant's
-    escaping location is still searched for and found."""
-    from onnx import helper
-
-    from ortgate.graph.load import read_model, read_model_indexed
-
-    constant = helper.make_node("Constant", [], ["c"], value=_external("c_value", "../../etc/passwd"))
-    path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data")],
-                               [constant, helper.make_node("Add", ["w", "c"], ["y"])])
-    _with_location_in_text(path, where)
-    for read in (read_model, read_model_indexed):
-        with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
-            read(path)
-
-
-@pytest.mark.parametrize("where", ["metadata", "doc strings"])
-def test_location_in_metadata_text_does_not_make_the_search_walk_the_nodes(tmp_path, monkeypatch, where):
-    """When the initializers hold every location entry, the search stops after them even if the model's metadata
-    or doc strings mention the word."""
-    from ortgate.graph import load
-    from ortgate.graph.load import read_model_indexed
-
-    walked: list[str] = []
-    all_tensors = load._all_tensors
-
-    def tensors(model, **kwargs):
-        for t in all_tensors(model, **kwargs):
-            walked.append(t.name if t is not None else "|")
-            yield t
-
-    monkeypatch.setattr(load, "_all_tensors", tensors)
-    from onnx import TensorProto, helper
-
-    value = helper.make_tensor("c_value", TensorProto.FLOAT, [4], [1.0] * 4)
-    constant = helper.make_node("Constant", [], ["c"], value=value)
-    path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data")],
-                               [constant, helper.make_node("Add", ["w", "c"], ["y"])])
-    _with_location_in_text(path, where)
-    read_model_indexed(path)
-    assert walked == ["|"]
-
-
 def test_is_constant_taken_before_its_first_call_gathers_the_constants_once():
     graph = build_graph(read_model(EXAMPLE), str(EXAMPLE))
     early = graph.is_constant  # bound before the set exists, as the patterns bind it once per block

@@ -111,7 +111,6 @@ def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelPro
     bad_text = None if utf8_ok else first_non_utf8_text(model)
     if bad_text is not None:
         raise InputError(f"not an ONNX model: {bad_text} is not UTF-8 text (corrupt protobuf?)", p)
-    locations_in_bytes -= _locations_in_text(model)
     initializers = None
     if indexed and not model.functions:  # (inlining rewrites the graph: its index would be thrown away)
         from ortgate.graph.index import gc_paused, index_initializers
@@ -128,17 +127,6 @@ def _load(p: Path, model_class, *, indexed: bool = False) -> tuple[onnx.ModelPro
     if model.functions:
         return inline_local_functions(model, p), None
     return model, initializers
-
-
-def _locations_in_text(model: onnx.ModelProto) -> int:
-    """How many of the serialized model's b"location" are inside its own metadata and doc strings (a producer's
-    notes, a config dumped as JSON): those are no external-data entry, so check_external_data_locations need not
-    look for them past the initializers. Occurrences of the word cannot overlap, so the counts of disjoint strings
-    add up to at most the count in the whole file."""
-    texts = [model.doc_string, model.graph.doc_string]
-    for prop in model.metadata_props:
-        texts += (prop.key, prop.value)
-    return sum(text.encode("utf-8").count(b"location") for text in texts if "location" in text)
 
 
 def _parse(data: bytes, model_class, p: Path, size: int):
