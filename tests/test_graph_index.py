@@ -210,6 +210,36 @@ def test_indexed_read_still_finds_a_location_the_index_does_not_read(tmp_path, w
             read(path)
 
 
+def _with_location_in_text(path, where: str) -> None:
+    """Rewrite the model at `path` with the word "location" in its metadata or doc strings."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    if where == "metadata":
+        model.metadata_props.add(key="stub_location", value='{"location": "model.onnx.data", "location2": 1}')
+    elif where == "doc strings":
+        model.doc_string = "weights: see each tensor's location"
+        model.graph.doc_string = "location, location"
+    path.write_bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize("where", ["metadata", "doc strings"])
+def test_location_in_metadata_text_does_not_hide_an_escaping_constant(tmp_path, where):
+    """The word "location" in the model's own strings (a producer's config dumped as JSON, a doc string) does not
+    stand in for an external-data entry: a Constant's escaping location is still searched for and found."""
+    from onnx import helper
+
+    from ortgate.graph.load import read_model, read_model_indexed
+
+    constant = helper.make_node("Constant", [], ["c"], value=_external("c_value", "../../etc/passwd"))
+    path = _model_with_weights(tmp_path / "model.onnx", [_external("w", "model.onnx.data")],
+                               [constant, helper.make_node("Add", ["w", "c"], ["y"])])
+    _with_location_in_text(path, where)
+    for read in (read_model, read_model_indexed):
+        with pytest.raises(InputError, match="'../../etc/passwd' is outside the model's folder"):
+            read(path)
+
+
 def test_is_constant_taken_before_its_first_call_gathers_the_constants_once():
     graph = build_graph(read_model(EXAMPLE), str(EXAMPLE))
     early = graph.is_constant  # bound before the set exists, as the patterns bind it once per block
