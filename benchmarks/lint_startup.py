@@ -13,7 +13,7 @@ Whole processes are timed in CPU seconds (user + system of the child, which load
 than wall time), as medians of alternated pairs, each after a warm-up; in-process times are medians of REPEAT runs
 after a warm-up lint. Beside each median ratio, the range of its pairs' ratios (an alternated pair of whole
 processes, or one in-process lint and the bare loop after it) says whether the verdict holds for every pair; for
-the flat target, the bounds any choice of one run per model gives. A verdict a rerun may reverse shows as one. The
+the flat target, the bounds any choice of one run per model (a run choice) gives. A verdict a rerun may reverse shows as one. The
 children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an installed package has them:
 with PYTHONDONTWRITEBYTECODE set, every process would compile ortgate's sources anew.
 
@@ -84,7 +84,7 @@ def _child(kind: str, path: str, policy: str, report: str, repeat: int) -> dict:
         walk()
         floor.append(time.perf_counter() - start)
     return {"lint": statistics.median(lint), "walk": statistics.median(floor), "codes": sorted(codes),
-            "ratios": [x / y for x, y in zip(lint, floor)], "runs": lint}
+            "runs": lint, "walks": floor}
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------------------
@@ -116,12 +116,15 @@ def _pairs(a: list[str], b: list[str], rounds: int, env: dict) -> tuple[float, f
     return statistics.median(xs), statistics.median(ys), [x / y for x, y in zip(xs, ys)]
 
 
-def _spread(ratios: list[float], bound: float) -> str:
-    """The range of the per-pair ratios, and whether every pair, no pair or only some meet the bound: a verdict
-    on a median that some pairs contradict is one the next run may reverse."""
-    low, high = min(ratios), max(ratios)
-    agree = "every pair" if high <= bound else "no pair" if low > bound else "only some pairs"
-    return f"; pairs {low:.2f}x to {high:.2f}x, {agree} within {bound}x"
+def _spread(low: float, high: float, bound: float, what: str = "pair") -> str:
+    """The range a ratio takes over its pairs (or runs), and whether every one, no one or only some meet the bound:
+    a verdict on a median that some of them contradict is one the next run may reverse."""
+    agree = f"every {what}" if high <= bound else f"no {what}" if low > bound else f"only some {what}s"
+    return f"; {what}s {low:.2f}x to {high:.2f}x, {agree} within {bound}x"
+
+
+def _pair_spread(ratios: list[float], bound: float) -> str:
+    return _spread(min(ratios), max(ratios), bound)
 
 
 def _run_child(env: dict, *args: str) -> dict:
@@ -156,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         ratio = small / onnx_import
         verdicts.append((ratio <= TARGETS["small"], (f"lint of {EXAMPLE.name} (whole process) <= {TARGETS['small']}x "
                          f"`python -c \"import onnx\"`: {small:.3f} s vs {onnx_import:.3f} s CPU = {ratio:.2f}x"
-                         + _spread(pairs, TARGETS["small"]))))
+                         + _pair_spread(pairs, TARGETS["small"]))))
         lint_dense = [py, "-m", "ortgate", "lint", str(dense.path), "--policy", str(CPU_POLICY), "--format", "json",
                       "--output", report]
         load_dense = [py, "-c", f"import onnx; onnx.load({str(dense.path)!r}, load_external_data=False)"]
@@ -164,30 +167,28 @@ def run(args: argparse.Namespace) -> int:
         ratio = whole / load
         verdicts.append((ratio <= TARGETS["dense"], (f"lint of the 48 x 128 dense-loop graph ({dense.nodes:,} nodes, "
                          f"whole process) <= {TARGETS['dense']}x a whole-process onnx.load: {whole:.3f} s vs "
-                         f"{load:.3f} s CPU = {ratio:.2f}x" + _spread(pairs, TARGETS["dense"]))))
+                         f"{load:.3f} s CPU = {ratio:.2f}x" + _pair_spread(pairs, TARGETS["dense"]))))
 
         print("in process", file=sys.stderr)
         head = _run_child(env, "time", str(skeleton.path), str(SKELETON_POLICY), report, str(args.repeat))
         ratio = head["lint"] / head["walk"]
+        pairs = [x / y for x, y in zip(head["runs"], head["walks"])]
         verdicts.append((ratio <= TARGETS["skeleton"], (f"in-process lint of the {skeleton.nodes:,}-node skeleton <= "
                          f"{TARGETS['skeleton']}x the bare node loop: {head['lint'] * 1e3:,.0f} ms vs "
-                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _spread(head["ratios"], TARGETS["skeleton"]))))
+                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _pair_spread(pairs, TARGETS["skeleton"]))))
         timed = [(m, _run_child(env, "time", str(m.path), str(SKELETON_POLICY), report, str(args.repeat)))
                  for m in series]
         per_node = [t["lint"] / m.nodes for m, t in timed]
         spread = max(per_node) / min(per_node)
-        # Over the runs, not only their medians: the least and the most max/min any choice of one run per model gives.
+        # Over the runs, not only their medians: bounds on the max/min any choice of one run per model gives.
         fastest = [min(t["runs"]) / m.nodes for m, t in timed]
         slowest = [max(t["runs"]) / m.nodes for m, t in timed]
-        least = max(1.0, max(fastest) / min(slowest))
-        most = max(slowest) / min(fastest)
-        agree = ("every choice" if most <= TARGETS["flat"] else "no choice" if least > TARGETS["flat"]
-                 else "only some choices")
+        runs = _spread(max(1.0, max(fastest) / min(slowest)), max(slowest) / min(fastest), TARGETS["flat"],
+                       "run choice")
         verdicts.append((spread <= TARGETS["flat"], f"lint time per node flat within {TARGETS['flat']}x from 10k to "
                          "200k nodes: " + ", ".join(f"{m.nodes:,} nodes {t['lint'] * 1e3:,.0f} ms "
                                                     f"({t['lint'] * 1e6 / m.nodes:.1f} ms per 1k)" for m, t in timed)
-                         + f" (max/min {spread:.2f}x; one run per model: {least:.2f}x to {most:.2f}x, {agree} of "
-                         f"runs within {TARGETS['flat']}x)"))
+                         + f" (max/min {spread:.2f}x{runs})"))
         big = series[-1]
         rss_lint = _run_child(env, "rss", str(big.path), str(SKELETON_POLICY), report, "1")["rss"]
         rss_load = _run_child(env, "load", str(big.path), "-", report, "1")["rss"]
