@@ -13,8 +13,8 @@ Whole processes are timed in CPU seconds (user + system of the child, which load
 than wall time), as medians of alternated pairs, each after a warm-up; in-process times are medians of REPEAT runs
 after a warm-up lint. Beside each median ratio, the range of its pairs' ratios (an alternated pair of whole
 processes, or one in-process lint and the bare loop after it) says whether the verdict holds for every pair; for
-the flat target, the bounds any choice of one run per model (a run choice) gives. A verdict a rerun may reverse shows as one. The
-children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an installed package has them:
+the flat target, the bounds any choice of one run per model (a run choice) gives. A verdict a rerun may reverse
+shows as one. The children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an installed package has them:
 with PYTHONDONTWRITEBYTECODE set, every process would compile ortgate's sources anew.
 
     python benchmarks/lint_startup.py [--rounds 5] [--repeat 3] [--workdir DIR [--keep]]
