@@ -66,6 +66,8 @@ def _child(kind: str, path: str, policy: str, report: str, repeat: int) -> dict:
     if kind == "rss":
         code = main(argv)
         return {"rss": _peak_rss_bytes(), "code": code}
+    if kind == "phases":
+        return {"phases": _phases(argv)}
     # "time": in process, after a warm-up lint of the same model
     import onnx
 
@@ -85,6 +87,63 @@ def _child(kind: str, path: str, policy: str, report: str, repeat: int) -> dict:
         floor.append(time.perf_counter() - start)
     return {"lint": statistics.median(lint), "walk": statistics.median(floor), "codes": sorted(codes),
             "runs": lint, "walks": floor}
+
+
+def _phases(argv: list[str]) -> list[tuple[str, float]]:
+    """Where one in-process lint (after a warm-up) spends its time, by the progress notes the lint gives as it goes
+    (its spinner's messages), and where the gate and the reports begin: each note's text and the seconds until the next
+    one. A rule's span holds whatever it is the first to ask for (a shared MoE reading is
+    paid by the first rule that needs it)."""
+    from contextlib import contextmanager
+
+    import ortgate.cli.lint as cli_lint
+    import ortgate.engine.pipeline as pipeline
+    from ortgate.cli import main
+
+    main(argv)
+    stamps: list[tuple[float, str]] = []
+
+    @contextmanager
+    def stamping(_enabled: bool, delay: float | None = None):
+        yield lambda message: stamps.append((time.perf_counter(), message))
+
+    def stamped(message: str, fn):
+        def call(*args, **kwargs):
+            stamps.append((time.perf_counter(), message))
+            return fn(*args, **kwargs)
+        return call
+
+    cli_lint.progress = stamping  # the spinner's notes, timed instead of shown
+    pipeline.judge = stamped("gate", pipeline.judge)  # and where the rules end and the reports begin
+    cli_lint.write_baselines = stamped("reports", cli_lint.write_baselines)
+    start = time.perf_counter()
+    stamps.append((start, "the command line, the policy and the genai config"))
+    main(argv)
+    stamps.append((time.perf_counter(), ""))
+    return [(message, after - at) for (at, message), (after, _) in zip(stamps, stamps[1:])]
+
+
+def _phase_summary(phases: list[tuple[str, float]], walk: float, top: int = 6) -> str:
+    """The lint's phases as ms and multiples of the bare node loop: parse, index, the set-up before the rules, the
+    rules together (the costliest named), pricing, the gate and the reports."""
+    def kind(message: str) -> str:
+        if message.startswith("loading"):
+            return "parse"
+        if message.startswith("indexing"):
+            return "index and layers"
+        if message.startswith("matching"):
+            return "expectations (the first MoE and attention reading)"
+        if message.startswith("rule "):
+            return "rules"
+        return {"pricing the findings": "pricing", "gate": "gate", "reports": "reports"}.get(message, "command line")
+
+    totals: dict[str, float] = {}
+    for message, seconds in phases:
+        totals[kind(message)] = totals.get(kind(message), 0.0) + seconds
+    rules = sorted(((s, m.split(": ", 1)[1]) for m, s in phases if m.startswith("rule ")), reverse=True)
+    parts = [f"{name} {seconds * 1e3:,.0f} ms ({seconds / walk:.1f}x)" for name, seconds in totals.items()]
+    costly = ", ".join(f"{name} {seconds * 1e3:,.0f}" for seconds, name in rules[:top])
+    return "; ".join(parts) + f"; the costliest rules (ms, each with what it is first to ask for): {costly}"
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------------------
@@ -176,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
         verdicts.append((ratio <= TARGETS["skeleton"], (f"in-process lint of the {skeleton.nodes:,}-node skeleton <= "
                          f"{TARGETS['skeleton']}x the bare node loop: {head['lint'] * 1e3:,.0f} ms vs "
                          f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _pair_spread(pairs, TARGETS["skeleton"]))))
+        phases = _run_child(env, "phases", str(skeleton.path), str(SKELETON_POLICY), report, "1")["phases"]
+        ok, text = verdicts[-1]
+        where = _phase_summary(phases, head["walk"])
+        verdicts[-1] = (ok, f"{text}\n  where one in-process lint of the skeleton goes (ms, x the bare loop): {where}")
         timed = [(m, _run_child(env, "time", str(m.path), str(SKELETON_POLICY), report, str(args.repeat)))
                  for m in series]
         per_node = [t["lint"] / m.nodes for m, t in timed]
