@@ -28,10 +28,10 @@ from ortgate import evidence as evidence_module
 from ortgate.engine.baseline import load_baseline
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
-from ortgate.evidence import EVIDENCE_KEY, RunEvidence
+from ortgate.evidence import RunEvidence
 from ortgate.findings import Finding, Location
 from ortgate.rules import all_rules
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import EVIDENCE_KEY, RuleContext
 from ortgate.rules.needs import unmet
 from tests.conftest import REPO
 

@@ -18,8 +18,8 @@ from tests.conftest import EXAMPLES, POLICIES, REPO
 UNFUSED = EXAMPLES / "qwen3-moe-tiny-unfused"
 CPU_POLICY = POLICIES / "tiny-moe-cpu.yaml"
 
-# Runs the console entry point in a fresh interpreter and prints (on stderr, last line) the top-level packages it
-# imported: what a user's `ortgate ...` process loads.
+# Runs the console entry point in a fresh interpreter and prints (on stderr, last line) the modules it imported:
+# what a user's `ortgate ...` process loads.
 PROBE = """
 import json, sys
 from ortgate.cli import main
@@ -28,15 +28,16 @@ try:
 except SystemExit as exc:  # argparse's --help
     code = exc.code
 sys.stdout.flush()
-sys.stderr.write("\\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules})) + "\\n")
+sys.stderr.write("\\n" + json.dumps(sorted(sys.modules)) + "\\n")
 raise SystemExit(code)
 """
 
 
-def _imported(python: str | Path, *args: str) -> tuple[int, str, set[str]]:
+def _imported(python: str | Path, *args: str, packages: bool = True) -> tuple[int, str, set[str]]:
+    """The exit code, stdout, and the top-level packages imported (every module, with packages=False)."""
     done = subprocess.run([str(python), "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
     modules = json.loads(done.stderr.strip().splitlines()[-1])
-    return done.returncode, done.stdout, set(modules)
+    return done.returncode, done.stdout, {m.split(".")[0] for m in modules} if packages else set(modules)
 
 
 @pytest.mark.parametrize("args", [
@@ -168,3 +169,29 @@ def test_no_command_ends_in_an_internal_error_without_onnxruntime(without_onnxru
     lint = subprocess.run([str(without_onnxruntime), "-m", "ortgate", "lint", model, "--policy", str(cpu), "--format",
                            "json"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "throughput-not-judged" in {f["rule"] for f in json.loads(lint.stdout)["findings"]}
+
+
+REPORTER_MODULES = {"text": "text", "json": "json_report", "sarif": "sarif", "github": "github",
+                    "markdown": "markdown", "junit": "junit", "codequality": "codequality"}
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif", "text"])
+def test_a_lint_loads_the_one_reporter_it_writes_and_nothing_of_run_or_fix(fmt):
+    """Each reporter module is imported when its format is asked for; the runner's evidence, the runner and the
+    repairs are `ortgate run`'s and `ortgate fix`'s alone."""
+    code, out, modules = _imported(sys.executable, "lint", str(UNFUSED), "--policy", str(CPU_POLICY), "--format", fmt,
+                                   packages=False)
+    assert code == 1 and out, out[-2000:]
+    loaded = {name for name, module in REPORTER_MODULES.items() if f"ortgate.report.{module}" in modules}
+    assert loaded == {fmt}, sorted(loaded)
+    heavy = {m for m in modules if m == "ortgate.evidence" or m.startswith(("ortgate.runner", "ortgate.fix"))}
+    assert not heavy, sorted(heavy)
+
+
+def test_every_lint_format_has_its_reporter():
+    from ortgate.cli.lint import LINT_FORMATS
+    from ortgate.report import reporter
+
+    assert set(LINT_FORMATS) == set(REPORTER_MODULES)
+    for fmt in LINT_FORMATS:
+        assert reporter(fmt).__module__ == f"ortgate.report.{REPORTER_MODULES[fmt]}", fmt

@@ -47,7 +47,7 @@ def test_run_prices_ort_s_dump_as_the_optimized_graph(make_model, write_policy):
 
 def test_inputs_are_a_value(make_model, write_policy):
     from ortgate.engine.pipeline import LintRequest, load_inputs
-    from ortgate.evidence import EVIDENCE_KEY
+    from ortgate.rules.context import EVIDENCE_KEY
 
     inputs = load_inputs(LintRequest(str(make_model()), str(write_policy(POLICY))))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from ortgate.engine.pipeline import LintRequest, load_inputs, run_rules
 from ortgate.evidence import (
-    EVIDENCE_KEY,
     Correctness,
     DimCheck,
     DumpEvidence,
@@ -22,6 +21,7 @@ from ortgate.evidence import (
 )
 from ortgate.findings import Location, Severity
 from ortgate.rules import all_rules, find_rule
+from ortgate.rules.context import EVIDENCE_KEY
 from tests.conftest import EXPORTED
 
 MODEL = EXPORTED / "genai-qwen3_5_moe-fp32-cpu" / "model.onnx"

@@ -29,7 +29,6 @@ from typing import Any
 from ortgate.config.policy import Policy
 from ortgate.config.source import load_yaml
 from ortgate.errors import InputError
-from ortgate.evidence import DeviceInfo, device_matches
 from ortgate.findings import Location
 from ortgate.knowledge.devices import Device, Figure, device_names, find_device, suggest_device
 
@@ -124,6 +123,8 @@ class ThroughputPolicy:
     def matches_reported(self, reported: str) -> bool:
         """Whether the device `ortgate run` reports is the one these targets are for."""
         if self.match:
+            from ortgate.evidence import DeviceInfo, device_matches  # `ortgate run` only: a lint never loads evidence
+
             kind = "cpu" if reported.strip().lower().startswith("cpu") else "gpu"
             return device_matches(self.match, DeviceInfo(kind, reported))
         return self.device is not None and self.device.matches(reported)

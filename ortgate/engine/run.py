@@ -17,8 +17,8 @@ from ortgate.engine.gate import GateConfig, gate_config_from
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
 from ortgate.engine.throughput import run_estimate
 from ortgate.errors import InputError
-from ortgate.evidence import EVIDENCE_KEY, RunEvidence
-from ortgate.rules.context import LintInputs
+from ortgate.evidence import RunEvidence
+from ortgate.rules.context import EVIDENCE_KEY, LintInputs
 from ortgate.runner.collect import RunRequest, collect, record_timeout, start_evidence
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import runner_settings

@@ -12,11 +12,38 @@ from ortgate.findings import Finding, Price
 Reporter = Callable[[LintResult], str]
 
 
-def reporters() -> dict[str, Reporter]:
-    from ortgate.report import codequality, github, json_report, junit, markdown, sarif, text
+def reporter(fmt: str) -> Reporter:
+    """The render function of format `fmt` (one of `ortgate lint --format`'s): only that format's module is
+    imported, so a lint loads the one reporter it writes with."""
+    if fmt == "json":
+        from ortgate.report import json_report
 
-    return {"text": text.render, "json": json_report.render, "sarif": sarif.render, "github": github.render,
-            "markdown": markdown.render, "junit": junit.render, "codequality": codequality.render}
+        return json_report.render
+    if fmt == "sarif":
+        from ortgate.report import sarif
+
+        return sarif.render
+    if fmt == "github":
+        from ortgate.report import github
+
+        return github.render
+    if fmt == "junit":
+        from ortgate.report import junit
+
+        return junit.render
+    if fmt == "codequality":
+        from ortgate.report import codequality
+
+        return codequality.render
+    if fmt == "markdown":
+        from ortgate.report import markdown
+
+        return markdown.render
+    if fmt == "text":
+        from ortgate.report import text
+
+        return text.render
+    raise KeyError(fmt)
 
 
 def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | None = None,
@@ -31,7 +58,7 @@ def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | N
         from ortgate.report import markdown
 
         return markdown.render(result, expand=expand)
-    return reporters()[fmt](result)
+    return reporter(fmt)(result)
 
 
 def clean(text: object) -> str:

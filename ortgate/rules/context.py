@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 MAX_RELATED_NODES = 12
 
 
+# The key `ortgate run` files its RunEvidence (ortgate.evidence) under in LintInputs.evidence. Here, not in
+# ortgate.evidence, so that a lint, which has no evidence, never imports that module.
+EVIDENCE_KEY = "run"
+
+
 @dataclass(frozen=True)
 class LintInputs:
     """Everything the user gave, loaded once and shared by every rule: a value, never changed in place.

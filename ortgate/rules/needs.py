@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ortgate.evidence import EVIDENCE_KEY
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
-from ortgate.rules.context import LintInputs
+from ortgate.rules.context import EVIDENCE_KEY, LintInputs
 
 # Need -> what it is (`ortgate rules --format json` and `ortgate explain` say it), in the order reasons are given.
 NEEDS = {

@@ -6,12 +6,16 @@ say nothing when there is none (plain `ortgate lint`).
 
 from __future__ import annotations
 
-from ortgate.config.throughput import ThroughputPolicy
-from ortgate.evidence import EVIDENCE_KEY, RunEvidence
+from typing import TYPE_CHECKING
+
 from ortgate.findings import Location, Severity
 from ortgate.knowledge import compute_ops, memcpy_ops
 from ortgate.rules.base import rule
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import EVIDENCE_KEY, RuleContext
+
+if TYPE_CHECKING:
+    from ortgate.config.throughput import ThroughputPolicy
+    from ortgate.evidence import RunEvidence
 
 CPU = "CPUExecutionProvider"
 COMPUTE_OPS = compute_ops()
@@ -20,6 +24,10 @@ MEMCPY_OPS = frozenset(memcpy_ops())
 
 def run_evidence(ctx: RuleContext) -> RunEvidence | None:
     evidence = ctx.inputs.evidence.get(EVIDENCE_KEY)
+    if evidence is None:
+        return None  # a lint: ortgate.evidence is never imported
+    from ortgate.evidence import RunEvidence
+
     return evidence if isinstance(evidence, RunEvidence) else None
 
 

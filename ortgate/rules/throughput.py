@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from ortgate.cost import Estimate
 from ortgate.cost.estimate import format_bandwidth, format_bytes, format_ms, format_rate
-from ortgate.evidence import EVIDENCE_KEY
 from ortgate.findings import Severity
 from ortgate.rules.base import rule
-from ortgate.rules.context import RuleContext
+from ortgate.rules.context import EVIDENCE_KEY, RuleContext
 
 CALIBRATE = ("Calibrate the device once with `ortgate run MODEL --policy P --write-calibration FILE` on it and name "
              "the file in `throughput.calibration`, so the estimate uses your measured efficiencies.")
