@@ -90,10 +90,9 @@ def _child(kind: str, path: str, policy: str, report: str, repeat: int) -> dict:
 
 
 def _phases(argv: list[str]) -> list[tuple[str, float]]:
-    """Where one in-process lint (after a warm-up) spends its time, by the progress notes the lint gives as it goes
-    (its spinner's messages), and where the gate and the reports begin: each note's text and the seconds until the next
-    one. A rule's span holds whatever it is the first to ask for (a shared MoE reading is
-    paid by the first rule that needs it)."""
+    """Where one in-process lint (after a warm-up) spends its time: each progress note the lint gives as it goes (its
+    spinner's messages), and where the gate and the reports begin, with the seconds until the next one. A rule's
+    span holds whatever it is the first to ask for (a shared MoE reading is paid by the first rule that needs it)."""
     from contextlib import contextmanager
 
     import ortgate.cli.lint as cli_lint

@@ -1,7 +1,8 @@
 """Run evidence: what `ortgate run` saw the real ONNX Runtime session do.
 
 Plain data, no ONNX Runtime import: the runtime rules (ortgate/rules/runtime.py) read it from
-`LintInputs.evidence[EVIDENCE_KEY]` (ortgate.rules.context), the reporters print it. The runner observes; the rules and the gate judge.
+`LintInputs.evidence[EVIDENCE_KEY]` (ortgate.rules.context), the reporters print it. The runner observes; the rules
+and the gate judge.
 """
 
 from __future__ import annotations
