@@ -14,8 +14,8 @@ than wall time), as medians of alternated pairs, each after a warm-up; in-proces
 after a warm-up lint. Beside each median ratio, the range of its pairs' ratios (an alternated pair of whole
 processes, or one in-process lint and the bare loop after it) says whether the verdict holds for every pair; for
 the flat target, the bounds any choice of one run per model (a run choice) gives. A verdict a rerun may reverse
-shows as one. The children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an installed package has them:
-with PYTHONDONTWRITEBYTECODE set, every process would compile ortgate's sources anew.
+shows as one. The children write bytecode caches to a temporary folder (PYTHONPYCACHEPREFIX), as an installed
+package has them: with PYTHONDONTWRITEBYTECODE set, every process would compile ortgate's sources anew.
 
     python benchmarks/lint_startup.py [--rounds 5] [--repeat 3] [--workdir DIR [--keep]]
 """
@@ -138,7 +138,8 @@ def _phase_summary(phases: list[tuple[str, float]], walk: float, top: int = 6) -
 
     totals: dict[str, float] = {}
     for message, seconds in phases:
-        totals[kind(message)] = totals.get(kind(message), 0.0) + seconds
+        phase = kind(message)
+        totals[phase] = totals.get(phase, 0.0) + seconds
     rules = sorted(((s, m.split(": ", 1)[1]) for m, s in phases if m.startswith("rule ")), reverse=True)
     parts = [f"{name} {seconds * 1e3:,.0f} ms ({seconds / walk:.1f}x)" for name, seconds in totals.items()]
     costly = ", ".join(f"{name} {seconds * 1e3:,.0f}" for seconds, name in rules[:top])
@@ -231,13 +232,12 @@ def run(args: argparse.Namespace) -> int:
         head = _run_child(env, "time", str(skeleton.path), str(SKELETON_POLICY), report, str(args.repeat))
         ratio = head["lint"] / head["walk"]
         pairs = [x / y for x, y in zip(head["runs"], head["walks"])]
+        phases = _run_child(env, "phases", str(skeleton.path), str(SKELETON_POLICY), report, "1")["phases"]
         verdicts.append((ratio <= TARGETS["skeleton"], (f"in-process lint of the {skeleton.nodes:,}-node skeleton <= "
                          f"{TARGETS['skeleton']}x the bare node loop: {head['lint'] * 1e3:,.0f} ms vs "
-                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _pair_spread(pairs, TARGETS["skeleton"]))))
-        phases = _run_child(env, "phases", str(skeleton.path), str(SKELETON_POLICY), report, "1")["phases"]
-        ok, text = verdicts[-1]
-        where = _phase_summary(phases, head["walk"])
-        verdicts[-1] = (ok, f"{text}\n  where one in-process lint of the skeleton goes (ms, x the bare loop): {where}")
+                         f"{head['walk'] * 1e3:,.0f} ms = {ratio:.1f}x" + _pair_spread(pairs, TARGETS["skeleton"])
+                         + "\n  where one in-process lint of the skeleton goes (ms, x the bare loop): "
+                         + _phase_summary(phases, head["walk"]))))
         timed = [(m, _run_child(env, "time", str(m.path), str(SKELETON_POLICY), report, str(args.repeat)))
                  for m in series]
         per_node = [t["lint"] / m.nodes for m, t in timed]

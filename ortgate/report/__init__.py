@@ -3,53 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Price
 
-Reporter = Callable[[LintResult], str]
-
-
-def reporter(fmt: str) -> Reporter:
-    """The render function of format `fmt` (one of `ortgate lint --format`'s): only that format's module is
-    imported, so a lint loads the one reporter it writes with."""
-    if fmt == "json":
-        from ortgate.report import json_report
-
-        return json_report.render
-    if fmt == "sarif":
-        from ortgate.report import sarif
-
-        return sarif.render
-    if fmt == "github":
-        from ortgate.report import github
-
-        return github.render
-    if fmt == "junit":
-        from ortgate.report import junit
-
-        return junit.render
-    if fmt == "codequality":
-        from ortgate.report import codequality
-
-        return codequality.render
-    if fmt == "markdown":
-        from ortgate.report import markdown
-
-        return markdown.render
-    if fmt == "text":
-        from ortgate.report import text
-
-        return text.render
-    raise KeyError(fmt)
-
 
 def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | None = None,
            color: bool = False) -> str:
-    """`result` in format `fmt`. `expand`, `width` and `color` shape the text report (and `expand` the markdown
-    summary); the machine formats always hold every finding whole."""
+    """`result` in format `fmt` (one of `ortgate lint --format`'s). `expand`, `width` and `color` shape the text
+    report (and `expand` the markdown summary); the machine formats always hold every finding whole. Only the
+    format's own module is imported: a lint loads the one reporter it writes with."""
     if fmt == "text":
         from ortgate.report import text
 
@@ -58,7 +22,27 @@ def render(fmt: str, result: LintResult, *, expand: bool = False, width: int | N
         from ortgate.report import markdown
 
         return markdown.render(result, expand=expand)
-    return reporter(fmt)(result)
+    if fmt == "json":
+        from ortgate.report import json_report
+
+        return json_report.render(result)
+    if fmt == "sarif":
+        from ortgate.report import sarif
+
+        return sarif.render(result)
+    if fmt == "github":
+        from ortgate.report import github
+
+        return github.render(result)
+    if fmt == "junit":
+        from ortgate.report import junit
+
+        return junit.render(result)
+    if fmt == "codequality":
+        from ortgate.report import codequality
+
+        return codequality.render(result)
+    raise KeyError(fmt)
 
 
 def clean(text: object) -> str:
