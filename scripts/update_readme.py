@@ -1,6 +1,6 @@
 """Regenerate what is generated: the README's command-output blocks (every `<!-- EXAMPLE-OUTPUT: ... -->` block is
 the command run from the repository root) and rules table, and the rule catalog `ortgate rules` / `ortgate explain`
-read (ortgate/rules/catalog.json).
+read (ortgate/rules/catalog.json), with what each rule reports on its documented Bad example (by running it).
 
     python scripts/update_readme.py              # rewrite README.md and ortgate/rules/catalog.json
     python scripts/update_readme.py --remeasure  # ... and the measured blocks (`ortgate run`) with new timings
@@ -87,11 +87,25 @@ def rules_block() -> str:
     return "\n".join(rows) + "\n<!-- /RULES-TABLE -->\n"
 
 
+def example_outputs() -> dict[str, str]:
+    """Code -> what the rule reports on its documented Bad example, by running it (in a temporary folder)."""
+    import tempfile
+
+    from ortgate.rules import all_rules
+    from tests.rule_inputs import example_output
+
+    outputs = {}
+    with tempfile.TemporaryDirectory(prefix="ortgate-examples-") as tmp:
+        for r in all_rules():
+            outputs[r.code] = example_output(r, Path(tmp) / r.code)
+    return outputs
+
+
 def catalog_text() -> str:
     from ortgate.rules import all_rules
     from ortgate.rules.catalog import catalog_text
 
-    return catalog_text(all_rules())
+    return catalog_text(all_rules(), example_outputs())
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.parser
+import yaml
 from onnx import numpy_helper
 
 from ortgate import evidence as evidence_module
@@ -29,8 +30,9 @@ from ortgate.engine.baseline import load_baseline
 from ortgate.engine.gate import gate_config_from
 from ortgate.engine.pipeline import LintRequest, lint, load_inputs
 from ortgate.evidence import RunEvidence
-from ortgate.findings import Finding, Location
+from ortgate.findings import Finding, Kind, Location
 from ortgate.rules import all_rules
+from ortgate.rules.base import Example, doc_examples
 from ortgate.rules.context import EVIDENCE_KEY, RuleContext
 from ortgate.rules.needs import unmet
 from tests.conftest import REPO
@@ -174,6 +176,52 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     result = lint(inputs, config)
     check_needs(code, inputs)
     return [f for f in result.findings if f.code == code]
+
+
+# The fenced blocks of a rule's Bad / Good section that are inputs (the others, ```text, are prose).
+EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline"}
+
+
+def doc_inputs(found: list[Example]) -> RuleInputs:
+    """What a rule's documented example gives ortgate: its executed blocks (the rules a waiver or baseline in it names
+    run beside the rule)."""
+    by_kind = {e.kind: e.text for e in found if e.kind in EXECUTED}
+    policy = by_kind.get("policy")
+    waived = [w["rule"] for w in (yaml.safe_load(policy) or {}).get("waivers") or []] if policy else []
+    baseline = yaml.safe_load(by_kind["baseline"]) if "baseline" in by_kind else None
+    accepted = [e["rule"] for e in (baseline or {}).get("findings", []) if e.get("rule")]
+    return RuleInputs(
+        model_text=by_kind.get("model"),
+        optimized_text=by_kind.get("optimized"),
+        policy=policy,
+        genai_config=yaml.safe_load(by_kind["genai_config"]) if "genai_config" in by_kind else None,
+        evidence=yaml.safe_load(by_kind["evidence"]) if "evidence" in by_kind else None,
+        baseline=baseline,
+        select=waived + accepted,
+    )
+
+
+def render_findings(findings: list[Finding], folder: Path) -> str:
+    """Findings in full, one block each (severity, code, name, place, then message and fix), with the example's
+    folder and the repository left out of paths: what a rule's documentation shows under its Bad example."""
+    lines = []
+    for f in findings:
+        kind = "" if f.kind is Kind.VIOLATION else f" ({f.kind.value})"
+        where = f.node or f.location.key_path or Path(f.location.file).name
+        if f.location.line and not f.node:
+            where += f" ({Path(f.location.file).name}:{f.location.line})"
+        layer = f"  layer {f.layer}" if f.layer is not None else ""
+        lines.append(f"{f.severity.label}{kind} {f.code} {f.rule}{layer}  {where}")
+        lines.append(f"  {f.message}")
+        if f.fix:
+            lines.append(f"  fix: {f.fix}")
+    text = "\n".join(lines) + "\n" if lines else ""
+    return text.replace(str(folder) + "/", "").replace(str(REPO) + "/", "")
+
+
+def example_output(rule, folder: Path) -> str:
+    """What `rule` reports on its documented Bad example, rendered for its documentation."""
+    return render_findings(lint_rule(rule.code, doc_inputs(doc_examples(rule.section("Bad"))), folder), folder)
 
 
 def check_needs(code: str, inputs) -> None:

@@ -7,15 +7,15 @@ syntax for graphs, policy YAML, genai_config.json, run evidence. So the document
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from ortgate.findings import Kind
 from ortgate.rules import all_rules
 from ortgate.rules.base import Example, doc_examples
-from tests.rule_inputs import RuleInputs, lint_rule
+from ortgate.rules.catalog import catalog
+from tests.rule_inputs import EXECUTED, RuleInputs, doc_inputs, lint_rule, render_findings
 
 RULES = all_rules()
-EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline"}
+CATALOG = {r.code: r for r in catalog()}
 
 
 def examples(rule, section: str) -> list[Example]:
@@ -23,20 +23,7 @@ def examples(rule, section: str) -> list[Example]:
 
 
 def inputs_of(found: list[Example]) -> RuleInputs:
-    by_kind = {e.kind: e.text for e in found if e.kind in EXECUTED}
-    policy = by_kind.get("policy")
-    waived = [w["rule"] for w in (yaml.safe_load(policy) or {}).get("waivers") or []] if policy else []
-    baseline = yaml.safe_load(by_kind["baseline"]) if "baseline" in by_kind else None
-    accepted = [e["rule"] for e in (baseline or {}).get("findings", []) if e.get("rule")]
-    return RuleInputs(
-        model_text=by_kind.get("model"),
-        optimized_text=by_kind.get("optimized"),
-        policy=policy,
-        genai_config=yaml.safe_load(by_kind["genai_config"]) if "genai_config" in by_kind else None,
-        evidence=yaml.safe_load(by_kind["evidence"]) if "evidence" in by_kind else None,
-        baseline=baseline,
-        select=waived + accepted,
-    )
+    return doc_inputs(found)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.code}-{r.name}")
@@ -54,6 +41,9 @@ def test_each_example_says_what_it_is_and_can_run(rule, section):
 def test_the_bad_example_fires_the_rule(rule, tmp_path):
     found = lint_rule(rule.code, inputs_of(examples(rule, "Bad")), tmp_path)
     assert [f for f in found if f.kind is Kind.VIOLATION], f"{rule.code} {rule.name}: the Bad example does not fire"
+    # What `ortgate explain` and docs/rules/ show under the Bad example is what it reports now.
+    assert CATALOG[rule.code].example_output == render_findings(found, tmp_path), \
+        f"{rule.code}: the Bad example's output in ortgate/rules/catalog.json is stale: run python scripts/update_readme.py"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.code}-{r.name}")

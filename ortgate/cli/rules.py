@@ -54,7 +54,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         hint = closest_name(catalog(), args.rule)
         raise InputError(f"unknown rule {args.rule!r}"
                          + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"))
-    text = f"# {r.code} {r.name} (default severity: {r.severity_label})\n\n{metadata_text(r)}\n\n{r.doc}\n"
+    text = f"# {r.code} {r.name} (default severity: {r.severity_label})\n\n{metadata_text(r)}\n\n{r.shown_doc}\n"
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.markdown import Markdown

@@ -3,6 +3,8 @@ and the model family."""
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,19 @@ def _int(value: Any) -> int | None:
 
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _shown(value: Any) -> str:
+    """An attribute value as a message shows it: a float attribute (stored as float32) by the fewest digits that read
+    back as the same float32 ("1.702", not "1.7020000219345093"); a short float ("7.0") stays as it is."""
+    if not isinstance(value, float) or not math.isfinite(value) or len(repr(value)) <= 8 or abs(value) > 3.4e38:
+        return str(value)
+    single = struct.unpack("f", struct.pack("f", value))[0]
+    for digits in range(1, 10):
+        text = f"{value:.{digits}g}"
+        if struct.unpack("f", struct.pack("f", float(text)))[0] == single:
+            return text
+    return str(value)
 
 
 def _fc3(node: Node) -> str:
@@ -124,8 +139,9 @@ def moe_routing_mismatch(ctx: RuleContext):
     for (attr, have), (want, where) in found.items():
         what = attr if attr == "TopK k" else f"{where[0].key} {attr}"
         yield ctx.finding(
-            f"{what}={'absent' if have is _ABSENT else have}{_layers(where)} ({len(where)} "
-            f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected {want.value}",
+            f"{what}={'absent' if have is _ABSENT else _shown(have)}{_layers(where)} ({len(where)} "
+            f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected "
+            f"{f'no {attr}' if want.value is None else _shown(want.value)}",
             node=where[0], graph=graph, related=where[1:], fix=MOE_ROUTING_FIX,
             fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is _ABSENT else None,
             properties={"attribute": attr, "found": None if have is _ABSENT else have, "expected": want.value,

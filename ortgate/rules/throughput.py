@@ -100,7 +100,7 @@ def throughput_below_policy(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    # the two-layer example model reads 387 KiB a step: its ceiling on an H100 SXM is 8.5 million tokens/s
+    # the two-layer example model on an H100 SXM: its ceiling (the bytes a step reads) is in the output below
     throughput: {device: h100-sxm, context_length: 1024, min_tokens_per_s: 1.0e+7}
     ```
 
@@ -111,7 +111,7 @@ def throughput_below_policy(ctx: RuleContext):
 
     ## Good
     ```yaml
-    throughput: {device: h100-sxm, context_length: 1024, min_tokens_per_s: 2000}   # 4,164 expected
+    throughput: {device: h100-sxm, context_length: 1024, min_tokens_per_s: 2000}   # below the estimate
     ```
 
     ## Fix
@@ -152,7 +152,7 @@ def throughput_below_estimate(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    # the example model: 4,164 tokens/s expected on an H100 SXM (48 launches of 5 us, CUDA graph off)
+    # the example model on an H100 SXM, CUDA graph off: the estimate is in the output below
     throughput: {device: h100-sxm, context_length: 1024, min_tokens_per_s: 50000}
     ```
 
@@ -317,8 +317,7 @@ def memory_exceeds_device(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    # the two-layer example model (float16 KV, 256 B per position) at batch 4096 and 131,072 positions: 256 GiB of
-    # KV cache (past and present) on an 80 GiB H100
+    # the two-layer example model at batch 4096 and 131,072 positions on an H100: the total is in the output below
     throughput: {device: h100-sxm, batch_size: 4096, context_length: 131072}
     ```
 
@@ -365,7 +364,7 @@ def memory_near_device(ctx: RuleContext):
 
     ## Bad
     ```yaml
-    # the example model at batch 2048 x 131,072 positions: 128 GiB of KV cache, 91% of an H200's 141 GiB
+    # the example model at batch 2048 x 131,072 positions on an H200: the share is in the output below
     throughput: {device: h200, batch_size: 2048, context_length: 131072}
     ```
 
