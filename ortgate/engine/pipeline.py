@@ -25,7 +25,7 @@ from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
 from ortgate.graph.load import read_model_indexed
 from ortgate.rules import Rule
-from ortgate.rules.context import LintInputs, RuleContext
+from ortgate.rules.context import LintInputs, PolicyInputs, RuleContext
 from ortgate.rules.needs import unmet
 
 # Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
@@ -102,7 +102,7 @@ def _external_data(graph) -> list[Path]:
     return [folder / location for folder in folders for location in graph.external_data_files]
 
 
-def run_rules(inputs: LintInputs, rules: Iterable[Rule],
+def run_rules(inputs: LintInputs | PolicyInputs, rules: Iterable[Rule],
               progress: Callable[[str], None] | None = None) -> list[Finding]:
     findings: list[Finding] = []
     strict = os.environ.get(STRICT_ENV) == "1"

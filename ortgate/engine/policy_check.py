@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortgate.config.deployment import build_deployment
-from ortgate.config.expectations import Expectations
 from ortgate.config.policy import Policy, check_policy_file
 from ortgate.config.throughput import throughput_policy
 from ortgate.engine.gate import RuleSelector, apply_gate, reference_errors, selected_rules, unchecked_gate_config
-from ortgate.engine.pipeline import build_inputs, run_rules
+from ortgate.engine.pipeline import run_rules
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Severity
 from ortgate.knowledge.families import family_names, model_family
 from ortgate.rules import all_rules
+from ortgate.rules.context import PolicyInputs
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,7 @@ def _rule_findings(policy: Policy, deployment, config) -> list[Finding]:
     codes = [r.code for r in all_rules() if r.policy_only and r.code in rules]
     # Only these ran: waiver-unused must not call a waiver of another rule unused.
     config = dataclasses.replace(config, select=[RuleSelector(code, "policy validate") for code in codes])
-    inputs = build_inputs(None, None, deployment, Expectations(), policy, None, (),  # type: ignore[arg-type]
-                          priced=False)
+    inputs = PolicyInputs(policy, deployment, files_read=tuple(policy.chain))
     findings = apply_gate(run_rules(inputs, selected_rules(config)), config)
     return [f for f in findings if f.suppressed is None]
 

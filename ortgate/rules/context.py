@@ -128,12 +128,36 @@ class LintInputs:
                        files_read=tuple(dict.fromkeys((*self.files_read, *files))))
 
 
+@dataclass(frozen=True)
+class PolicyInputs:
+    """What `ortgate policy validate` gives the rules that judge a policy alone (`@rule(policy_only=True)`): the
+    policy and the session it declares. There is no model, no dump, no genai_config.json and no run: a rule that
+    reaches for one is told so (NoModel), and its finding says it could not decide, as lint says of a rule that
+    raised."""
+
+    policy: Policy
+    deployment: Deployment
+    expect: Expectations = field(default_factory=Expectations)
+    files_read: tuple[Path, ...] = ()
+
+
+class NoModel(LookupError):
+    """A rule asked for a graph of inputs that have none (a policy validated alone)."""
+
+
 class RuleContext:
-    def __init__(self, inputs: LintInputs, rule: Rule):
-        self.inputs = inputs
+    def __init__(self, inputs: LintInputs | PolicyInputs, rule: Rule):
+        self.given = inputs
         self.rule = rule
 
     # Evidence ------------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> LintInputs:
+        """The inputs of a lint (a model and what came with it); NoModel for a policy validated alone."""
+        if isinstance(self.given, PolicyInputs):
+            raise NoModel(f"{self.rule.code} {self.rule.name} reads a model, and `ortgate policy validate` has none")
+        return self.given
+
     @property
     def model(self) -> Graph:
         return self.inputs.model
@@ -148,15 +172,15 @@ class RuleContext:
 
     @property
     def deployment(self) -> Deployment:
-        return self.inputs.deployment
+        return self.given.deployment
 
     @property
     def expect(self) -> Expectations:
-        return self.inputs.expect
+        return self.given.expect
 
     @property
     def policy(self) -> Policy | None:
-        return self.inputs.policy
+        return self.given.policy
 
     # Reporting -----------------------------------------------------------------------------------
     def finding(
@@ -189,8 +213,8 @@ class RuleContext:
             layer = node.layer
             if layer is not None and any(n.layer is not None and n.layer != layer for n in related):
                 layer = None
-        if fix and self.inputs.model is not None:  # policy validation lints with no model
-            fix = producer_fix(self.inputs.model, fix, fix_form)
+        if fix and isinstance(self.given, LintInputs):  # a policy validated alone has no model, nor its producer
+            fix = producer_fix(self.given.model, fix, fix_form)
         role = (graph or self.model).role if node is not None else None
         return Finding(
             code=self.rule.code,
@@ -219,8 +243,8 @@ class RuleContext:
 
     def internal_error(self, exc: Exception) -> Finding:
         """The rule raised on this input: an info finding of its own kind (a gate must not crash on an odd graph)."""
-        found = self.finding(f"could not decide: internal error {type(exc).__name__}: {exc}",
-                             location=Location(self.inputs.model.path))
+        where = self.given.model.path if isinstance(self.given, LintInputs) else str(self.given.policy.path)
+        found = self.finding(f"could not decide: internal error {type(exc).__name__}: {exc}", location=Location(where))
         return replace(found, severity=Severity.INFO, kind=Kind.INTERNAL_ERROR)
 
 

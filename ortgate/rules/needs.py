@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph
-from ortgate.rules.context import EVIDENCE_KEY, LintInputs
+from ortgate.rules.context import EVIDENCE_KEY, LintInputs, PolicyInputs
 
 # Need -> what it is (`ortgate rules --format json` and `ortgate explain` say it), in the order reasons are given.
 NEEDS = {
@@ -39,14 +39,23 @@ _NO_SESSION = "no policy (nor genai_config.json) declares the session: pass --po
 _GENAI_NO_SESSION = "no policy declares the session, and genai_config.json declares none of it: pass --policy"
 
 
-def has(need: str, inputs: LintInputs) -> bool:
+# What a policy validated alone can declare; it has no genai_config.json, dump, run, priced device or graph.
+POLICY_NEEDS = ("session", "provider", "policy")
+
+
+def has(need: str, inputs: LintInputs | PolicyInputs) -> bool:
     """Whether `inputs` meet `need`."""
+    if need not in NEEDS:
+        raise ValueError(f"unknown need {need!r}")
+    if isinstance(inputs, PolicyInputs) and need not in POLICY_NEEDS:
+        return False
     if need == "session":
         return bool(inputs.deployment.setups)
     if need == "provider":
         return inputs.deployment.provider is not None
     if need == "policy":
         return inputs.policy is not None
+    assert isinstance(inputs, LintInputs)
     if need == "genai_config":
         return inputs.genai is not None
     if need == "optimized":
@@ -90,7 +99,7 @@ def _has_kv_cache(graph: Graph) -> bool:
     return any(carries_state(i) for i in graph.inputs) or bool(cache_outputs(graph))
 
 
-def unmet(needs: Iterable[str], inputs: LintInputs) -> tuple[str, ...]:
+def unmet(needs: Iterable[str], inputs: LintInputs | PolicyInputs) -> tuple[str, ...]:
     """The needs `inputs` lack, in NEEDS order (empty: the rule has what it needs). A rule with one is skippable."""
     wanted = set(needs)
     return tuple(n for n in NEEDS if n in wanted and not has(n, inputs))

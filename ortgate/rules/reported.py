@@ -23,7 +23,7 @@ TRUE = ("1", "true", "True")
 
 def declared_release(ctx: RuleContext, package: str) -> tuple[str | None, Location | None]:
     """The release of `package` ("onnxruntime" / "onnxruntime-genai") the policy declares, and where."""
-    policy = ctx.inputs.policy
+    policy = ctx.policy
     key = "onnxruntime_version" if package == "onnxruntime" else "onnxruntime_genai_version"
     if policy is None:
         return None, None
@@ -403,7 +403,7 @@ def deployment_batch(ctx: RuleContext) -> tuple[int, Location] | None:
     """The largest batch the deployment declares (throughput.batch_size, runner.batch_size, the batch_size free
     dimension override) and where, or None."""
     found: list[tuple[int, Location]] = []
-    policy = ctx.inputs.policy
+    policy = ctx.policy
     if policy is not None:
         for path in (("throughput", "batch_size"), ("runner", "batch_size")):
             value = policy.get(*path)

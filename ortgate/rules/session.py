@@ -637,7 +637,7 @@ def unknown_session_config_key(ctx: RuleContext):
     """
     from ortgate.knowledge.deployment_facts import at_least, session_key_added
 
-    declared = ctx.inputs.policy.get("execution_provider", "onnxruntime_version") if ctx.inputs.policy else None
+    declared = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy else None
     for setup in ctx.deployment.setups:
         for key, setting in sorted(setup.config_entries.items()):
             if is_known_session_config_key(key):
