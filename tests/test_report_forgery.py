@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ortgate.engine.gate import decide
-from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Location, Severity
 from ortgate.report import render
 from tests.conftest import EXAMPLES
@@ -94,7 +94,7 @@ def test_reporters_fuzzed_with_hostile_values_forge_no_line(key, reason, name, n
                 node=node, layer=0, fix="Fuse it"),
     ]
     findings.append(replace(findings[1], layer=1).suppress("waiver", reason, Location(f"{file}.yaml", 7)))
-    summary = {"model": f"{file}.onnx", "policy": name, "provider": name, "nodes": 10, "layers": 2}
+    summary = LintSummary((ModelSummary(f"{file}.onnx", policy=name, provider=name, nodes=10, layers=2),))
     result = LintResult(findings, decide(findings, Severity.ERROR), summary, [])
     for fmt in FORMATS:
         assert_unforged(fmt, render(fmt, result))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from ortgate.engine.gate import decide
-from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Location, Severity
 from ortgate.report.github import escape_data, escape_property, render, rule_annotation
 from tests.helpers import run_cli
@@ -48,7 +48,7 @@ def test_more_than_ten_rule_annotations_of_a_type_say_how_many_findings_were_lef
     findings = [Finding(code=f"OGF{i:03d}", rule=f"rule-{i}", severity=Severity.ERROR, message=f"m{i}",
                         location=Location("m.onnx"), node=f"/layers.{layer}/n", layer=layer)
                 for i in range(12) for layer in range(3)]
-    out = render(LintResult(findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, []))
+    out = render(LintResult(findings, decide(findings, Severity.ERROR), LintSummary((ModelSummary("m.onnx"),)), []))
     commands = [parse(line) for line in out.splitlines() if line.startswith("::")]
     assert [props["title"] for _, props, _ in commands] == [f"OGF{i:03d} rule-{i}: layers 0-2 (3 layers)" for i in range(10)]
     assert "6 more findings not annotated (6 errors)" in out
@@ -59,7 +59,7 @@ def test_different_findings_of_one_rule_share_its_annotation_fix_once():
                         location=Location("m.onnx"), node=f"/layers.{i}/add", layer=i, fix="fuse them")
                 for i, n in ((0, 1), (1, 2), (2, 2), (3, 2))]
     [(kind, props, message)] = [parse(line) for line in render(LintResult(
-        findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, [])).splitlines() if line.startswith("::")]
+        findings, decide(findings, Severity.ERROR), LintSummary((ModelSummary("m.onnx"),)), [])).splitlines() if line.startswith("::")]
     assert props["title"] == "OGF005 skip: layers 0-3 (4 layers)"
     assert message.splitlines() == ["layer 0: /layers.0/add: 1 Adds in layer 0",
                                     "layers 1-3 (3 layers): /layers.N/add: 2 Adds in layer N", "fix: fuse them"]
@@ -100,7 +100,7 @@ def test_suppressed_findings_are_counted_not_annotated():
                 node=f"n{i}").suppress("waiver" if i else "baseline", "why")
         for i in range(3)
     ]
-    result = LintResult(findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, [])
+    result = LintResult(findings, decide(findings, Severity.ERROR), LintSummary((ModelSummary("m.onnx"),)), [])
     out = render(result)
     assert "::" not in out
     assert out.splitlines() == ["ortgate: 3 findings suppressed (1 in the baseline, 2 waived)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ortgate.engine.gate import decide
-from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Location, Severity
 from ortgate.report.markdown import render
 from tests.helpers import run_cli
@@ -97,6 +97,6 @@ def test_suppressed_findings_are_listed_with_their_justification(make_model, wri
 def test_cells_escape_pipes_and_newlines():
     f = Finding(code="OGF002", rule="gqa-not-fused", severity=Severity.WARNING, message="a | b\nc",
                 location=Location("m.onnx"), node="x|y", layer=2)
-    md = render(LintResult([f], decide([f], Severity.ERROR), {"model": "m.onnx", "nodes": 1}, []))
+    md = render(LintResult([f], decide([f], Severity.ERROR), LintSummary((ModelSummary("m.onnx", nodes=1),)), []))
     [row] = table(md, "<details><summary>All 1 finding</summary>")
     assert row == ["warning", "`OGF002` gqa-not-fused", "layer 2", "`m.onnx`", "`x|y`", "a | b\\nc"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ortgate.engine.gate import decide
-from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Location, Severity
 from ortgate.report.groups import group_findings, ranges
 from ortgate.report.text import TextOptions, render
@@ -129,7 +129,7 @@ def test_ranges():
 
 def _result(findings):
     return LintResult(findings, decide(findings, Severity.ERROR),
-                      {"model": "m.onnx", "nodes": 10, "layers": 2, "provider": None}, [])
+                      LintSummary((ModelSummary("m.onnx", nodes=10, layers=2),)), [])
 
 
 def test_configuration_first_each_fix_once_and_wrapped_to_the_width():

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ortgate.config.deployment import Deployment, build_deployment
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
@@ -124,13 +125,95 @@ def run_rules(inputs: LintInputs | PolicyInputs, rules: Iterable[Rule],
     return findings
 
 
+@dataclass(frozen=True)
+class ModelSummary:
+    """What one linted model was: its files, the policy and provider it was judged for, its size, and the estimate
+    of its decode step (the JSON report's `inputs`, or one of its `models`)."""
+
+    model: str
+    optimized: str | None = None  # the dump's path, or "optimized graph of MODEL" (`ortgate run`, not kept)
+    policy: str | None = None  # the policy's name
+    policy_file: str | None = None
+    genai_config: str | None = None
+    provider: str | None = None
+    nodes: int = 0
+    layers: int | None = None  # decoder layers found in the graph, whatever the policy expects
+    layer_attribution: str | None = None
+    estimate: dict | None = None  # ortgate.engine.pricing.estimate_summary (None: nothing priced)
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"model": self.model, "optimized": self.optimized, "policy": self.policy,
+               "policy_file": self.policy_file, "genai_config": self.genai_config, "provider": self.provider,
+               "nodes": self.nodes, "layers": self.layers, "layer_attribution": self.layer_attribution}
+        if self.estimate is not None:
+            out["estimate"] = self.estimate
+        return out
+
+
+@dataclass(frozen=True)
+class LintSummary:
+    """What was linted: each model (one, or several under one policy) and the rule families that had nothing to
+    judge. The shared policy and provider are the first model's; `nodes` adds up every model's."""
+
+    models: tuple[ModelSummary, ...]
+    not_checked: tuple[dict, ...] = ()  # {"families": [{"family", "prefix", "rules"}], "reason"} (unchecked_families)
+    optimized_kept: bool | None = None  # `ortgate run`: False when ORT's optimized dump was judged and not kept
+
+    @property
+    def several(self) -> bool:
+        return len(self.models) > 1
+
+    @property
+    def model(self) -> str | None:
+        """The model's path; None for several."""
+        return None if self.several else self.models[0].model
+
+    @property
+    def policy(self) -> str | None:
+        return self.models[0].policy
+
+    @property
+    def policy_file(self) -> str | None:
+        return self.models[0].policy_file
+
+    @property
+    def provider(self) -> str | None:
+        return self.models[0].provider
+
+    @property
+    def nodes(self) -> int:
+        return sum(m.nodes for m in self.models)
+
+    @property
+    def layers(self) -> int | None:
+        return None if self.several else self.models[0].layers
+
+    @property
+    def estimate(self) -> dict | None:
+        """The one model's estimate; None for several (each model has its own)."""
+        return None if self.several else self.models[0].estimate
+
+    def to_dict(self) -> dict:
+        """The JSON report's `inputs` object."""
+        if self.several:
+            out = {"models": [m.to_dict() for m in self.models], "model": None, "optimized": None,
+                   "genai_config": None, "layers": None, "layer_attribution": None, "policy": self.policy,
+                   "policy_file": self.policy_file, "provider": self.provider, "nodes": self.nodes}
+        else:
+            out = self.models[0].to_dict()
+        out["not_checked"] = list(self.not_checked)
+        if self.optimized_kept is not None:
+            out["optimized_kept"] = self.optimized_kept
+        return out
+
+
 @dataclass
 class LintResult:
     """What reporters format: the judged findings, the verdict, and a summary of what was linted."""
 
     findings: list[Finding]
     verdict: Verdict
-    summary: dict
+    summary: LintSummary
     rules: list[Rule]
     raw: list[Finding] = field(default_factory=list)  # the rules' findings before the gate
 
@@ -162,16 +245,14 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     waiver is unused only when it matched nothing in any of them."""
     findings = apply_gate(raw, config)
     findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
-    summary = summarize(inputs)
     active = [f for f in findings if f.suppressed is None]
     many = inputs if isinstance(inputs, list) else [inputs]
-    for one, one_summary in zip(many, summary.get("models") or [summary]):
+    models = []
+    for one in many:
         # each model's estimate is for its own graph; config findings (no node) count for every model
         mine = [f for f in active if f.node is None or f.location.file in linted_files(one)]
-        estimate = estimate_summary(one, mine)
-        if estimate is not None:
-            one_summary["estimate"] = estimate
-    summary["not_checked"] = unchecked_families(inputs, rules)
+        models.append(replace(summarize(one), estimate=estimate_summary(one, mine)))
+    summary = LintSummary(tuple(models), tuple(unchecked_families(inputs, rules)))
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 
 
@@ -215,25 +296,17 @@ def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:
                         *(str(p) for p in (inputs.policy.chain if inputs.policy else ()))) if p]
 
 
-def summarize(inputs: LintInputs | list[LintInputs]) -> dict:
-    """What was linted. Several models: `models` lists each one's summary; the shared policy and provider and
-    the total node count stay at the top, `model` is None."""
-    if isinstance(inputs, list):
-        if len(inputs) == 1:
-            return summarize(inputs[0])
-        each = [summarize(one) for one in inputs]
-        return {"models": each, "model": None, "optimized": None, "genai_config": None, "layers": None,
-                "layer_attribution": None, "policy": each[0]["policy"], "policy_file": each[0]["policy_file"],
-                "provider": each[0]["provider"], "nodes": sum(s["nodes"] for s in each)}
+def summarize(inputs: LintInputs) -> ModelSummary:
+    """What one linted model was (its estimate is added once its findings are judged)."""
     model = inputs.model
-    return {
-        "model": model.path,
-        "optimized": inputs.optimized.path if inputs.optimized else None,
-        "policy": inputs.policy.name if inputs.policy else None,
-        "policy_file": str(inputs.policy.path) if inputs.policy else None,
-        "genai_config": str(inputs.genai.path) if inputs.genai else None,
-        "provider": inputs.deployment.provider,
-        "nodes": len(model.nodes),
-        "layers": decoder_layer_count(model),  # found in the graph, whatever the policy expects
-        "layer_attribution": model.layer_source,
-    }
+    return ModelSummary(
+        model=model.path,
+        optimized=inputs.optimized.path if inputs.optimized else None,
+        policy=inputs.policy.name if inputs.policy else None,
+        policy_file=str(inputs.policy.path) if inputs.policy else None,
+        genai_config=str(inputs.genai.path) if inputs.genai else None,
+        provider=inputs.deployment.provider,
+        nodes=len(model.nodes),
+        layers=decoder_layer_count(model),  # found in the graph, whatever the policy expects
+        layer_attribution=model.layer_source,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ortgate.engine.baseline import Baseline
@@ -75,8 +75,9 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
         progress.note("running the rules")
         result = lint(inputs, config)
         if inputs.optimized is not None and inputs.optimized.label:
-            result.summary["optimized"] = inputs.optimized.label
-            result.summary["optimized_kept"] = False
+            label = inputs.optimized.label
+            result.summary = replace(result.summary, optimized_kept=False,
+                                     models=tuple(replace(m, optimized=label) for m in result.summary.models))
         est = None
         if evidence.measurement is not None:
             progress.note("estimating the measured device")

@@ -47,7 +47,7 @@ def report_dict(result: LintResult) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ortgate", "version": __version__},
-        "inputs": result.summary,
+        "inputs": result.summary.to_dict(),
         "verdict": {
             "passed": v.passed,
             "fail_on": v.fail_on.label,

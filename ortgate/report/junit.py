@@ -45,14 +45,14 @@ def render(result: LintResult) -> str:
         if reported:
             ET.SubElement(case, "system-out").text = _xml(_describe(reported))
         cases.append(case)
-    models = result.summary.get("models") or [result.summary]
+    models = result.summary.models
     suite = ET.Element("testsuite", name="ortgate", tests=str(len(cases)), failures=str(failures), errors="0",
                        skipped="0", time="0")
     properties = ET.SubElement(suite, "properties")
     for name, value in (("ortgate.version", __version__), ("fail_on", v.fail_on.label),
-                        ("policy", result.summary.get("policy") or ""),
-                        ("provider", result.summary.get("provider") or ""),
-                        *(("model", display_path(m["model"])) for m in models if m.get("model"))):
+                        ("policy", result.summary.policy or ""),
+                        ("provider", result.summary.provider or ""),
+                        *(("model", display_path(m.model)) for m in models if m.model)):
         ET.SubElement(properties, "property", name=name, value=_xml(str(value)))
     suite.extend(cases)
     root = ET.Element("testsuites", name="ortgate", tests=str(len(cases)), failures=str(failures), errors="0",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Severity
 from ortgate.report import clean, display_path, layer_label, target
 from ortgate.report.groups import FindingGroup, group_findings, ranges
@@ -33,7 +33,7 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     out += _inputs_table(result.summary)
     out += _not_checked(result.summary)
     if active:
-        out += _fix_first(active, result.summary.get("estimate"))
+        out += _fix_first(active, result.summary.estimate)
         out += _by_layer(active)
         out += _findings_table(active, expand)
     else:
@@ -43,8 +43,8 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _not_checked(summary: dict) -> list[str]:
-    gaps = summary.get("not_checked") or []
+def _not_checked(summary: LintSummary) -> list[str]:
+    gaps = summary.not_checked
     if not gaps:
         return []
     from ortgate.engine.pipeline import not_checked_text
@@ -52,9 +52,9 @@ def _not_checked(summary: dict) -> list[str]:
     return [f"**Not checked:** {_cell(not_checked_text(gap))}  " for gap in gaps] + [""]
 
 
-def _inputs_table(summary: dict) -> list[str]:
+def _inputs_table(summary: LintSummary) -> list[str]:
     """One row per model linted (a multi-model report lists each under the shared policy)."""
-    models = summary.get("models") or [summary]
+    models = summary.models
     rows = [_inputs_row(s) for s in models]
     width = max(len(header) for header, _ in rows)
     header = next(h for h, _ in rows if len(h) == width)
@@ -67,23 +67,23 @@ def _inputs_table(summary: dict) -> list[str]:
     from ortgate.engine.pricing import headline
 
     for s in models:
-        if s.get("estimate"):
-            which = f"{_code(display_path(s['model']))} on " if len(models) > 1 else ""
-            lines += [f"Estimate for {which}{_cell(headline(s['estimate']))}.", ""]
+        if s.estimate:
+            which = f"{_code(display_path(s.model))} on " if len(models) > 1 else ""
+            lines += [f"Estimate for {which}{_cell(headline(s.estimate))}.", ""]
     return lines
 
 
-def _inputs_row(summary: dict) -> tuple[list[str], list[str]]:
+def _inputs_row(summary: ModelSummary) -> tuple[list[str], list[str]]:
     header = ["Model"]
-    row = [_code(display_path(summary["model"]))]
-    if summary.get("optimized"):
+    row = [_code(display_path(summary.model))]
+    if summary.optimized:
         header.append("Optimized dump")
-        row.append(_code(display_path(summary["optimized"])))
+        row.append(_code(display_path(summary.optimized)))
     header.append("Policy")
-    row.append(_code(summary["policy"]) if summary.get("policy") else "none")
+    row.append(_code(summary.policy) if summary.policy else "none")
     header += ["Provider", "Nodes", "Layers"]
-    row += [_cell(summary.get("provider") or "—"), str(summary.get("nodes", "—")),
-            str(summary["layers"]) if summary.get("layers") is not None else "—"]
+    row += [_cell(summary.provider or "—"), str(summary.nodes),
+            str(summary.layers) if summary.layers is not None else "—"]
     return header, row
 
 

@@ -52,12 +52,12 @@ def sarif_log(result: LintResult) -> dict:
         "properties": {
             "verdict": {"passed": v.passed, "failOn": v.fail_on.label, "counts": v.counts,
                         "suppressed": v.suppressed},
-            "model": display_path(result.summary["model"]) if result.summary.get("model") else None,
-            **({"models": [display_path(m["model"]) for m in result.summary["models"]]}
-               if result.summary.get("models") else {}),
-            "policy": result.summary.get("policy"),
-            "provider": result.summary.get("provider"),
-            **({"notChecked": result.summary["not_checked"]} if result.summary.get("not_checked") else {}),
+            "model": display_path(result.summary.model) if result.summary.model else None,
+            **({"models": [display_path(m.model) for m in result.summary.models]}
+               if result.summary.several else {}),
+            "policy": result.summary.policy,
+            "provider": result.summary.provider,
+            **({"notChecked": list(result.summary.not_checked)} if result.summary.not_checked else {}),
         },
     }
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}

@@ -86,7 +86,7 @@ def write(console: Any, result: LintResult, options: TextOptions, kit: _Kit) -> 
     width = max(options.width, MIN_WIDTH)
     shown_fixes: set[str] = set()
     shown_rules: set[str] = set()
-    table = _rule_table(kit, active, options, (result.summary.get("estimate") or {}).get("by_rule") or {})
+    table = _rule_table(kit, active, options, (result.summary.estimate or {}).get("by_rule") or {})
     if kit is _PLAIN and active:
         table.lines(width)  # one rich would fold raises _NotPlain now, before the entries are laid out in vain
     for file, findings in _by_file(active):
@@ -206,20 +206,20 @@ def _write_verdict(console: Any, kit: _Kit, result: LintResult, active: list[Fin
         by = suppressed_breakdown(v.suppressed_by)
         suppressed = f", {v.suppressed} suppressed" + (f" ({by})" if by else "")
     s = result.summary
-    scope = f"{len(s['models'])} models, " if s.get("models") else ""
-    scope += f"{s['nodes']} nodes"
-    if s.get("layers"):
-        scope += f", {s['layers']} layers"
-    if s.get("provider"):
-        scope += f", {clean(s['provider'])}"
+    scope = f"{len(s.models)} models, " if s.several else ""
+    scope += f"{s.nodes} nodes"
+    if s.layers:
+        scope += f", {s.layers} layers"
+    if s.provider:
+        scope += f", {clean(s.provider)}"
     line = Text()
     line.append("PASS" if v.passed else "FAIL", style="bold green" if v.passed else "bold red")
     line.append(f"  {counts}{suppressed} ({scope}; fails on {v.fail_on.label} and above)")
     width = max(options.width, MIN_WIDTH)
-    if s.get("estimate"):
+    if s.estimate:
         from ortgate.engine.pricing import headline
 
-        _print_wrapped(console, kit, Text(f"estimate  {clean(headline(s['estimate'], compact=True))}"), width)
+        _print_wrapped(console, kit, Text(f"estimate  {clean(headline(s.estimate, compact=True))}"), width)
     entries = len(group_findings(active))
     if not options.expand and entries < len(active):
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
@@ -227,7 +227,7 @@ def _write_verdict(console: Any, kit: _Kit, result: LintResult, active: list[Fin
                                      "lists each one", style="dim"), width)
     from ortgate.engine.pipeline import not_checked_text
 
-    for gap in result.summary.get("not_checked") or ():
+    for gap in result.summary.not_checked:
         _print_wrapped(console, kit, Text(f"not checked: {clean(not_checked_text(gap))}", style="dim"), width)
     console.print(line)  # the verdict: always the last line, and one line, for scripts and CI logs to grep
 
