@@ -97,6 +97,7 @@ def _phases(argv: list[str]) -> list[tuple[str, float]]:
 
     import ortgate.cli.lint as cli_lint
     import ortgate.engine.pipeline as pipeline
+    import ortgate.report as report
     from ortgate.cli import main
 
     main(argv)
@@ -114,7 +115,7 @@ def _phases(argv: list[str]) -> list[tuple[str, float]]:
 
     cli_lint.progress = stamping  # the spinner's notes, timed instead of shown
     pipeline.judge = stamped("gate", pipeline.judge)  # and where the rules end and the reports begin
-    cli_lint.write_baselines = stamped("reports", cli_lint.write_baselines)
+    report.render = stamped("reports", report.render)
     start = time.perf_counter()
     stamps.append((start, "the command line, the policy and the genai config"))
     main(argv)

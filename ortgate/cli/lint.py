@@ -19,6 +19,7 @@ from ortgate.cli.output import (
 from ortgate.errors import InputError
 
 if TYPE_CHECKING:
+    from ortgate.engine.gate import GateConfig
     from ortgate.rules.context import LintInputs
 
 LINT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
@@ -69,8 +70,8 @@ KEPT_UNTIL_EXIT: list | None = None
 
 def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.engine.baseline import load_baseline
-    from ortgate.engine.gate import gate_config_from
-    from ortgate.engine.pipeline import LintRequest, lint, load_inputs
+    from ortgate.engine.gate import gate_config_from, selected_rules
+    from ortgate.engine.pipeline import LintRequest, collect, judge, load_inputs
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
@@ -99,8 +100,10 @@ def cmd_lint(args: argparse.Namespace) -> int:
         config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
                                   baseline_path=args.baseline)
-        result = lint(inputs, config, note)
-    result = write_baselines(args, result, inputs, config)
+        rules = selected_rules(config)
+        raw = collect(inputs, rules, note)
+        # judged once: against the baseline this command writes, when it writes one
+        result = judge(raw, inputs, rebaseline(args, raw, inputs, config), rules)
     for fmt, path in reports:
         write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
     if KEPT_UNTIL_EXIT is not None:
@@ -134,24 +137,37 @@ def baseline_outputs(args: argparse.Namespace) -> list[Output]:
 
 
 def write_baselines(args: argparse.Namespace, result, inputs, config):
-    """Write --write-baseline or the pruned --baseline, and judge again against what was written."""
+    """Write --write-baseline or the pruned --baseline from a judged run's findings (`ortgate run`, which judges
+    as it runs), and judge its findings against what was written."""
+    from ortgate.engine.pipeline import judge
+
+    rebased = rebaseline(args, result.raw, inputs, config)
+    return result if rebased is config else judge(result.raw, inputs, rebased, result.rules)
+
+
+def rebaseline(args: argparse.Namespace, raw, inputs, config: GateConfig) -> GateConfig:
+    """Write --write-baseline or the pruned --baseline from the rules' findings `raw`; the gate's configuration to
+    judge them with: against what was written, else `config` itself."""
+    from dataclasses import replace
+
     from ortgate.engine.baseline import baseline_text, load_baseline, pruned_text
-    from ortgate.engine.gate import rules_that_ran
-    from ortgate.engine.pipeline import judge, linted_files
+    from ortgate.engine.gate import gate, rules_that_ran
+    from ortgate.engine.pipeline import linted_files
 
     if args.write_baseline:
         _check_baseline_target(args.write_baseline, args.baseline)
-        write(baseline_text(result.findings), args.write_baseline)
+        write(baseline_text(gate(raw, config).findings), args.write_baseline)
         target = args.write_baseline
     elif args.prune_baseline:
         baseline = config.baseline
+        assert baseline is not None  # baseline_outputs refused --prune-baseline without --baseline
         ran = rules_that_ran(config, [e.rule for e in baseline.entries])
-        write(pruned_text(baseline, result.findings, linted_files(inputs), ran), args.baseline)
+        gated = gate(raw, config)
+        write(pruned_text(baseline, gated.findings, linted_files(inputs), ran, gated.matched), args.baseline)
         target = args.baseline
     else:
-        return result
-    config.baseline, config.baseline_path = load_baseline(target), target
-    return judge(result.raw, inputs, config, result.rules)
+        return config
+    return replace(config, baseline=load_baseline(target), baseline_path=target)
 
 
 def _check_baseline_target(path: str, baseline_in: str | None) -> None:

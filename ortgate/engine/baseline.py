@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
@@ -53,12 +54,12 @@ class BaselineEntry:
 
 @dataclass
 class Baseline:
-    """A loaded baseline: its entries, and which of them matched a finding in this run."""
+    """A loaded baseline: its entries. Which of them a run's findings match is the gate's result
+    (ortgate.engine.gate.gate), never written into the baseline."""
 
     path: str | None
     version: int
     entries: list[BaselineEntry]
-    matched: set[int] = field(default_factory=set)  # indexes into entries
 
     def __post_init__(self) -> None:
         self._index: dict[tuple[int, str], list[int]] = {}
@@ -71,19 +72,18 @@ class Baseline:
         """The older identities some of its entries use (a version-2 or -1 file, or entries kept from one)."""
         return [s for s in self._schemes if s != BASELINE_VERSION]
 
-    def covers(self, finding: Finding) -> bool:
-        """Whether an entry accepts `finding` (and remember which entries did)."""
-        hits = [i for scheme in self._schemes for i in self._index.get((scheme, _identity_of(finding, scheme)), [])]
-        self.matched.update(hits)
-        return bool(hits)
+    def matches(self, finding: Finding) -> list[int]:
+        """The indexes of the entries that accept `finding` (none: it is not in the baseline)."""
+        return [i for scheme in self._schemes for i in self._index.get((scheme, _identity_of(finding, scheme)), [])]
 
-    def stale(self, files: Iterable[str], rules: Iterable[str]) -> list[int]:
-        """Indexes of the entries that matched nothing although their file was linted and their rule ran: what they
-        accepted is gone (fixed, or a version-1 entry whose node was renamed)."""
+    def stale(self, files: Iterable[str], rules: Iterable[str], matched: AbstractSet[int]) -> list[int]:
+        """Indexes of the entries that matched nothing (`matched`: the entries a run's findings matched) although
+        their file was linted and their rule ran: what they accepted is gone (fixed, or a version-1 entry whose
+        node was renamed)."""
         linted = [f for f in files if f]
         names = {PurePath(f).name for f in linted} | {model_key(f) for f in linted}
         ran = set(rules)
-        return [i for i, e in enumerate(self.entries) if i not in self.matched
+        return [i for i, e in enumerate(self.entries) if i not in matched
                 and (e.file is None or e.file in names) and (e.rule is None or e.rule in ran)]
 
 
@@ -119,14 +119,16 @@ def baseline_text(findings: list[Finding]) -> str:
                      if baselineable(f) and (f.suppressed is None or f.suppressed.kind == "baseline"))
 
 
-def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str], rules: Iterable[str]) -> str:
-    """`baseline` without its stale entries. Entries that matched are rewritten as version 3 (from the findings
-    they matched); entries this run could not judge (their rule did not run, their file was not linted) stay, an
-    older one marked with the identity it uses."""
-    stale = set(baseline.stale(files, rules))
+def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str], rules: Iterable[str],
+                matched: AbstractSet[int]) -> str:
+    """`baseline` without its stale entries (`findings`: the gated findings; `matched`: the entries they matched).
+    Entries that matched are rewritten as version 3 (from the findings they matched); entries this run could not
+    judge (their rule did not run, their file was not linted) stay, an older one marked with the identity it
+    uses."""
+    stale = set(baseline.stale(files, rules, matched))
     kept = []
     for i, e in enumerate(baseline.entries):
-        if i in baseline.matched or i in stale:
+        if i in matched or i in stale:
             continue
         kept.append({**e.data, ENTRY_SCHEME_KEY: e.scheme} if e.scheme == V2_VERSION else e.data)
     for f in findings:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import datetime as _dt
 import fnmatch
 from collections import Counter
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ortgate.config.policy import Policy, Waiver
 from ortgate.engine.baseline import BASELINE_VERSION, GATE_FAMILY, LEGACY_VERSION, V2_VERSION, Baseline, baselineable
@@ -24,18 +27,26 @@ class RuleSelector:
     source: str  # "--select", "--ignore", or "policy.yaml:12"
 
 
-@dataclass
+@dataclass(frozen=True)
 class GateConfig:
-    """What the gate applies: the rules selected and ignored, severities, the failing level, waivers, baseline."""
+    """What the gate applies: the rules selected and ignored, severities, the failing level, waivers, baseline.
+    A value: a command that judges against another baseline makes another config (dataclasses.replace)."""
 
-    select: list[RuleSelector] = field(default_factory=list)
-    ignore: list[RuleSelector] = field(default_factory=list)
-    severity: dict[str, tuple[str, str]] = field(default_factory=dict)  # rule ref -> (level, source)
+    select: tuple[RuleSelector, ...] = ()
+    ignore: tuple[RuleSelector, ...] = ()
+    severity: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # rule ref -> (level, source)
     fail_on: Severity = Severity.ERROR
-    waivers: list[Waiver] = field(default_factory=list)
+    waivers: tuple[Waiver, ...] = ()
     baseline: Baseline | None = None  # findings already accepted
     baseline_path: str | None = None
     today: _dt.date = field(default_factory=_dt.date.today)
+
+
+class Gated(NamedTuple):
+    """The gate's findings (suppressions and severities applied) and the baseline entries they matched."""
+
+    findings: list[Finding]
+    matched: frozenset[int]  # indexes into the baseline's entries
 
 
 @dataclass
@@ -69,26 +80,25 @@ def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli
 def unchecked_gate_config(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
                           fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
                           today: _dt.date | None = None) -> GateConfig:
-    config = GateConfig(baseline=baseline, baseline_path=baseline_path, today=today or _dt.date.today())
     rules_block = (policy.get("rules") if policy else None) or {}
 
     def policy_source(*key: str | int) -> str:
         loc = policy.where("rules", *key)  # type: ignore[union-attr]
         return f"{loc.file}:{loc.line}" if loc.line else loc.file
 
+    select: list[RuleSelector] = []
     if cli_select:
-        config.select = [RuleSelector(s, "--select") for s in cli_select]
+        select = [RuleSelector(s, "--select") for s in cli_select]
     elif rules_block.get("select"):
-        config.select = [RuleSelector(s, policy_source("select", i)) for i, s in enumerate(rules_block["select"])]
-    config.ignore = [RuleSelector(s, policy_source("ignore", i)) for i, s in enumerate(rules_block.get("ignore") or [])]
-    config.ignore += [RuleSelector(s, "--ignore") for s in (cli_ignore or [])]
-    for ref, level in (rules_block.get("severity") or {}).items():
-        config.severity[ref] = (level, policy_source("severity", ref))
+        select = [RuleSelector(s, policy_source("select", i)) for i, s in enumerate(rules_block["select"])]
+    ignore = [RuleSelector(s, policy_source("ignore", i)) for i, s in enumerate(rules_block.get("ignore") or [])]
+    ignore += [RuleSelector(s, "--ignore") for s in (cli_ignore or [])]
+    severity = {ref: (level, policy_source("severity", ref))
+                for ref, level in (rules_block.get("severity") or {}).items()}
     level = fail_on or rules_block.get("fail_on") or "error"
-    config.fail_on = Severity.parse(level)
-    if policy is not None:
-        config.waivers = policy.waivers
-    return config
+    return GateConfig(select=tuple(select), ignore=tuple(ignore), severity=severity, fail_on=Severity.parse(level),
+                      waivers=tuple(policy.waivers) if policy is not None else (), baseline=baseline,
+                      baseline_path=baseline_path, today=today or _dt.date.today())
 
 
 def reference_errors(config: GateConfig, policy: Policy | None) -> list[InputError]:
@@ -102,7 +112,8 @@ def reference_errors(config: GateConfig, policy: Policy | None) -> list[InputErr
             errors.append(InputError(f"waivers[{i}].rule: unknown rule {waiver.rule!r}"
                                      + (f"; did you mean {hint!r}?" if hint else "; `ortgate rules` lists them"),
                                      loc.file, line=loc.line))
-    selectors = config.select + config.ignore + [RuleSelector(ref, source) for ref, (_l, source) in config.severity.items()]
+    selectors = [*config.select, *config.ignore,
+                 *(RuleSelector(ref, source) for ref, (_l, source) in config.severity.items())]
     for selector in selectors:
         try:
             _resolve(selector)
@@ -135,7 +146,13 @@ def selected_rules(config: GateConfig) -> list[Rule]:
 
 
 def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
-    """Waivers (plus waiver-expired / waiver-unused), severity overrides, then the baseline, as suppressions.
+    """The gate's findings (see `gate`)."""
+    return gate(findings, config).findings
+
+
+def gate(findings: list[Finding], config: GateConfig) -> Gated:
+    """Waivers (plus waiver-expired / waiver-unused), severity overrides, then the baseline, as suppressions; with
+    the baseline entries the findings matched (what baseline-entry-stale and --prune-baseline read).
 
     A severity override re-levels a rule's violations only: a finding that says the rule could not decide, or that
     the rule failed, stays info whatever the policy makes of the rule.
@@ -145,14 +162,17 @@ def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:
     out = _apply_waivers(findings, config, selected)
     overrides = severity_overrides(config)
     out = [f.with_severity(overrides[f.code]) if f.code in overrides and f.relevelable else f for f in out]
+    matched: set[int] = set()
     if config.baseline is not None:
-        config.baseline.matched.clear()
         where = Location(config.baseline_path) if config.baseline_path else None
         justification = f"in the baseline {config.baseline_path}" if config.baseline_path else "in the baseline"
-        out = [f.suppress("baseline", justification, where)
-               if f.suppressed is None and baselineable(f) and config.baseline.covers(f) else f
-               for f in out]
-    return sorted(out, key=Finding.sort_key)
+        suppressed = []
+        for f in out:
+            hits = config.baseline.matches(f) if f.suppressed is None and baselineable(f) else []
+            matched.update(hits)
+            suppressed.append(f.suppress("baseline", justification, where) if hits else f)
+        out = suppressed
+    return Gated(sorted(out, key=Finding.sort_key), frozenset(matched))
 
 
 def rules_that_ran(config: GateConfig, names: list[str | None]) -> list[str]:
@@ -162,9 +182,9 @@ def rules_that_ran(config: GateConfig, names: list[str | None]) -> list[str]:
     return [name for name, r in found.items() if r is not None and r.code in selected]
 
 
-def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Finding]:
-    """baseline-entry-stale for each entry that matched no finding although its file was linted and its rule ran.
-    Call after apply_gate, which records the entries that matched."""
+def stale_baseline_findings(config: GateConfig, files: list[str], matched: AbstractSet[int]) -> list[Finding]:
+    """baseline-entry-stale for each entry that matched no finding (`matched`: the entries `gate` found matched)
+    although its file was linted and its rule ran."""
     baseline = config.baseline
     stale_rule = find_rule("baseline-entry-stale")
     if baseline is None or stale_rule is None or stale_rule.code not in {r.code for r in selected_rules(config)}:
@@ -185,7 +205,7 @@ def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Findin
             fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), from the "
                 "directory the gate runs in.",
             properties=(("baseline_version", V2_VERSION),)))
-    for i in baseline.stale(files, ran):
+    for i in baseline.stale(files, ran, matched):
         entry = baseline.entries[i]
         what = ", ".join(f"{k} {entry.data[k]}" for k in ("rule", "file", "layer", "node", "key_path")
                          if entry.data.get(k) is not None)

@@ -17,7 +17,7 @@ from ortgate.config.expectations import Expectations, decoder_layer_count, resol
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
-from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules, stale_baseline_findings
+from ortgate.engine.gate import GateConfig, Verdict, decide, gate, selected_rules, stale_baseline_findings
 from ortgate.engine.pricing import estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
@@ -223,6 +223,12 @@ def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
     """Run the rules `config` selects over `inputs` (one model, or several under one policy), then gate and
     decide once: one report, one verdict."""
     rules = selected_rules(config)
+    return judge(collect(inputs, rules, progress), inputs, config, rules)
+
+
+def collect(inputs: LintInputs | list[LintInputs], rules: list[Rule],
+            progress: Callable[[str], None] | None = None) -> list[Finding]:
+    """The rules' findings over `inputs`, priced, before the gate: each fact about a shared file once."""
     many = inputs if isinstance(inputs, list) else [inputs]
     raw: list[Finding] = []
     seen: set[str] = set()
@@ -236,15 +242,16 @@ def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
             if key not in seen:
                 seen.add(key)
                 raw.append(f)
-    return judge(raw, inputs, config, rules)
+    return raw
 
 
 def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: GateConfig,
           rules: list[Rule]) -> LintResult:
     """Gate the rules' findings (waivers, severities, baseline) and decide the verdict. With several models a
     waiver is unused only when it matched nothing in any of them."""
-    findings = apply_gate(raw, config)
-    findings = sorted(findings + stale_baseline_findings(config, linted_files(inputs)), key=Finding.sort_key)
+    gated = gate(raw, config)
+    stale = stale_baseline_findings(config, linted_files(inputs), gated.matched)
+    findings = sorted(gated.findings + stale, key=Finding.sort_key)
     active = [f for f in findings if f.suppressed is None]
     many = inputs if isinstance(inputs, list) else [inputs]
     models = []

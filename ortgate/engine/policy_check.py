@@ -87,7 +87,7 @@ def _rule_findings(policy: Policy, deployment, config) -> list[Finding]:
     # The rules that judge a policy's declared session without reading a model (`policy_only=True` on `@rule`).
     codes = [r.code for r in all_rules() if r.policy_only and r.code in rules]
     # Only these ran: waiver-unused must not call a waiver of another rule unused.
-    config = dataclasses.replace(config, select=[RuleSelector(code, "policy validate") for code in codes])
+    config = dataclasses.replace(config, select=tuple(RuleSelector(code, "policy validate") for code in codes))
     inputs = PolicyInputs(policy, deployment, files_read=tuple(policy.chain))
     findings = apply_gate(run_rules(inputs, selected_rules(config)), config)
     return [f for f in findings if f.suppressed is None]
