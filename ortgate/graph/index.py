@@ -565,7 +565,7 @@ class Graph:
         self._dtypes_filled = False
         self._output_type_rules: dict[tuple[str, str], tuple[_OutputType, ...] | None] = {}
         # Node index -> the layer its scope metadata names (None: scoped outside every layer), for the nodes that
-        # carry such metadata (ortgate.graph.layers.METADATA_KEYS); and the metadata keys of the first nodes.
+        # carry such metadata (ortgate.graph.layer_names.METADATA_KEYS); and the metadata keys of the first nodes.
         self.metadata_layers: dict[int, int | None] = {}
         self._early_metadata_keys: set[str] = set()
         self._constants: frozenset[str] | None = None  # is_constant's set, once built
@@ -620,7 +620,7 @@ class Graph:
     def _index_graph(self, g: onnx.GraphProto, path: str | None) -> None:
         # Depth-first over nested graphs without recursion; each graph sees its own names plus its parents'.
         # This loop runs once per node of the model: every protobuf field read and allocation counts.
-        from ortgate.graph.layers import METADATA_KEYS, layer_from_name
+        from ortgate.graph.layer_names import METADATA_KEYS, layer_from_name
 
         nodes, by_op, producers, consumers = self.nodes, self._by_op, self._producer, self._consumers
         metadata_layers, early_keys = self.metadata_layers, self._early_metadata_keys

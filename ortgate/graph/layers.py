@@ -33,16 +33,16 @@ from collections.abc import Iterable
 from itertools import repeat
 from typing import TYPE_CHECKING
 
+from ortgate.graph.layer_names import LAYER_IN_NAME as _LAYER_IN_NAME
+from ortgate.graph.layer_names import METADATA_KEYS, layer_from_name
+
 if TYPE_CHECKING:
     from ortgate.graph.index import Graph, Node
 
-_LAYER_IN_NAME = re.compile(
-    r"(?:^|[/._\-:'\"\[ ])(?:layers|layer|h|blocks|block|decoder_layers|decoder_layer)[._/\-](\d{1,5})(?=$|[/._\-:'\"\] ])"
-)
+__all__ = ["METADATA_KEYS", "layer_from_name"]  # read here by the tests; defined beside the index that reads them
+
 # ORT names a node it creates "<old name>/<Pass>/" (MatMulScaleFusion, QuickGeluFusion, ...).
 _ORT_PASS_SUFFIX = re.compile(r"(/[A-Za-z0-9_]*(?:Fusion|Transformer|Elimination|Rewriter)[A-Za-z0-9_]*/?)+$")
-# The node metadata that scopes a node (the index reads it: Graph.metadata_layers).
-METADATA_KEYS = frozenset({"pkg.torch.onnx.name_scopes", "namespace", "pkg.torch.onnx.class_hierarchy"})
 _FINAL_NORM_NAME = re.compile(r"final_norm|final_layernorm", re.IGNORECASE)
 # Ops a norm-only pseudo layer may hold besides the norms themselves.
 _NORM_OPS = frozenset({
@@ -58,11 +58,6 @@ NAMES, MODEL, STRUCTURE, INITIALIZERS, NONE = "names", "model", "structure", "in
 # outside every layer) by metadata, name, or a name the reference model attributes.
 _NAMES_COVERAGE = 0.5
 _RMS_CHAIN_OPS = frozenset({"Reciprocal", "Sqrt", "Add", "Div", "Pow", "Cast"})
-
-
-def layer_from_name(text: str) -> int | None:
-    m = _LAYER_IN_NAME.search(text)
-    return int(m.group(1)) if m else None
 
 
 def _initializer_layer(graph: Graph, node: Node) -> int | None:

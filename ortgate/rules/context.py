@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ortgate.config.deployment import Deployment, SessionSetup
 from ortgate.config.expectations import Expectations
@@ -21,8 +21,19 @@ from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
 from ortgate.rules.advice import producer_fix
 
-if TYPE_CHECKING:
-    from ortgate.rules.base import Rule
+
+class RuleName(Protocol):
+    """What a context knows of its rule (ortgate.rules.base.Rule has it): whose findings it makes. A protocol, so
+    that this module and the registry do not import each other."""
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def severity(self) -> Severity: ...
 
 MAX_RELATED_NODES = 12
 
@@ -146,7 +157,7 @@ class NoModel(LookupError):
 
 
 class RuleContext:
-    def __init__(self, inputs: LintInputs | PolicyInputs, rule: Rule):
+    def __init__(self, inputs: LintInputs | PolicyInputs, rule: RuleName):
         self.given = inputs
         self.rule = rule
 
