@@ -5,9 +5,10 @@ policy (passes), and the unfused example under tests/data/policies/tiny-moe-cpu-
 applies, one expired, one matches nothing). Only the MoE and attention fusion rules (with the codes split off
 them) and the waiver rules run, so a new rule elsewhere does not churn these files. The ortgate version is redacted.
 
-After an intended change of output, regenerate and review the diff:
+After an intended change of output, the failing test leaves what it got beside the snapshot (`<name>.new`):
+review the diff and accept it (tests/snapshot.py):
 
-    ORTGATE_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_report_snapshots.py
+    python scripts/review_snapshots.py && python scripts/review_snapshots.py --accept
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import pytest
 from ortgate import __version__
 from tests.conftest import REPO
 from tests.helpers import run_cli
+from tests.snapshot import check_snapshot
 
 SNAPSHOTS = REPO / "tests" / "snapshots"
-UPDATE = os.environ.get("ORTGATE_UPDATE_SNAPSHOTS") == "1"
 SELECT = "moe-not-fused,gqa-not-fused,OGW"
 FORMATS = {"text": "txt", "json": "json", "sarif": "sarif", "github": "log", "markdown": "md"}
 CASES = {
@@ -45,13 +46,7 @@ def in_repo(monkeypatch):
 
 
 def assert_snapshot(name: str, actual: str) -> None:
-    path = SNAPSHOTS / name
-    if UPDATE:
-        path.write_text(actual, encoding="utf-8")
-        return
-    assert path.is_file(), f"no snapshot {path}; create it with ORTGATE_UPDATE_SNAPSHOTS=1"
-    expected = path.read_text(encoding="utf-8")
-    assert actual == expected, f"{name} differs from its snapshot (ORTGATE_UPDATE_SNAPSHOTS=1 regenerates it)"
+    check_snapshot(SNAPSHOTS / name, actual)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

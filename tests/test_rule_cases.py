@@ -1,8 +1,8 @@
 """One case file per rule code: tests/rule_cases/<CODE>.yaml lists inputs (a model from a ModelSpec, a committed
 file or ONNX text; a policy; genai_config.json; run evidence; a baseline) and how many findings of the rule each
 must give. Every code has one, with at least one case that fires and one that passes. What each case reports is
-kept, per rule, in tests/rule_cases/snapshots/<CODE>.txt (ORTGATE_UPDATE_SNAPSHOTS=1 rewrites them; review the
-diff).
+kept, per rule, in tests/rule_cases/snapshots/<CODE>.txt (a change leaves <CODE>.txt.new beside it for review:
+`python scripts/review_snapshots.py`, then `--accept`).
 
 Case file format:
 
@@ -22,7 +22,6 @@ Case file format:
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -33,10 +32,10 @@ from ortgate.findings import Finding, Kind
 from ortgate.rules import all_rules
 from tests.conftest import REPO
 from tests.rule_inputs import RuleInputs, lint_rule
+from tests.snapshot import check_snapshot
 
 CASES = REPO / "tests" / "rule_cases"
 SNAPSHOTS = CASES / "snapshots"
-UPDATE = os.environ.get("ORTGATE_UPDATE_SNAPSHOTS") == "1"
 CASE_KEYS = {"name", "model", "optimized", "policy", "genai_config", "evidence", "baseline", "select", "findings"}
 
 
@@ -97,13 +96,7 @@ def test_the_rules_cases(rule, tmp_path, spec_cache):
             failures.append(f"{case['name']}: {len(found)} findings, the case expects {case['findings']}")
         sections.append(f"[{case['name']}]\n{render(found, [tmp_path, spec_cache])}\n")
     snapshot = f"{rule.code} {rule.name} ({rule.severity.label})\n\n" + "\n".join(sections)
-    path = SNAPSHOTS / f"{rule.code}.txt"
-    if UPDATE:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(snapshot, encoding="utf-8")
     assert not failures, "\n".join(failures)
-    assert path.is_file(), f"no snapshot {path}; create it with ORTGATE_UPDATE_SNAPSHOTS=1"
-    assert path.read_text(encoding="utf-8") == snapshot, \
-        f"{rule.code}'s findings differ from {path.name} (ORTGATE_UPDATE_SNAPSHOTS=1 rewrites it; review the diff)"
+    check_snapshot(SNAPSHOTS / f"{rule.code}.txt", snapshot, f"{rule.code}'s findings")
 
 
