@@ -83,7 +83,7 @@ def rules_block() -> str:
     for r in all_rules():
         needs = ", ".join(r.needs) + (" (policy alone)" if r.policy_only else "")
         rows.append(f"| {r.code} | `{r.name}` | {r.severity.label} | {needs} | {r.fix or ''} | {r.price or ''} | "
-                    f"{r.summary.replace('|', '/')} |")
+                    f"{r.summary.replace('|', '/')}{' (preview)' if r.preview else ''} |")
     return "\n".join(rows) + "\n<!-- /RULES-TABLE -->\n"
 
 

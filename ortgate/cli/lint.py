@@ -56,6 +56,7 @@ def add_parser(sub) -> None:
                       help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
+    add_preview_argument(lint)
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     lint.add_argument("--expand", action="store_true",
                       help="text and markdown: list every finding on its own, in full, instead of one entry per "
@@ -99,7 +100,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline])
         config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
-                                  baseline_path=args.baseline)
+                                  baseline_path=args.baseline, preview=args.preview)
         rules = selected_rules(config)
         raw = collect(inputs, rules, note)
         # judged once: against the baseline this command writes, when it writes one
@@ -111,6 +112,12 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
+
+
+def add_preview_argument(parser) -> None:
+    parser.add_argument("--preview", action="store_true",
+                        help="also run the rules in preview: new rules, not yet promoted, which otherwise run only "
+                             "when selected by code or name (`ortgate rules` marks them)")
 
 
 def add_baseline_arguments(parser) -> None:

@@ -26,12 +26,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if args.format == "json":
         payload = [{"code": r.code, "name": r.name, "severity": r.severity_label, "family": r.family,
                     "summary": r.summary, "needs": list(r.needs), "fix": r.fix, "price": r.price,
-                    "policy_only": r.policy_only} for r in rules]
+                    "policy_only": r.policy_only, "preview": r.preview} for r in rules]
         print(json.dumps(payload, allow_nan=False, indent=2))
         return EXIT_PASS
     width = max(len(r.name) for r in rules)
     for r in rules:
-        print(f"{r.code}  {r.name:<{width}}  {r.severity_label:<7}  {r.summary}")
+        print(f"{r.code}  {r.name:<{width}}  {r.severity_label:<7}  {r.summary}{' (preview)' if r.preview else ''}")
     return EXIT_PASS
 
 
@@ -41,7 +41,9 @@ def metadata_text(r) -> str:
     fix = f"fixed by `ortgate fix` ({r.fix} repair)" if r.fix else "no automatic fix"
     price = f"priced by the cost model ({r.price} repair)" if r.price else "not priced"
     alone = "; judged on the policy alone (`ortgate policy validate` runs it)" if r.policy_only else ""
-    return f"{needs}; {fix}; {price}{alone}."
+    preview = ("; in preview: runs only under --preview, the policy's `rules: {preview: true}`, or when selected "
+               "by its code or name") if r.preview else ""
+    return f"{needs}; {fix}; {price}{alone}{preview}."
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

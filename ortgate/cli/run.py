@@ -8,7 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ortgate.cli.lint import LINT_FORMATS, SIDE_REPORTS, add_baseline_arguments, baseline_outputs, write_baselines
+from ortgate.cli.lint import (
+    LINT_FORMATS,
+    SIDE_REPORTS,
+    add_baseline_arguments,
+    add_preview_argument,
+    baseline_outputs,
+    write_baselines,
+)
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -60,6 +67,7 @@ def add_parser(sub) -> None:
                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
     run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     run.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
+    add_preview_argument(run)
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     run.add_argument("--write-calibration", metavar="FILE",
                      help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
@@ -81,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     outputs = run_outputs(args, reports)
     check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
     gate = RunGate(split_list(args.select), split_list(args.ignore),
-                   load_baseline(args.baseline) if args.baseline else None, args.baseline)
+                   load_baseline(args.baseline) if args.baseline else None, args.baseline, preview=args.preview)
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
                          warmup=args.warmup, iterations=args.iterations, compare_default=args.compare_default,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,

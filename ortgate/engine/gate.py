@@ -40,6 +40,7 @@ class GateConfig:
     baseline: Baseline | None = None  # findings already accepted
     baseline_path: str | None = None
     today: _dt.date = field(default_factory=_dt.date.today)
+    preview: bool = False  # rules in preview run too (`--preview`, or the policy's `rules: {preview: true}`)
 
 
 class Gated(NamedTuple):
@@ -66,11 +67,11 @@ class Verdict:
 
 def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
                      fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
-                     today: _dt.date | None = None) -> GateConfig:
+                     today: _dt.date | None = None, preview: bool = False) -> GateConfig:
     """The gate's configuration from the policy's `rules:` and `waivers:` and the command line. A reference that
     names no rule is an InputError (the first one; `reference_errors` lists them all)."""
     config = unchecked_gate_config(policy, cli_select=cli_select, cli_ignore=cli_ignore, fail_on=fail_on,
-                                   baseline=baseline, baseline_path=baseline_path, today=today)
+                                   baseline=baseline, baseline_path=baseline_path, today=today, preview=preview)
     errors = reference_errors(config, policy)
     if errors:
         raise errors[0]
@@ -79,7 +80,7 @@ def gate_config_from(policy: Policy | None, *, cli_select: list[str] | None, cli
 
 def unchecked_gate_config(policy: Policy | None, *, cli_select: list[str] | None, cli_ignore: list[str] | None,
                           fail_on: str | None, baseline: Baseline | None = None, baseline_path: str | None = None,
-                          today: _dt.date | None = None) -> GateConfig:
+                          today: _dt.date | None = None, preview: bool = False) -> GateConfig:
     rules_block = (policy.get("rules") if policy else None) or {}
 
     def policy_source(*key: str | int) -> str:
@@ -98,7 +99,8 @@ def unchecked_gate_config(policy: Policy | None, *, cli_select: list[str] | None
     level = fail_on or rules_block.get("fail_on") or "error"
     return GateConfig(select=tuple(select), ignore=tuple(ignore), severity=severity, fail_on=Severity.parse(level),
                       waivers=tuple(policy.waivers) if policy is not None else (), baseline=baseline,
-                      baseline_path=baseline_path, today=today or _dt.date.today())
+                      baseline_path=baseline_path, today=today or _dt.date.today(),
+                      preview=preview or rules_block.get("preview") is True)
 
 
 def reference_errors(config: GateConfig, policy: Policy | None) -> list[InputError]:
@@ -135,14 +137,19 @@ def _resolve(selector: RuleSelector) -> list[Rule]:
 
 
 def selected_rules(config: GateConfig) -> list[Rule]:
+    """The rules to run: selected (all, or `select`), not ignored nor turned off; a rule in preview only with
+    `config.preview` or when selected by its own code or name (a prefix such as OGF does not opt in)."""
     chosen = all_rules()
+    named: set[str] = set()
     if config.select:
         wanted = {r.code for s in config.select for r in _resolve(s)}
         chosen = [r for r in chosen if r.code in wanted]
+        named = {r.code for s in config.select if (r := find_rule(s.text)) is not None}
     ignored = {r.code for s in config.ignore for r in _resolve(s)}
     off = {r.code for ref, (level, source) in config.severity.items() if level == OFF
            for r in _resolve(RuleSelector(ref, source))}
-    return [r for r in chosen if r.code not in ignored and r.code not in off]
+    return [r for r in chosen if r.code not in ignored and r.code not in off
+            and (not r.preview or config.preview or r.code in named)]
 
 
 def apply_gate(findings: list[Finding], config: GateConfig) -> list[Finding]:

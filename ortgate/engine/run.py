@@ -41,6 +41,7 @@ class RunGate:
     ignore: list[str] | None = None
     baseline: Baseline | None = None
     baseline_path: str | None = None
+    preview: bool = False  # rules in preview run too (--preview)
 
 
 def run_reference(request: RunRequest, *, progress: RunProgress | None = None, hard_exit: bool = False,
@@ -64,7 +65,7 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
                                timeout_s=request.timeout_s)
     # Before the run: a typo in the policy's rules block or a bad baseline must not cost a long run.
     config = gate_config_from(inputs.policy, cli_select=gate.select, cli_ignore=gate.ignore, fail_on=request.fail_on,
-                              baseline=gate.baseline, baseline_path=gate.baseline_path)
+                              baseline=gate.baseline, baseline_path=gate.baseline_path, preview=gate.preview)
     if before_writing is not None:
         before_writing(inputs)
     evidence = start_evidence(inputs)

@@ -65,6 +65,9 @@ class Rule:
     fix: str | None = None
     # It judges the policy's declared session alone: `ortgate policy validate` runs it as lint does.
     policy_only: bool = False
+    # A new rule, not yet promoted: it runs only under `--preview`, a policy's `rules: {preview: true}`, or when
+    # selected by its own code or name, so that an update adding it never fails a gate that passed before.
+    preview: bool = False
 
     @property
     def summary(self) -> str:
@@ -128,13 +131,14 @@ _REGISTRY: dict[str, Rule] = {}
 
 
 def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (), price: str | None = None,
-         price_all: bool = False, fix: str | None = None, policy_only: bool = False
+         price_all: bool = False, fix: str | None = None, policy_only: bool = False, preview: bool = False
          ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check function as a rule. Its docstring is the rule's documentation; the keywords are what the
     engine and `ortgate fix` know of it: what it needs (`needs`, the names of ortgate.rules.needs.NEEDS), the cost
     model's repair kind that prices its findings (`price`; `price_all`: with every repair of that kind, for a rule
     whose one finding is about every node of its kind), the repair `ortgate fix` makes for them (`fix`), and
-    whether it judges the policy alone (`policy_only`)."""
+    whether it judges the policy alone (`policy_only`), and whether it is new and not yet promoted (`preview`: it
+    runs only when asked for)."""
 
     def register(func: CheckFunction) -> CheckFunction:
         import inspect  # only when the rule modules load: `ortgate rules` reads the catalog and never gets here
@@ -158,7 +162,7 @@ def rule(code: str, name: str, severity: Severity, *, needs: tuple[str, ...] = (
         if price_all and price is None:
             raise ValueError(f"rule {code}: price_all without a price")
         _REGISTRY[code] = Rule(code, name, severity, family, func, doc, tuple(needs), price, price_all, fix,
-                               policy_only)
+                               policy_only, preview)
         return func
 
     return register
