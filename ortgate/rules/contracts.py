@@ -173,6 +173,12 @@ def op_input_missing(ctx: RuleContext):
 
     ## Fix
     Re-export the node with every required input wired.
+
+    ## References
+    - [ContribOperators.md](https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): ORT's
+      contracts of the com.microsoft operators (ortgate/knowledge's are generated from it by
+      scripts/gen_op_contracts.py)
+    - [ONNX operators](https://github.com/onnx/onnx/blob/main/docs/Operators.md): the ai.onnx operators' schemas
     """
     graph = ctx.model
     for node, contract, plan in _to_check(graph)["missing"]:
@@ -223,6 +229,12 @@ def op_input_rank(ctx: RuleContext):
 
     ## Fix
     Feed the input in a rank the contract accepts, or use the operator made for that layout.
+
+    ## References
+    - [ContribOperators.md](https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): ORT's
+      contracts of the com.microsoft operators (ortgate/knowledge's are generated from it by
+      scripts/gen_op_contracts.py)
+    - [ONNX operators](https://github.com/onnx/onnx/blob/main/docs/Operators.md): the ai.onnx operators' schemas
     """
     graph = ctx.model
     for node, contract, plan in _to_check(graph)["ranked"]:
@@ -406,6 +418,12 @@ def op_attribute_missing(ctx: RuleContext):
 
     ## Fix
     Re-export the node with the attribute set from the model's config.
+
+    ## References
+    - [ContribOperators.md](https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): ORT's
+      contracts of the com.microsoft operators (ortgate/knowledge's are generated from it by
+      scripts/gen_op_contracts.py)
+    - [ONNX operators](https://github.com/onnx/onnx/blob/main/docs/Operators.md): the ai.onnx operators' schemas
     """
     graph = ctx.model
     for node, contract, plan in _to_check(graph)["required_attributes"]:
@@ -730,6 +748,12 @@ def op_contract_unknown(ctx: RuleContext):
     ## Fix
     Regenerate the contracts from a newer ContribOperators.md (scripts/gen_op_contracts.py), or accept that these
     nodes are checked by ORT alone.
+
+    ## References
+    - [ContribOperators.md](https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): ORT's
+      contracts of the com.microsoft operators (ortgate/knowledge's are generated from it by
+      scripts/gen_op_contracts.py)
+    - [ONNX operators](https://github.com/onnx/onnx/blob/main/docs/Operators.md): the ai.onnx operators' schemas
     """
     graph = ctx.model
     unknown = _contract_index(graph)[1]

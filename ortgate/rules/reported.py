@@ -75,6 +75,10 @@ def genai_cuda_graph_unsupported(ctx: RuleContext):
 
     ## Fix
     Upgrade onnxruntime-genai to 0.14.0 or later; on an older release set `enable_cuda_graph` to "0".
+
+    ## References
+    - [microsoft/onnxruntime-genai#2070](https://github.com/microsoft/onnxruntime-genai/issues/2070): 0.14.0 lifted
+      "Graph Capture is currently unsupported for CUDA"
     """
     version, where = declared_release(ctx, "onnxruntime-genai")
     fact = deployment_fact("genai_cuda_graph_unsupported")
@@ -143,6 +147,13 @@ def cuda_graph_recurrent_state(ctx: RuleContext):
     ## Fix
     Compare the outputs with and without capture (`ortgate run` on the device) before turning it on; on
     onnxruntime-genai use a release with #2452, and follow microsoft/onnxruntime#32243.
+
+    ## References
+    - [microsoft/onnxruntime#32243](https://github.com/microsoft/onnxruntime/issues/32243): the warm-up runs before
+      capture advance a recurrent state (open)
+    - [microsoft/onnxruntime-genai#2446](https://github.com/microsoft/onnxruntime-genai/issues/2446): replaying the
+      graph captured for another input shape corrupted text;
+      [#2452](https://github.com/microsoft/onnxruntime-genai/issues/2452) backs up the state and keeps a single buffer
     """
     states = _recurrent_state_inputs(ctx.inputs.executed)
     if not states:
@@ -224,6 +235,10 @@ def qmoe_block_size_cuda(ctx: RuleContext):
 
     ## Fix
     Re-quantize the experts with block size 32 (the builder's default for CUDA), 64 or 128.
+
+    ## References
+    - [microsoft/onnxruntime#29035](https://github.com/microsoft/onnxruntime/issues/29035): a QMoE block size other than
+      32, 64 or 128 failed session creation on CUDA
     """
     on = _on_cuda(ctx)
     if on is None:
@@ -371,6 +386,11 @@ def onnx_attention_cuda_decode(ctx: RuleContext):
     ## Fix
     Export attention as com.microsoft GroupQueryAttention (onnxruntime-genai's builder does), or let `ortgate
     fix` rewrite it where it can.
+
+    ## References
+    - [microsoft/onnxruntime#28352](https://github.com/microsoft/onnxruntime/issues/28352),
+      [#29714](https://github.com/microsoft/onnxruntime/issues/29714): the ONNX-domain Attention's CUDA decode against
+      GroupQueryAttention's fast paths
     """
     on = _on_cuda(ctx)
     if on is None:
@@ -462,6 +482,11 @@ def rotary_position_ids_batch_one(ctx: RuleContext):
     ## Fix
     Re-export with `position_ids` shaped [batch_size, sequence_length] (or fuse with an ORT release past #29632),
     or deploy at batch 1.
+
+    ## References
+    - [microsoft/onnxruntime#29618](https://github.com/microsoft/onnxruntime/issues/29618),
+      [#29632](https://github.com/microsoft/onnxruntime/issues/29632): the rotary fusion's [1, S] position_ids fail at
+      batch 2 and above; [#27590](https://github.com/microsoft/onnxruntime/issues/27590): the change it came from
     """
     batch = deployment_batch(ctx)
     if batch is None or batch[0] <= 1:
@@ -517,6 +542,10 @@ def moe_statistics_without_profiling(ctx: RuleContext):
 
     ## Fix
     Turn profiling on in the same session, or remove the statistics switch.
+
+    ## References
+    - [microsoft/onnxruntime#32261](https://github.com/microsoft/onnxruntime/issues/32261): the MoE statistics are
+      written into the profiling output
     """
     fact = deployment_fact("moe_statistics_need_profiling")
     for setup in ctx.deployment.setups:

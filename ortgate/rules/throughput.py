@@ -329,6 +329,10 @@ def memory_exceeds_device(ctx: RuleContext):
     ## Fix
     Lower the batch or the KV length (genai's `search.max_length`, the policy's `context_length`), quantize the
     weights or the KV cache, or pick a device with more memory (`ortgate estimate --list-devices`).
+
+    ## References
+    - [microsoft/onnxruntime-genai#2251](https://github.com/microsoft/onnxruntime-genai/issues/2251): the builder's
+      exports pre-allocated 128K positions of KV cache per sequence
     """
     mem = _memory(ctx)
     if mem is None or mem.total <= mem.capacity:
