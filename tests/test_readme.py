@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
 import sys
+
+import yaml
 
 from ortgate.config.policy import load_policy
 from tests.conftest import REPO
@@ -113,3 +116,29 @@ def test_the_readmes_git_lfs_pulls_fetch_every_file_lint_reads(tmp_path):
     (tmp_path / "model.onnx").write_bytes(pointer.read_bytes())
     code, out, err = run_cli("lint", tmp_path)
     assert code == 2 and "Git LFS pointer" in err and "run git lfs pull" in err
+
+
+def test_the_fix_snippet_installs_what_fix_needs():
+    """`ortgate fix` verifies on ONNX Runtime and fuses with onnxscript: the snippet's extras bring both."""
+    (snippet,) = [line for block in _blocks("sh") for line in block.splitlines() if "&& ortgate fix " in line]
+    extras = set(re.search(r"pip install -e '\.\[([a-z,]+)\]'", snippet).group(1).split(","))
+    assert "fix" in extras and extras & {"cpu", "gpu"}, snippet
+
+
+def test_the_waiver_example_is_a_valid_policy_and_shows_every_key(tmp_path):
+    (block,) = [b for b in _blocks("yaml") if b.startswith("waivers:")]
+    path = tmp_path / "policy.yaml"
+    path.write_text("name: waivers-example\n" + block)
+    (waiver,) = load_policy(path).waivers
+    assert waiver.layers is not None and 4 in waiver.layers and 47 in waiver.layers and 5 not in waiver.layers
+    schema = json.loads((REPO / "ortgate" / "config" / "policy.schema.json").read_text())
+    keys = schema["properties"]["waivers"]["items"]["properties"]
+    assert all(f"    {key}:" in block or f"  - {key}:" in block for key in keys), sorted(keys)
+
+
+def test_the_pre_commit_snippet_names_the_models_the_hook_lints():
+    (block,) = [b for b in _blocks("yaml") if b.startswith("# .pre-commit-config.yaml")]
+    config = yaml.safe_load(block)
+    (hook,) = config["repos"][0]["hooks"]
+    assert hook["id"] == "ortgate-lint" and "--policy" in hook["args"]
+    assert any(arg.endswith(".onnx") or "*" in arg for arg in hook["args"])  # pass_filenames is false
