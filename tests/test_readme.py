@@ -1,4 +1,4 @@
-"""The README's examples are executed, so the documentation cannot drift from the tool."""
+"""The README's and docs/ pages' examples are executed, so the documentation cannot drift from the tool."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from tests.conftest import REPO
 from tests.helpers import run_cli
 
 README = (REPO / "README.md").read_text()
+# The landing page and the pages it sends the reader to (the rule pages are generated and tested apart).
+PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md"))]
+DOCS = "\n".join(p.read_text(encoding="utf-8") for p in PAGES)
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def _blocks(lang: str, text: str = DOCS) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
 def test_policy_example_is_a_valid_policy(tmp_path):
@@ -53,7 +56,7 @@ def test_every_command_output_block_is_what_ortgate_prints():
     # Every ```text block that shows a command's output is one of the generated blocks, and each is that command's
     # output now (a measured one with its numbers masked): run, estimate and fix as well as lint.
     update = _update_readme()
-    blocks = list(update.MARKER.finditer(README))
+    blocks = list(update.MARKER.finditer(DOCS))
     commands = [m.group(2).split()[1] for m in blocks]
     assert {"lint", "run", "estimate", "fix"} <= set(commands), commands
     shown = [b for b in _blocks("text") if b.startswith("$ ortgate ")]
@@ -77,6 +80,8 @@ def test_the_setup_example_is_said_to_fail_by_design():
 def test_snippets_pin_nothing_that_does_not_exist():
     # No release tag and no package-index release exist yet: snippets install from the repository at a commit.
     code = [line.split(" #")[0] for lang in ("yaml", "sh") for block in _blocks(lang) for line in block.splitlines()]
+    code += [line.split(" #")[0] for line in (REPO / ".pre-commit-hooks.yaml").read_text().splitlines()
+             if line.startswith("#")]  # the hook's own usage comment
     assert not [line for line in code if "0.1.0" in line]  # only comments say what changes once it is released
     assert any("uses: ortgate/ortgate@COMMIT" in line for line in code)
     assert any("rev: COMMIT" in line for line in code)
@@ -84,7 +89,7 @@ def test_snippets_pin_nothing_that_does_not_exist():
 
 
 def test_the_baseline_the_actions_snippet_passes_is_an_adoption_step(tmp_path, monkeypatch):
-    assert "--write-baseline ortgate-baseline.json" in README
+    assert "--write-baseline ortgate-baseline.json" in README  # the adoption step, on the landing page
     monkeypatch.chdir(REPO)
     missing = tmp_path / "ortgate-baseline.json"
     code, _, err = run_cli("lint", "examples/qwen3-moe-tiny-unfused", "--baseline", missing)
@@ -104,7 +109,7 @@ def test_the_readmes_git_lfs_pulls_fetch_every_file_lint_reads(tmp_path):
     leaves behind as a pointer would be refused as a Git LFS pointer."""
     from fnmatch import fnmatch
 
-    pulls = re.findall(r'git lfs pull --include "([^"]+)" --exclude "([^"]+)"', README)
+    pulls = re.findall(r'git lfs pull --include "([^"]+)" --exclude "([^"]+)"', DOCS)
     assert pulls
     for include, exclude in pulls:
         patterns = include.split(",")
