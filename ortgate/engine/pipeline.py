@@ -207,9 +207,10 @@ class LintSummary:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class LintResult:
-    """What reporters format: the judged findings, the verdict, and a summary of what was linted."""
+    """What reporters format: the judged findings, the verdict, and a summary of what was linted. A value: what
+    changes it (`ortgate run` naming the dump it did not keep) makes another (dataclasses.replace)."""
 
     findings: list[Finding]
     verdict: Verdict

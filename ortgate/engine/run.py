@@ -77,8 +77,9 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
         result = lint(inputs, config)
         if inputs.optimized is not None and inputs.optimized.label:
             label = inputs.optimized.label
-            result.summary = replace(result.summary, optimized_kept=False,
-                                     models=tuple(replace(m, optimized=label) for m in result.summary.models))
+            summary = replace(result.summary, optimized_kept=False,
+                              models=tuple(replace(m, optimized=label) for m in result.summary.models))
+            result = replace(result, summary=summary)
         est = None
         if evidence.measurement is not None:
             progress.note("estimating the measured device")
