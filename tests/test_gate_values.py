@@ -66,3 +66,27 @@ def test_lint_judges_once(tmp_path, monkeypatch, extra):
     assert len(calls) == 1
     if extra:  # judged against the baseline just written
         assert calls[0].baseline_path == "bl.json" and "suppressed" in out
+
+
+def test_run_judges_once_against_the_baseline_it_writes(tmp_path, monkeypatch):
+    import ortgate.engine.run as engine_run
+
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    judge = engine_run.judge
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(engine_run, "judge", counted)
+    monkeypatch.setattr(pipeline, "judge", counted)
+    code, out, err = run_cli("run", UNFUSED, "--policy", CPU_POLICY, "--warmup", "1", "--iterations", "2",
+                             "--write-baseline", "run-bl.json", "--format", "json")
+    assert code == 0, err
+    assert len(calls) == 1 and calls[0].baseline_path == "run-bl.json"
+    written = json.loads((tmp_path / "run-bl.json").read_text())
+    assert written["format"] == "ortgate-baseline" and written["findings"]
+    report = json.loads(out)
+    suppressed = [f for f in report["findings"] if f.get("suppressed")]
+    assert len(suppressed) == len(written["findings"])  # each entry written suppresses the finding it is for

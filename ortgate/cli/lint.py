@@ -104,7 +104,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         rules = selected_rules(config)
         raw = collect(inputs, rules, note)
         # judged once: against the baseline this command writes, when it writes one
-        result = judge(raw, inputs, rebaseline(args, raw, inputs, config), rules)
+        result = judge(raw, inputs, rebaselined(args, raw, inputs, config), rules)
     for fmt, path in reports:
         write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
     if KEPT_UNTIL_EXIT is not None:
@@ -143,38 +143,31 @@ def baseline_outputs(args: argparse.Namespace) -> list[Output]:
     return outputs
 
 
-def write_baselines(args: argparse.Namespace, result, inputs, config):
-    """Write --write-baseline or the pruned --baseline from a judged run's findings (`ortgate run`, which judges
-    as it runs), and judge its findings against what was written."""
-    from ortgate.engine.pipeline import judge
-
-    rebased = rebaseline(args, result.raw, inputs, config)
-    return result if rebased is config else judge(result.raw, inputs, rebased, result.rules)
+def baseline_target(args: argparse.Namespace) -> str | None:
+    """The file this command writes a baseline to: --write-baseline FILE, or the --baseline file --prune-baseline
+    rewrites (None: it writes none)."""
+    return args.write_baseline or (args.baseline if args.prune_baseline else None)
 
 
-def rebaseline(args: argparse.Namespace, raw, inputs, config: GateConfig) -> GateConfig:
-    """Write --write-baseline or the pruned --baseline from the rules' findings `raw`; the gate's configuration to
-    judge them with: against what was written, else `config` itself."""
-    from dataclasses import replace
-
-    from ortgate.engine.baseline import baseline_text, load_baseline, pruned_text
-    from ortgate.engine.gate import gate, rules_that_ran
-    from ortgate.engine.pipeline import linted_files
-
+def write_baseline(args: argparse.Namespace, text: str) -> None:
+    """Write the baseline `text` to --write-baseline FILE, or over the --baseline file --prune-baseline prunes."""
     if args.write_baseline:
         _check_baseline_target(args.write_baseline, args.baseline)
-        write(baseline_text(gate(raw, config).findings), args.write_baseline)
-        target = args.write_baseline
-    elif args.prune_baseline:
-        baseline = config.baseline
-        assert baseline is not None  # baseline_outputs refused --prune-baseline without --baseline
-        ran = rules_that_ran(config, [e.rule for e in baseline.entries])
-        gated = gate(raw, config)
-        write(pruned_text(baseline, gated.findings, linted_files(inputs), ran, gated.matched), args.baseline)
-        target = args.baseline
-    else:
+    write(text, baseline_target(args))
+
+
+def rebaselined(args: argparse.Namespace, raw, inputs, config: GateConfig) -> GateConfig:
+    """Write --write-baseline or the pruned --baseline from the rules' findings `raw`; the gate's configuration to
+    judge them with: against what was written, else `config` itself."""
+    from ortgate.engine.gate import rebaseline
+    from ortgate.engine.pipeline import linted_files
+
+    target = baseline_target(args)
+    if target is None:
         return config
-    return replace(config, baseline=load_baseline(target), baseline_path=target)
+    text, judged_by = rebaseline(raw, config, linted_files(inputs), target, prune=args.prune_baseline)
+    write_baseline(args, text)
+    return judged_by
 
 
 def _check_baseline_target(path: str, baseline_in: str | None) -> None:

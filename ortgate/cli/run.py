@@ -14,7 +14,8 @@ from ortgate.cli.lint import (
     add_baseline_arguments,
     add_preview_argument,
     baseline_outputs,
-    write_baselines,
+    baseline_target,
+    write_baseline,
 )
 from ortgate.cli.output import (
     EXIT_PASS,
@@ -89,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     outputs = run_outputs(args, reports)
     check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
     gate = RunGate(split_list(args.select), split_list(args.ignore),
-                   load_baseline(args.baseline) if args.baseline else None, args.baseline, preview=args.preview)
+                   load_baseline(args.baseline) if args.baseline else None, args.baseline, preview=args.preview,
+                   write_baseline_to=baseline_target(args), prune=args.prune_baseline)
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
                          warmup=args.warmup, iterations=args.iterations, compare_default=args.compare_default,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
@@ -109,7 +111,9 @@ def _emit(args: argparse.Namespace, reports: list[tuple[str, str | None]], outco
     """Write the baseline (if asked) and every report; the exit code."""
     from ortgate.report.run import render_run
 
-    result = write_baselines(args, outcome.result, outcome.inputs, outcome.config)
+    result = outcome.result  # judged once, against the baseline it writes when it writes one
+    if outcome.baseline_text is not None:
+        write_baseline(args, outcome.baseline_text)
     for fmt, path in reports:
         write(render_run(fmt, result, outcome.evidence, **terminal_options(path), expand=args.expand), path)
     if args.write_calibration:

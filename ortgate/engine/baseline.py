@@ -147,6 +147,20 @@ def is_baseline_file(path: str | Path) -> bool:
     return isinstance(data, dict) and data.get("format") == BASELINE_FORMAT
 
 
+def baseline_from_text(text: str, path: str) -> Baseline:
+    """The Baseline `text` (a document baseline_text or pruned_text wrote, to be written to `path`) is, without
+    reading it back: what a command that writes a baseline judges against. Its entries carry no line (every entry
+    of a baseline just written matches, or was not judged, so none is reported at its line)."""
+    data = json.loads(text)
+    entries = []
+    for item in data["findings"]:
+        fingerprint = item.get("fingerprint")
+        key = fingerprint if fingerprint is not None else item["identity"]
+        scheme = item.get(ENTRY_SCHEME_KEY, data["version"]) if fingerprint is not None else LEGACY_VERSION
+        entries.append(BaselineEntry(key, scheme, item.get("rule"), item.get("file"), None, item))
+    return Baseline(path, data["version"], entries)
+
+
 def load_baseline(path: str | Path) -> Baseline:
     """An ortgate baseline file (version 1, 2 or 3); anything else is an InputError naming the file and key."""
     hint = "not an ortgate baseline (write one with `ortgate lint --write-baseline FILE`)"

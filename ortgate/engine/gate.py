@@ -7,11 +7,21 @@ import fnmatch
 from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from ortgate.config.policy import Policy, Waiver
-from ortgate.engine.baseline import BASELINE_VERSION, GATE_FAMILY, LEGACY_VERSION, V2_VERSION, Baseline, baselineable
+from ortgate.engine.baseline import (
+    BASELINE_VERSION,
+    GATE_FAMILY,
+    LEGACY_VERSION,
+    V2_VERSION,
+    Baseline,
+    baseline_from_text,
+    baseline_text,
+    baselineable,
+    pruned_text,
+)
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, resolve_rule, suggest_rule
@@ -180,6 +190,24 @@ def gate(findings: list[Finding], config: GateConfig) -> Gated:
             suppressed.append(f.suppress("baseline", justification, where) if hits else f)
         out = suppressed
     return Gated(sorted(out, key=Finding.sort_key), frozenset(matched))
+
+
+def rebaseline(raw: list[Finding], config: GateConfig, files: list[str], target: str, *,
+               prune: bool) -> tuple[str, GateConfig]:
+    """What `--write-baseline TARGET` (every finding the gate lets through, waived ones aside) or `--prune-baseline`
+    (config's baseline without its stale entries, TARGET being its own file) writes, from the rules' findings `raw`
+    over the linted `files`; and the gate's configuration that judges them against it, so that a command that
+    writes a baseline judges once."""
+    gated = gate(raw, config)
+    if prune:
+        baseline = config.baseline
+        if baseline is None:
+            raise ValueError("--prune-baseline needs a baseline")
+        ran = rules_that_ran(config, [e.rule for e in baseline.entries])
+        text = pruned_text(baseline, gated.findings, files, ran, gated.matched)
+    else:
+        text = baseline_text(gated.findings)
+    return text, replace(config, baseline=baseline_from_text(text, target), baseline_path=target)
 
 
 def rules_that_ran(config: GateConfig, names: list[str | None]) -> list[str]:

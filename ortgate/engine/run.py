@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ortgate.engine.baseline import Baseline
-from ortgate.engine.gate import GateConfig, gate_config_from
-from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
+from ortgate.engine.gate import GateConfig, gate_config_from, rebaseline, selected_rules
+from ortgate.engine.pipeline import LintRequest, LintResult, judge, linted_files, load_inputs
+from ortgate.engine.pipeline import collect as collect_findings
 from ortgate.engine.throughput import run_estimate
 from ortgate.errors import InputError
 from ortgate.evidence import RunEvidence
@@ -29,8 +30,9 @@ class RunOutcome:
     result: LintResult
     evidence: RunEvidence
     inputs: LintInputs
-    config: GateConfig
+    config: GateConfig  # what judged the run (against the baseline it writes, when it writes one)
     estimate: object | None = None  # the cost model's Estimate for the device the run used (ortgate.cost)
+    baseline_text: str | None = None  # what to write to RunGate.write_baseline_to (None: no baseline to write)
 
 
 @dataclass
@@ -42,6 +44,10 @@ class RunGate:
     baseline: Baseline | None = None
     baseline_path: str | None = None
     preview: bool = False  # rules in preview run too (--preview)
+    # --write-baseline FILE, or the --baseline file --prune-baseline rewrites: the run judges against what it
+    # writes there (the caller writes RunOutcome.baseline_text)
+    write_baseline_to: str | None = None
+    prune: bool = False
 
 
 def run_reference(request: RunRequest, *, progress: RunProgress | None = None, hard_exit: bool = False,
@@ -74,7 +80,12 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
     def judged() -> RunOutcome:
         inputs = latest[0].with_evidence(EVIDENCE_KEY, evidence)
         progress.note("running the rules")
-        result = lint(inputs, config)
+        rules = selected_rules(config)
+        raw = collect_findings(inputs, rules)
+        judged_by, text = config, None
+        if gate.write_baseline_to is not None:
+            text, judged_by = rebaseline(raw, config, linted_files(inputs), gate.write_baseline_to, prune=gate.prune)
+        result = judge(raw, inputs, judged_by, rules)
         if inputs.optimized is not None and inputs.optimized.label:
             label = inputs.optimized.label
             summary = replace(result.summary, optimized_kept=False,
@@ -86,7 +97,7 @@ def run_reference(request: RunRequest, *, progress: RunProgress | None = None, h
             found = run_estimate(inputs, evidence)
             if found is not None:
                 evidence.estimate, est = found
-        return RunOutcome(result, evidence, inputs, config, est)
+        return RunOutcome(result, evidence, inputs, judged_by, est, text)
 
     def abandoned(timeout) -> int:
         assert emit is not None
