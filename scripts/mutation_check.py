@@ -80,6 +80,22 @@ MUTATIONS = (
         ("tests/test_mutations_killed.py",),
     ),
     Mutation(
+        "baseline-matches-forgotten",
+        "the gate suppresses findings by the baseline but reports none of its entries matched (all stale)",
+        "ortgate/engine/gate.py",
+        "            matched.update(hits)\n",
+        "            pass\n",
+        ("tests/test_baselines.py",),
+    ),
+    Mutation(
+        "preview-rules-always-run",
+        "a rule in preview runs in every lint, so an update that adds one can fail a gate that passed",
+        "ortgate/engine/gate.py",
+        "            and (not r.preview or config.preview or r.code in named)]",
+        "            and True]",
+        ("tests/test_rule_preview.py",),
+    ),
+    Mutation(
         "verdict-ignores-errors",
         "the gate passes a run whose findings include an error",
         "ortgate/engine/gate.py",
