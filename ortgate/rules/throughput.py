@@ -94,9 +94,10 @@ def throughput_below_policy(ctx: RuleContext):
     estimates for the named device, never measurements.
 
     ## Why it costs throughput
-    A dense expert loop reads every expert's weights on every token: Qwen3-30B-A3B as a torch dense loop reads
-    56.9 GiB per step where the fused graph reads 3.4 GiB, a ceiling of 53 tokens/s on an H100 SXM where the
-    fused export's is over 500. No session setting recovers it; the pre-merge job is where to stop it.
+    A dense expert loop reads every expert's weights on every token: Qwen3-30B-A3B as a torch dense loop reads all
+    128 experts' weights a step where the fused graph reads the few its tokens route to, and its ceiling on an
+    H100 SXM is a fraction of the fused export's (`ortgate estimate` on the scale benchmark's skeletons gives both:
+    docs/estimate.md). No session setting recovers it; the pre-merge job is where to stop it.
 
     ## Bad
     ```yaml
@@ -105,8 +106,9 @@ def throughput_below_policy(ctx: RuleContext):
     ```
 
     ```text
-    At full size: Qwen3-30B-A3B exported as a torch dense expert loop reads 63.4 GiB a step at 4k context, a
-    ceiling of 49 tokens/s on an H100 SXM; `min_tokens_per_s: 100` fails here, before any GPU is involved.
+    At full size: Qwen3-30B-A3B exported as a torch dense expert loop has a ceiling on an H100 SXM below
+    `min_tokens_per_s: 100` at 4k context (`ortgate estimate` of the scale benchmark's skeleton): the target fails
+    here, before any GPU is involved.
     ```
 
     ## Good
