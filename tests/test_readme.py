@@ -125,9 +125,11 @@ def test_the_readmes_git_lfs_pulls_fetch_every_file_lint_reads(tmp_path):
 
 def test_the_fix_snippet_installs_what_fix_needs():
     """`ortgate fix` verifies on ONNX Runtime and fuses with onnxscript: the snippet's extras bring both."""
-    (snippet,) = [line for block in _blocks("sh") for line in block.splitlines() if "&& ortgate fix " in line]
-    extras = set(re.search(r"pip install -e '\.\[([a-z,]+)\]'", snippet).group(1).split(","))
-    assert "fix" in extras and extras & {"cpu", "gpu"}, snippet
+    snippets = [line for block in _blocks("sh") for line in block.splitlines() if "&& ortgate fix " in line]
+    assert snippets
+    for snippet in snippets:
+        extras = set(re.search(r"pip install -e '\.\[([a-z,]+)\]'", snippet).group(1).split(","))
+        assert "fix" in extras and extras & {"cpu", "gpu"}, snippet
 
 
 def test_the_waiver_example_is_a_valid_policy_and_shows_every_key(tmp_path):
@@ -147,3 +149,18 @@ def test_the_pre_commit_snippet_names_the_models_the_hook_lints():
     (hook,) = config["repos"][0]["hooks"]
     assert hook["id"] == "ortgate-lint" and "--policy" in hook["args"]
     assert any(arg.endswith(".onnx") or "*" in arg for arg in hook["args"])  # pass_filenames is false
+
+
+def test_the_workflow_snippets_use_only_inputs_the_action_declares():
+    declared = set(yaml.safe_load((REPO / "action.yml").read_text())["inputs"])
+    used = []
+    for block in _blocks("yaml"):
+        doc = yaml.safe_load(block)
+        if not isinstance(doc, dict) or "jobs" not in doc:
+            continue
+        for job in doc["jobs"].values():
+            used += [step.get("with") or {} for step in job.get("steps", [])
+                     if str(step.get("uses", "")).startswith("ortgate/ortgate@")]
+    assert used, "no workflow uses the action"
+    for inputs in used:
+        assert set(inputs) <= declared, set(inputs) - declared
