@@ -81,6 +81,7 @@ class EstimateComparison:
     layer_groups: tuple[PartDelta, ...]  # per layer of each group of the model's identical layers; () when the
     # layers do not correspond
     layers_differ: str | None  # why the two models' layers do not correspond (None: they do)
+    memory: tuple[float, float] | None = None  # the deployment's estimated memory, base and model (bytes)
 
     @property
     def tokens_change(self) -> float | None:
@@ -106,11 +107,16 @@ class EstimateComparison:
             "components": [c.to_dict() for c in self.components],
             "layer_groups": [g.to_dict() for g in self.layer_groups],
             "layers_differ": self.layers_differ,
+            "memory": None if self.memory is None else {"base_bytes": round(self.memory[0]),
+                                                        "model_bytes": round(self.memory[1]),
+                                                        "delta_bytes": round(self.memory[1] - self.memory[0])},
         }
 
 
-def compare_estimates(base: Estimate, model: Estimate) -> EstimateComparison:
-    """`model`'s estimate against `base`'s (both for the same device and step)."""
+def compare_estimates(base: Estimate, model: Estimate,
+                      memory: tuple[float, float] | None = None) -> EstimateComparison:
+    """`model`'s estimate against `base`'s (both for the same device and step); `memory`: the deployment's
+    estimated memory of each (base, model)."""
     a_base, a_model = base.as_exported, model.as_exported
     names = [c for c in COMPONENTS if c in a_base.components or c in a_model.components]
     components = tuple(_part(c, a_base, a_model, a_base.components.get(c), a_model.components.get(c)) for c in names)
@@ -132,7 +138,7 @@ def compare_estimates(base: Estimate, model: Estimate) -> EstimateComparison:
         groups = tuple(out)
     return EstimateComparison(model.device.name, StepFigures.of(a_base), StepFigures.of(a_model),
                               StepFigures.of(base.with_fixes), StepFigures.of(model.with_fixes), components, groups,
-                              differ)
+                              differ, memory)
 
 
 def layers_differ(base: Estimate, model: Estimate) -> str | None:

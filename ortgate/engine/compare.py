@@ -23,6 +23,7 @@ from ortgate.cost.compare import EstimateComparison, compare_estimates
 from ortgate.engine.baseline import GATE_FAMILY
 from ortgate.engine.gate import GateConfig
 from ortgate.engine.pipeline import LintRequest, LintResult, lint, load_inputs
+from ortgate.engine.throughput import CostOverrides
 from ortgate.errors import InputError
 from ortgate.findings import Finding
 from ortgate.rules.context import LintInputs
@@ -85,7 +86,7 @@ class Comparison:
 
 
 def load_base(base: str, model: LintInputs, policy: str | None,
-              progress: Callable[[str], None] | None = None) -> LintInputs:
+              progress: Callable[[str], None] | None = None, cost: CostOverrides | None = None) -> LintInputs:
     """The base model's inputs, with the model's policy (its own genai_config.json beside it). A base that is the
     model itself, or that is no model, is an InputError naming it."""
     try:
@@ -96,7 +97,7 @@ def load_base(base: str, model: LintInputs, policy: str | None,
         raise InputError(f"--compare: the base is the model itself ({model.model.path}); name the model the change "
                          "starts from", base)
     try:
-        return load_inputs(LintRequest(base, policy), progress)
+        return load_inputs(LintRequest(base, policy, cost=cost), progress)
     except InputError as exc:
         raise InputError(f"--compare: {exc.problem}", exc.path, line=exc.line) from None
 
@@ -138,10 +139,18 @@ def compare(result: LintResult, inputs: LintInputs, base: LintInputs, config: Ga
             ours[key] -= 1
         else:
             disappeared.append(f)
-    est = (compare_estimates(base.estimate, inputs.estimate)
-           if inputs.estimate is not None and base.estimate is not None else None)
+    est = estimate_comparison(base, inputs)
     return Comparison(base.model.path, inputs.model.path, appeared, unchanged, disappeared, est,
                       _explanations(appeared, disappeared), base_label, states)
+
+
+def estimate_comparison(base: LintInputs, inputs: LintInputs) -> EstimateComparison | None:
+    """The two estimates (and memory) side by side; None when the device is not priced."""
+    if inputs.estimate is None or base.estimate is None:
+        return None
+    memory = (base.memory.total, inputs.memory.total) if base.memory is not None and inputs.memory is not None \
+        else None
+    return compare_estimates(base.estimate, inputs.estimate, memory)
 
 
 def _compared(f: Finding) -> bool:

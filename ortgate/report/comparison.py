@@ -24,6 +24,12 @@ def _ms(ms: float) -> str:
     return f"{ms:.3g} ms" if abs(ms) >= 0.1 else f"{ms * 1e3:.3g} us"
 
 
+def _gib(n: float) -> str:
+    from ortgate.cost.memory import format_gib
+
+    return format_gib(n)
+
+
 def _signed_ms(ms: float) -> str:
     return ("+" if ms > 0 else "-" if ms < 0 else "±") + _ms(abs(ms))
 
@@ -77,20 +83,28 @@ def text_lines(comparison: Comparison) -> list[str]:
             out.append(f"  {label:<11} {clean(_group_line(g))}")
         if len(groups) > MAX_LISTED:
             out.append(f"  ... and {len(groups) - MAX_LISTED} more {label}")
-    est = c.estimate
-    if est is not None:
-        out.append(f"  estimate  {headline(est)}")
-        for part in est.components:
-            out.append(f"    {part.name:<10} {_ms(part.base_ms):>9} -> {_ms(part.model_ms):>9} "
-                       f"({_signed_ms(part.delta_ms)}), {format_bytes(part.base_bytes)} -> "
-                       f"{format_bytes(part.model_bytes)}, {part.base_launches:,} -> {part.model_launches:,} launches")
-        for group in est.layer_groups:
-            out.append(f"    {group.name}: {_ms(group.base_ms)} -> {_ms(group.model_ms)} per layer "
-                       f"({_signed_ms(group.delta_ms)}; {group.base_form or 'layer'} -> {group.model_form or 'layer'})")
-        if est.layers_differ:
-            out.append(f"    layers: {est.layers_differ}")
+    if c.estimate is not None:
+        out += estimate_text_lines(c.estimate)
     for e in c.explained_by[:8]:
         out.append(f"  explains  {_explained(e)}")
+    return out
+
+
+def estimate_text_lines(est: EstimateComparison) -> list[str]:
+    """The estimates side by side (`ortgate estimate --compare` prints these)."""
+    out = [f"  estimate  {headline(est)}"]
+    if est.memory is not None:
+        out.append(f"    memory     {_gib(est.memory[0]):>9} -> {_gib(est.memory[1]):>9} "
+                   f"({_relative(est.memory[0], est.memory[1])})")
+    for part in est.components:
+        out.append(f"    {part.name:<10} {_ms(part.base_ms):>9} -> {_ms(part.model_ms):>9} "
+                   f"({_signed_ms(part.delta_ms)}), {format_bytes(part.base_bytes)} -> "
+                   f"{format_bytes(part.model_bytes)}, {part.base_launches:,} -> {part.model_launches:,} launches")
+    for group in est.layer_groups:
+        out.append(f"    {group.name}: {_ms(group.base_ms)} -> {_ms(group.model_ms)} per layer "
+                   f"({_signed_ms(group.delta_ms)}; {group.base_form or 'layer'} -> {group.model_form or 'layer'})")
+    if est.layers_differ:
+        out.append(f"    layers: {est.layers_differ}")
     return out
 
 
@@ -113,6 +127,9 @@ def markdown_lines(comparison: Comparison) -> list[str]:
         out.append(_row(["step time", _ms(b.ms_per_step), _ms(m.ms_per_step), _relative(b.ms_per_step, m.ms_per_step)]))
         out.append(_row(["bytes per step", format_bytes(b.bytes), format_bytes(m.bytes), _relative(b.bytes, m.bytes)]))
         out.append(_row(["kernel launches", f"{b.launches:,}", f"{m.launches:,}", _relative(b.launches, m.launches)]))
+        if est.memory is not None:
+            out.append(_row(["memory", _gib(est.memory[0]), _gib(est.memory[1]),
+                             _relative(est.memory[0], est.memory[1])]))
         out.append(_row(["tokens/s with every fix", format_rate(est.base_fixed.tokens_per_s),
                          format_rate(est.model_fixed.tokens_per_s), _relative(est.base_fixed.tokens_per_s or 0.0,
                                                                               est.model_fixed.tokens_per_s or 0.0)]))
