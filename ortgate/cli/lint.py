@@ -103,6 +103,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
             from ortgate.engine.compare import load_base
 
             base = load_base(args.compare, inputs[0], args.policy, note)
+            base.model.label = args.compare_label
             inputs[0] = replace(inputs[0], base=base)
         # every file read, now that all are known
         check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline,
@@ -130,6 +131,8 @@ def add_compare_argument(parser) -> None:
                         help="compare with the model this one changes (an .onnx file or model folder, as MODEL): "
                              "findings that appeared and disappeared, the estimate's change; the policy's "
                              "throughput.max_regression gates on it")
+    # What reports call the base (the Action: "main:models/qwen/model.onnx" for a base it read with git).
+    parser.add_argument("--compare-label", help=argparse.SUPPRESS)
 
 
 def check_compare(args: argparse.Namespace, models: list[str]) -> None:

@@ -141,7 +141,7 @@ def compare(result: LintResult, inputs: LintInputs, base: LintInputs, config: Ga
             disappeared.append(f)
     est = estimate_comparison(base, inputs)
     return Comparison(base.model.path, inputs.model.path, appeared, unchanged, disappeared, est,
-                      _explanations(appeared, disappeared), base_label, states)
+                      _explanations(appeared, disappeared), base_label or base.model.label, states)
 
 
 def estimate_comparison(base: LintInputs, inputs: LintInputs) -> EstimateComparison | None:
@@ -167,7 +167,7 @@ def _renaming(base: LintInputs, inputs: LintInputs) -> dict[str, str]:
 
 def _as_model(f: Finding, renamed: dict[str, str]) -> Finding:
     file = renamed.get(f.location.file)
-    return f if file is None else replace(f, location=replace(f.location, file=file))
+    return f if file is None else replace(f, location=replace(f.location, file=file, label=None))
 
 
 def _explanations(appeared: list[Finding], disappeared: list[Finding]) -> list[Explanation]:

@@ -485,7 +485,7 @@ def throughput_regression(ctx: RuleContext):
     if est is None or base_est is None:
         return  # no figures for the device: throughput-not-judged says so
     where: Location = tp.where("max_regression")
-    base_name = base.model.path
+    base_name = base.model.label or base.model.path  # the Action names a base it read with git by its ref
     cmp = compare_estimates(base_est, est)
     if cmp.layers_differ is not None:
         yield ctx.undecided(f"throughput.max_regression against {base_name}: {cmp.layers_differ}", location=where,
