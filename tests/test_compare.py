@@ -299,3 +299,21 @@ def test_mermaids_own_renderer_parses_the_chart(tmp_path):
     (tmp_path / "broken").mkdir()
     broken, _ = mermaid_renders("xychart-beta\n    x-axis [a b\n    bar [1", tmp_path / "broken")
     assert not broken  # the renderer does refuse a chart it cannot parse
+
+
+# ---- the documentation -----------------------------------------------------------------------------------------------
+
+
+def test_docs_compare_shows_what_the_commands_print():
+    from tests.test_readme import _update_readme
+
+    update = _update_readme()
+    page = (REPO / "docs" / "compare.md").read_text()
+    assert "docs/compare.md" in update.DOCS
+    blocks = list(update.MARKER.finditer(page))
+    assert {m.group(2).split()[1] for m in blocks} == {"lint"} and len(blocks) == 2
+    for m in blocks:
+        assert update.example_block(m.group(2)) == m.group(0), m.group(2)
+    assert "compared with examples/qwen3-moe-tiny-fused/model.onnx: 16 findings appeared" in page
+    assert "OGT006 throughput-regression" in page and "$ echo $?\n1\n" in page
+    assert "[docs/compare.md](docs/compare.md)" in (REPO / "README.md").read_text()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ortgate.cli.main import main as ortgate_main
 from ortgate.cli.output import EXIT_INPUT
+from ortgate.errors import is_lfs_pointer
 from ortgate.report.github import escape_data
 
 BASE_FOLDER = "ortgate-base"  # where the step writes the base's model files, under the runner's temp folder
@@ -78,6 +79,8 @@ def base_model(env: Mapping[str, str], work: Path) -> BaseModel:
         blob = _git(["cat-file", "blob", f"{commit}:{name}"], root)
         if blob is None:
             return BaseModel(label=label, why_not=f"no comparison: git cannot read {name} at {ref}")
+        if is_lfs_pointer(blob[:100]):  # a graph stored with Git LFS: its object, as a checkout would smudge it
+            blob = _git(["lfs", "smudge", "--", name], root, stdin=blob) or blob
         target = base_root / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(blob)
@@ -98,12 +101,12 @@ def _commit(ref: str, root: Path) -> str | None:
     return None
 
 
-def _git(args: list[str], cwd: Path) -> bytes | None:
+def _git(args: list[str], cwd: Path, stdin: bytes | None = None) -> bytes | None:
     """git's stdout, or None when it fails (or is not installed)."""
     import subprocess
 
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=120, check=False,
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=120, check=False, input=stdin,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     except (OSError, subprocess.TimeoutExpired):
         return None
