@@ -164,3 +164,45 @@ def test_the_summarys_chart_renders_with_mermaid(tmp_path):
     (tmp_path / "render").mkdir()
     ok, err = mermaid_renders(block, tmp_path / "render")
     assert ok, err
+
+
+def test_the_base_branch_is_fetched_when_the_checkout_lacks_it(tmp_path):
+    # actions/checkout fetches one commit of the pull request: the base branch is fetched from origin, shallow.
+    origin = two_commits(tmp_path / "origin", "qwen3-moe-tiny-fused", "qwen3-moe-tiny-unfused")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", "--depth=1", "--single-branch", "--branch", "change", origin.as_uri(), str(clone))
+    assert "main" not in git(clone, "branch", "-a")
+    run = pull_request(clone, tmp_path, sarif="")
+    assert "### Compared with `main:models/qwen`" in run.summary and "16 findings appeared" in run.summary
+    assert git(clone, "status", "--porcelain") == ""
+
+
+def test_a_model_file_is_read_with_the_config_beside_it_and_never_the_weights(tmp_path, monkeypatch):
+    from ortgate.cli.github_action import BASE_FOLDER, base_model
+
+    repo = two_commits(tmp_path, "qwen3-moe-tiny-fused", "qwen3-moe-tiny-unfused")
+    git(repo, "checkout", "-q", "main")
+    (repo / "models" / "qwen" / "model.onnx.data").write_bytes(b"\0" * 1024)  # weights: never read
+    (repo / "models" / "qwen" / "sub").mkdir()
+    (repo / "models" / "qwen" / "sub" / "other.onnx").write_bytes(b"x")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "weights")
+    git(repo, "checkout", "-q", "change")
+    monkeypatch.chdir(repo)
+    work = tmp_path / "work"
+    for model, expected in (("models/qwen/model.onnx", ["genai_config.json", "model.onnx"]),
+                            ("models/qwen", ["genai_config.json", "model.onnx"])):
+        base = base_model({"ORTGATE_COMPARE_REF": "main", "ORTGATE_MODEL": model}, work)
+        assert base.why_not is None and base.label == f"main:{model}"
+        assert base.path == work / BASE_FOLDER / model
+        assert sorted(p.name for p in (work / BASE_FOLDER / "models" / "qwen").rglob("*") if p.is_file()) == expected
+        assert (work / BASE_FOLDER / "models" / "qwen" / "model.onnx").read_bytes() == \
+            (EXAMPLES / "qwen3-moe-tiny-fused" / "model.onnx").read_bytes()
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("ref", ["--upload-pack=touch /tmp/x", "a\nb"])
+def test_a_ref_that_is_no_ref_is_no_comparison(tmp_path, ref):
+    repo = two_commits(tmp_path, "qwen3-moe-tiny-fused", "qwen3-moe-tiny-unfused")
+    run = pull_request(repo, tmp_path, **{"compare-ref": ref})
+    assert "**No comparison:** compare-ref" in run.summary and "is not a git ref" in run.summary

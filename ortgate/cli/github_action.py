@@ -47,6 +47,8 @@ def base_model(env: Mapping[str, str], work: Path) -> BaseModel:
     ref = env.get("ORTGATE_COMPARE_REF", "").strip()
     if not ref:
         return BaseModel()
+    if ref.startswith("-") or not ref.isprintable():
+        return BaseModel(why_not=f"no comparison: compare-ref {ref!r} is not a git ref")
     models = shlex.split(env.get("ORTGATE_MODEL", ""))
     if len(models) != 1 or any(c in models[0] for c in "*?["):
         return BaseModel(why_not=f"no comparison: compare-ref compares one model, and `model` names "
@@ -71,6 +73,10 @@ def base_model(env: Mapping[str, str], work: Path) -> BaseModel:
         return BaseModel(label=label, why_not=f"no comparison: {inside} does not exist at {ref} (a new model)")
     folder = len(names) > 1 or names[0] != inside
     wanted = [n for n in names if not folder or ("/" not in n[len(inside) + 1:] and n.endswith(_BASE_SUFFIXES))]
+    if not folder:  # a model file: the genai_config.json beside it is read with it, as beside the model
+        beside = f"{inside.rpartition('/')[0]}/genai_config.json".lstrip("/")
+        if _git(["cat-file", "-e", f"{commit}:{beside}"], root) is not None:
+            wanted.append(beside)
     if not wanted:
         return BaseModel(label=label, why_not=f"no comparison: {inside} at {ref} holds no model (no .onnx file)")
     base_root = work / BASE_FOLDER
@@ -94,7 +100,7 @@ def _commit(ref: str, root: Path) -> str | None:
         found = _git(["rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], root)
         if found:
             return found.decode().strip()
-    if _git(["fetch", "--no-tags", "--depth=1", "--quiet", "origin", ref], root) is not None:
+    if _git(["fetch", "--no-tags", "--depth=1", "--quiet", "origin", "--", ref], root) is not None:
         found = _git(["rev-parse", "--verify", "--quiet", "FETCH_HEAD^{commit}"], root)
         if found:
             return found.decode().strip()
