@@ -317,3 +317,13 @@ def test_docs_compare_shows_what_the_commands_print():
     assert "compared with examples/qwen3-moe-tiny-fused/model.onnx: 16 findings appeared" in page
     assert "OGT006 throughput-regression" in page and "$ echo $?\n1\n" in page
     assert "[docs/compare.md](docs/compare.md)" in (REPO / "README.md").read_text()
+
+
+def test_without_a_device_the_findings_are_compared_and_the_estimates_said_not_to_be():
+    code, out, err = run_cli("lint", UNFUSED, "--compare", FUSED, "--format", "json")
+    c = json.loads(out)["comparison"]
+    assert c["estimate"] is None and c["explained_by"] == [] and "moe-not-fused" in rules(c["appeared"])
+    code, out, err = run_cli("lint", UNFUSED, "--compare", FUSED)
+    assert "  estimate  not compared: no device is priced (name one in the policy's throughput.device)" in out
+    code, out, err = run_cli("lint", UNFUSED, "--compare", FUSED, "--format", "markdown")
+    assert "Estimates not compared: no device is priced" in out and "```mermaid" not in out

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 MAX_LISTED = 50  # findings listed per side in the markdown section
 CHART_KIND = "xychart-beta"
+NOT_PRICED = "not compared: no device is priced (name one in the policy's throughput.device)"
 
 
 def _ms(ms: float) -> str:
@@ -85,6 +86,8 @@ def text_lines(comparison: Comparison) -> list[str]:
             out.append(f"  ... and {len(groups) - MAX_LISTED} more {label}")
     if c.estimate is not None:
         out += estimate_text_lines(c.estimate)
+    else:
+        out.append(f"  estimate  {NOT_PRICED}")
     for e in c.explained_by[:8]:
         out.append(f"  explains  {_explained(e)}")
     return out
@@ -147,6 +150,8 @@ def markdown_lines(comparison: Comparison) -> list[str]:
         out.append("")
         if est.layers_differ:
             out += [f"Layers not compared: {_cell(est.layers_differ)}.", ""]
+    if est is None:
+        out += [f"Estimates {NOT_PRICED}.", ""]
     if c.explained_by:
         out += ["What explains the change (each finding's price on the device, an estimate):", ""]
         out += [f"- {_cell(_explained(e))}" for e in c.explained_by[:10]] + [""]
