@@ -123,19 +123,24 @@ def compare_estimates(base: Estimate, model: Estimate,
     differ = layers_differ(base, model)
     groups: tuple[PartDelta, ...] = ()
     if differ is None:
-        base_forms = {layer: g.forms for g in layer_groups(base) for layer in g.layers}
+        base_groups = layer_groups(base)
+        base_group = {layer: i for i, g in enumerate(base_groups) for layer in g.layers}
         out = []
         for g in layer_groups(model):
-            first = g.layers[0]
-            out.append(PartDelta(
-                f"layers {first}-{g.layers[-1]}" if len(g.layers) > 1 else f"layer {first}",
-                _layer_ms(a_base, first), _layer_ms(a_model, first),
-                sum(t.bytes for t in a_base.layers.get(first, {}).values()),
-                sum(t.bytes for t in a_model.layers.get(first, {}).values()),
-                sum(t.launches for t in a_base.layers.get(first, {}).values()),
-                sum(t.launches for t in a_model.layers.get(first, {}).values()),
-                tuple(g.layers), base_forms.get(first, ""), g.forms))
-        groups = tuple(out)
+            # layers alike in the model and alike in the base: a group of each splits the other's
+            split: dict[int, list[int]] = {}
+            for layer in g.layers:
+                split.setdefault(base_group.get(layer, -1), []).append(layer)
+            for i, layers in split.items():
+                first = layers[0]
+                out.append(PartDelta(
+                    _span(layers), _layer_ms(a_base, first), _layer_ms(a_model, first),
+                    sum(t.bytes for t in a_base.layers.get(first, {}).values()),
+                    sum(t.bytes for t in a_model.layers.get(first, {}).values()),
+                    sum(t.launches for t in a_base.layers.get(first, {}).values()),
+                    sum(t.launches for t in a_model.layers.get(first, {}).values()),
+                    tuple(layers), base_groups[i].forms if i >= 0 else "", g.forms))
+        groups = tuple(sorted(out, key=lambda p: p.layers[0]))
     return EstimateComparison(model.device.name, StepFigures.of(a_base), StepFigures.of(a_model),
                               StepFigures.of(base.with_fixes), StepFigures.of(model.with_fixes), components, groups,
                               differ, memory)
@@ -164,6 +169,14 @@ def _layer_ms(step: StepEstimate, layer: int) -> float:
     launches = sum(t.launches for t in comps.values())
     syncs = sum(t.syncs for t in comps.values())
     return (roofline + launches * step.kernel_us * 1e-6 + syncs * step.sync_us * 1e-6) * 1e3
+
+
+def _span(layers: list[int]) -> str:
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    return "layers " + ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
 
 
 def _round(value: float | None, digits: int) -> float | None:
