@@ -206,3 +206,15 @@ def test_a_ref_that_is_no_ref_is_no_comparison(tmp_path, ref):
     repo = two_commits(tmp_path, "qwen3-moe-tiny-fused", "qwen3-moe-tiny-unfused")
     run = pull_request(repo, tmp_path, **{"compare-ref": ref})
     assert "**No comparison:** compare-ref" in run.summary and "is not a git ref" in run.summary
+
+
+def test_the_steps_sarif_leaves_out_the_fixed_findings_code_scanning_would_keep_open(tmp_path):
+    # unfused -> fused: the base's unfused findings are gone; code scanning reads every result as an alert whatever
+    # its kind, so the step's SARIF holds only the model's results (new / unchanged), the summary the fixed ones.
+    repo = two_commits(tmp_path, "qwen3-moe-tiny-unfused", "qwen3-moe-tiny-fused")
+    run = pull_request(repo, tmp_path, sarif=str(tmp_path / "out" / "ortgate.sarif"))
+    sarif = json.loads((tmp_path / "out" / "ortgate.sarif").read_text())
+    results = sarif["runs"][0]["results"]
+    assert results and {r.get("baselineState") for r in results} <= {"new", "unchanged"}
+    assert sarif["runs"][0]["properties"]["comparison"]["disappeared"] > 10
+    assert "| Findings that disappeared |" in run.summary and "`OGF001` moe-not-fused" in run.summary

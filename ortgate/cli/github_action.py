@@ -172,6 +172,8 @@ def _main(env: Mapping[str, str], work: Path) -> int:
                 code, errors = _lint(argv)
             shutil.rmtree(work / BASE_FOLDER, ignore_errors=True)
             why_not = base.why_not
+            if base.path is not None and sarif:
+                _drop_absent(Path(sarif))
     if errors:
         sys.stderr.write(errors + "\n")
     if code >= EXIT_INPUT and errors:
@@ -185,6 +187,18 @@ def _main(env: Mapping[str, str], work: Path) -> int:
     _append(env.get("GITHUB_STEP_SUMMARY"), summary)
     _write_outputs(env.get("GITHUB_OUTPUT"), _outputs(code, report, sarif))
     return code
+
+
+def _drop_absent(sarif: Path) -> None:
+    """The step's SARIF without the base's findings the change fixed (results with baselineState absent): GitHub
+    code scanning takes every result for an alert whatever its `kind`, so an absent result, which carries the fixed
+    alert's fingerprint, would keep that alert open. The summary lists them; `ortgate lint --sarif` keeps them."""
+    if not sarif.is_file():
+        return
+    log = json.loads(sarif.read_text(encoding="utf-8"))
+    for run in log.get("runs", []):
+        run["results"] = [r for r in run.get("results", []) if r.get("baselineState") != "absent"]
+    sarif.write_text(json.dumps(log, allow_nan=False, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _lint(argv: list[str]) -> tuple[int, str]:
