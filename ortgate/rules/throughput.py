@@ -409,7 +409,8 @@ def _part_words(part, per: str = "") -> str:
 
 
 def _us(ms: float) -> str:
-    return format_ms(ms)
+    """Three significant digits: '0.148 ms', '28.1 us' (a tiny model's step is microseconds)."""
+    return f"{ms:.3g} ms" if abs(ms) >= 0.1 else f"{ms * 1e3:.3g} us"
 
 
 @rule("OGT006", "throughput-regression", Severity.ERROR, needs=("throughput", "device", "base"))
@@ -504,7 +505,7 @@ def throughput_regression(ctx: RuleContext):
     yield ctx.finding(
         f"the estimated tokens/s as exported dropped {-change:.1%} against the base {base_name} "
         f"({format_rate(cmp.base.tokens_per_s)} -> {format_rate(cmp.model.tokens_per_s)} tokens/s, "
-        f"{format_ms(cmp.base.ms_per_step)} -> {format_ms(cmp.model.ms_per_step)} per step on {cmp.device}), more "
+        f"{_us(cmp.base.ms_per_step)} -> {_us(cmp.model.ms_per_step)} per step on {cmp.device}), more "
         f"than throughput.max_regression allows ({tp.max_regression:.0%}). Time grew in: {lost}"
         + (f". Layers: {layers}" if layers else ""),
         location=where,
