@@ -78,7 +78,7 @@ def test_the_text_report_and_estimate_show_the_comparison():
     code, out, err = run_cli("lint", UNFUSED, "--policy", POLICY, "--compare", FUSED)
     assert code == 1 and err == ""
     assert "compared with examples/qwen3-moe-tiny-fused/model.onnx: 16 findings appeared, 1 disappeared" in out
-    assert "  appeared    error OGF001 moe-not-fused (layers 0-1 (2 layers)" in out
+    assert "  appeared    error   OGF001 moe-not-fused  layers 0-1 (2 layers)  model.layers.N.mlp.gate/MatMul" in out
     assert re.search(r"estimate  cpu: 35,571 -> 6,757 tokens/s as exported \(-81\.0%\)", out), out
     code, out, err = run_cli("estimate", UNFUSED, "--policy", POLICY, "--compare", FUSED)
     assert code == 0 and err == ""

@@ -67,8 +67,7 @@ def _span(layers: tuple[int, ...]) -> str:
 
 
 def _group_line(g: FindingGroup) -> str:
-    where = ", ".join(x for x in (g.where(), g.target) if x)
-    return f"{g.severity.label} {g.first.code} {g.first.rule}{' (' + where + ')' if where else ''}"
+    return "  ".join(x for x in (f"{g.severity.label:<7} {g.first.code} {g.first.rule}", g.where(), g.target) if x)
 
 
 # ---- text -----------------------------------------------------------------------------------------------------------
@@ -95,7 +94,11 @@ def text_lines(comparison: Comparison) -> list[str]:
 
 def estimate_text_lines(est: EstimateComparison) -> list[str]:
     """The estimates side by side (`ortgate estimate --compare` prints these)."""
-    out = [f"  estimate  {headline(est)}"]
+    b, m = est.base, est.model
+    out = [f"  estimate  {est.device}: {format_rate(b.tokens_per_s)} -> {format_rate(m.tokens_per_s)} tokens/s as "
+           f"exported ({_change(est.tokens_change)}), {_ms(b.ms_per_step)} -> {_ms(m.ms_per_step)} per step",
+           f"            with every fix {format_rate(est.base_fixed.tokens_per_s)} -> "
+           f"{format_rate(est.model_fixed.tokens_per_s)} tokens/s; every figure an estimate"]
     if est.memory is not None:
         out.append(f"    memory     {_gib(est.memory[0]):>9} -> {_gib(est.memory[1]):>9} "
                    f"({_relative(est.memory[0], est.memory[1])})")
