@@ -95,10 +95,11 @@ def text_lines(comparison: Comparison) -> list[str]:
 def estimate_text_lines(est: EstimateComparison) -> list[str]:
     """The estimates side by side (`ortgate estimate --compare` prints these)."""
     b, m = est.base, est.model
-    out = [f"  estimate  {est.device}: {format_rate(b.tokens_per_s)} -> {format_rate(m.tokens_per_s)} tokens/s as "
-           f"exported ({_change(est.tokens_change)}), {_ms(b.ms_per_step)} -> {_ms(m.ms_per_step)} per step",
-           f"            with every fix {format_rate(est.base_fixed.tokens_per_s)} -> "
-           f"{format_rate(est.model_fixed.tokens_per_s)} tokens/s; every figure an estimate"]
+    first = (f"  estimate  {est.device}: {format_rate(b.tokens_per_s)} -> {format_rate(m.tokens_per_s)} tokens/s as "
+             f"exported ({_change(est.tokens_change)}), {_ms(b.ms_per_step)} -> {_ms(m.ms_per_step)} per step")
+    fixed = (f"            with every fix {format_rate(est.base_fixed.tokens_per_s)} -> "
+             f"{format_rate(est.model_fixed.tokens_per_s)} tokens/s; every figure an estimate")
+    out = [first, fixed]
     if est.memory is not None:
         out.append(f"    memory     {_gib(est.memory[0]):>9} -> {_gib(est.memory[1]):>9} "
                    f"({_relative(est.memory[0], est.memory[1])})")
