@@ -1,6 +1,7 @@
-"""Regenerate what is generated: the README's command-output blocks (every `<!-- EXAMPLE-OUTPUT: ... -->` block is
-the command run from the repository root) and rules table, and the rule catalog `ortgate rules` / `ortgate explain`
-read (ortgate/rules/catalog.json), with what each rule reports on its documented Bad example (by running it).
+"""Regenerate what is generated: the command-output blocks of README.md and of the pages under docs/ (every
+`<!-- EXAMPLE-OUTPUT: ... -->` block is the command run from the repository root), the rules table, the rule
+catalog `ortgate rules` / `ortgate explain` read (ortgate/rules/catalog.json) with what each rule reports on its
+documented Bad example (by running it), and the rule pages docs/rules/.
 
     python scripts/update_readme.py              # rewrite README.md, docs/, docs/rules/ and the rule catalog
     python scripts/update_readme.py --remeasure  # ... and the measured blocks (`ortgate run`) with new timings
@@ -132,6 +133,10 @@ def documents() -> list[Path]:
     """The files whose command-output blocks and rules table are generated: README.md and the pages under docs/
     (the rule pages, which are generated whole, aside)."""
     return [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if RULE_PAGES not in p.parents)]
+
+
+# The pages beside the README whose command-output blocks are generated (relative to the repository).
+DOCS = tuple(str(p.relative_to(REPO)) for p in documents()[1:])
 
 
 def rule_pages(catalog_json: str) -> dict[Path, str]:

@@ -117,6 +117,8 @@ class RuleInputs:
     genai_config: dict | str | None = None  # a JSON object, or a committed file relative to the repository
     evidence: dict | None = None
     baseline: dict | None = None  # a findings baseline document
+    base_text: str | None = None  # the base model (`--compare BASE_MODEL`) in ONNX textual syntax
+    base_spec: dict | None = None  # ... or a ModelSpec
     select: list[str] = field(default_factory=list)  # rules to run beside the one under test
     cache: Path | None = None  # where models built from a ModelSpec are kept between examples
 
@@ -164,6 +166,11 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     """The gated findings of rule `code` (and of the rules `given.select` adds) on these inputs."""
     request, run = given.write(folder)
     inputs = load_inputs(request)
+    base = _base_model(given, folder)
+    if base is not None:
+        from dataclasses import replace
+
+        inputs = replace(inputs, base=load_inputs(LintRequest(str(base), request.policy)))
     if run is not None:
         inputs = inputs.with_evidence(EVIDENCE_KEY, run)
     baseline = None
@@ -179,7 +186,7 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
 
 
 # The fenced blocks of a rule's Bad / Good section that are inputs (the others, ```text, are prose).
-EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline"}
+EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline", "base"}
 
 
 def doc_inputs(found: list[Example]) -> RuleInputs:
@@ -197,6 +204,7 @@ def doc_inputs(found: list[Example]) -> RuleInputs:
         genai_config=yaml.safe_load(by_kind["genai_config"]) if "genai_config" in by_kind else None,
         evidence=yaml.safe_load(by_kind["evidence"]) if "evidence" in by_kind else None,
         baseline=baseline,
+        base_text=by_kind.get("base"),
         select=waived + accepted,
     )
 
@@ -222,6 +230,18 @@ def render_findings(findings: list[Finding], folder: Path) -> str:
 def example_output(rule, folder: Path) -> str:
     """What `rule` reports on its documented Bad example, rendered for its documentation."""
     return render_findings(lint_rule(rule.code, doc_inputs(doc_examples(rule.section("Bad"))), folder), folder)
+
+
+def _base_model(given: RuleInputs, folder: Path) -> Path | None:
+    """The base model file of a case or example that compares (`--compare BASE_MODEL`), in its own folder."""
+    if given.base_text is None and given.base_spec is None:
+        return None
+    if given.base_spec is not None:
+        return spec_model(given.base_spec, given.cache or folder / "base")
+    path = folder / "base" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model_from_text(given.base_text or ""), path)
+    return path
 
 
 def check_needs(code: str, inputs) -> None:

@@ -217,6 +217,9 @@ class LintResult:
     summary: LintSummary
     rules: list[Rule]
     raw: list[Finding] = field(default_factory=list)  # the rules' findings before the gate
+    # Against a base model (`--compare`): an ortgate.engine.compare.Comparison, which this module does not import
+    # (the comparison lints the base through it).
+    comparison: Any = None
 
 
 def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,

@@ -12,8 +12,11 @@ from collections import Counter, defaultdict
 
 from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
 from ortgate.findings import Finding, Severity
-from ortgate.report import clean, display_path, layer_label, target
+from ortgate.report import display_path, layer_label, target
 from ortgate.report.groups import FindingGroup, group_findings, ranges
+from ortgate.report.markdown_cells import cell as _cell
+from ortgate.report.markdown_cells import code as _code
+from ortgate.report.markdown_cells import row as _row
 
 MAX_FIX_FIRST = 10
 MAX_ROWS = 300
@@ -32,6 +35,10 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     out.append("")
     out += _inputs_table(result.summary)
     out += _not_checked(result.summary)
+    if result.comparison is not None:
+        from ortgate.report.comparison import markdown_lines
+
+        out += markdown_lines(result.comparison)
     if active:
         out += _fix_first(active, result.summary.estimate)
         out += _by_layer(active)
@@ -214,29 +221,6 @@ def _file(f: Finding) -> str:
 
 def _file_line(file: str, line: int | None) -> str:
     return f"{display_path(file)}:{line}" if line else display_path(file)
-
-
-def _code(text: str) -> str:
-    text = _one_cell(text)
-    fence = "``" if "`" in text else "`"
-    if "``" in text:  # no fence of backticks holds it: shown as text, its markup escaped
-        return _cell(text)
-    pad = " " if fence == "``" else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _one_cell(text: object) -> str:
-    """One table cell's text: printable, on one line, its `|` escaped (a code span shows HTML as written)."""
-    return " ".join(clean(text).split()).replace("|", "\\|")
-
-
-def _cell(text: object) -> str:
-    """A table cell of text: an HTML tag in it (one that could close the report's <details>) shown as text."""
-    return _one_cell(text).replace("<", "&lt;")
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def _bold_if(n: int, text: str) -> str:
