@@ -137,12 +137,10 @@ def moe_routing_mismatch(ctx: RuleContext):
         if want is not None and have is not None and not _agrees(attr, have, want.value):
             found.setdefault((attr, have), (want, []))[1].append(node)
     for (attr, have), (want, where) in found.items():
-        what = attr if attr == "TopK k" else f"{where[0].key} {attr}"
+        mismatch = RoutingMismatch(attr if attr == "TopK k" else f"{where[0].key} {attr}", attr, have, want,
+                                   _layers(where), len(where))
         yield ctx.finding(
-            f"{what}={'absent' if have is _ABSENT else _shown(have)}{_layers(where)} ({len(where)} "
-            f"node{'s' if len(where) > 1 else ''}), but {want.source}: expected "
-            f"{f'no {attr}' if want.value is None else _shown(want.value)}",
-            node=where[0], graph=graph, related=where[1:], fix=MOE_ROUTING_FIX,
+            mismatch.message(), node=where[0], graph=graph, related=where[1:], fix=mismatch.fix_title(),
             fix_form="moe_swiglu_limit" if attr == "swiglu_limit" and have is _ABSENT else None,
             properties={"attribute": attr, "found": None if have is _ABSENT else have, "expected": want.value,
                         "nodes": len(where)},
@@ -155,6 +153,27 @@ class RoutingWant:
 
     value: Any
     source: str
+
+
+@dataclass(frozen=True)
+class RoutingMismatch:
+    """One moe-routing-mismatch finding's words, built apart from the walk that found it (testable on its own)."""
+
+    what: str  # "com.microsoft.MoE k", or "TopK k" for an unfused block
+    attr: str
+    have: Any  # the value as ORT reads it, or _ABSENT
+    want: RoutingWant
+    layers: str  # " in layers 0-1", from _layers
+    nodes: int
+
+    def message(self) -> str:
+        have = "absent" if self.have is _ABSENT else _shown(self.have)
+        expected = f"no {self.attr}" if self.want.value is None else _shown(self.want.value)
+        return (f"{self.what}={have}{self.layers} ({self.nodes} node{'s' if self.nodes > 1 else ''}), but "
+                f"{self.want.source}: expected {expected}")
+
+    def fix_title(self) -> str:
+        return MOE_ROUTING_FIX
 
 
 _ABSENT = "absent"  # swiglu_limit not written: the family clamps and the node does not (or the reverse)
