@@ -120,11 +120,11 @@ def test_a_fixable_rule_s_recorded_fix_removes_its_findings(rule, tmp_path):
 def test_not_checked_comes_from_the_rules_needs():
     inputs = load_inputs(LintRequest(str(EXAMPLES / "qwen3-moe-tiny-unfused")))
     rules = all_rules()
-    named = {f["prefix"] for gap in unchecked_families(inputs, rules) for f in gap["families"]}
+    named = {f.prefix for gap in unchecked_families(inputs, rules) for f in gap.families}
     assert named == {"OGS", "OGP", "OGK", "OGC"}
     assert unchecked_families(inputs, [dataclasses.replace(r, needs=()) for r in rules]) == []
     session_only = [dataclasses.replace(r, needs=("session",)) if r.code.startswith("OGM") else r for r in rules]
-    named = {f["prefix"] for gap in unchecked_families(inputs, session_only) for f in gap["families"]}
+    named = {f.prefix for gap in unchecked_families(inputs, session_only) for f in gap.families}
     assert named == {"OGM", "OGS", "OGP", "OGK", "OGC"}
 
 

@@ -151,12 +151,39 @@ class ModelSummary:
 
 
 @dataclass(frozen=True)
+class FamilyGap:
+    """A rule family that had nothing to judge: its name, code prefix and how many of its rules were selected."""
+
+    family: str
+    prefix: str
+    rules: int
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    """Rule families that had nothing to judge in any model, for one reason (see unchecked_families)."""
+
+    families: tuple[FamilyGap, ...]
+    reason: str
+
+    def text(self) -> str:
+        """'session (OGS) and provider (OGP) rules: no policy ...' for reporters."""
+        names = [f"{f.family} ({f.prefix})" for f in self.families]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        return f"{listed} rules: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"families": [{"family": f.family, "prefix": f.prefix, "rules": f.rules} for f in self.families],
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class LintSummary:
     """What was linted: each model (one, or several under one policy) and the rule families that had nothing to
     judge. The shared policy and provider are the first model's; `nodes` adds up every model's."""
 
     models: tuple[ModelSummary, ...]
-    not_checked: tuple[dict, ...] = ()  # {"families": [{"family", "prefix", "rules"}], "reason"} (unchecked_families)
+    not_checked: tuple[NotChecked, ...] = ()  # rule families with nothing to judge, by reason (unchecked_families)
     optimized_kept: bool | None = None  # `ortgate run`: False when ORT's optimized dump was judged and not kept
 
     @property
@@ -201,7 +228,7 @@ class LintSummary:
                    "policy_file": self.policy_file, "provider": self.provider, "nodes": self.nodes}
         else:
             out = self.models[0].to_dict()
-        out["not_checked"] = list(self.not_checked)
+        out["not_checked"] = [gap.to_dict() for gap in self.not_checked]
         if self.optimized_kept is not None:
             out["optimized_kept"] = self.optimized_kept
         return out
@@ -267,7 +294,7 @@ def judge(raw: list[Finding], inputs: LintInputs | list[LintInputs], config: Gat
     return LintResult(findings, decide(findings, config.fail_on), summary, rules, raw)
 
 
-def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule]) -> list[dict]:
+def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule]) -> list[NotChecked]:
     """The rule families selected for this lint that had nothing to judge in any model, with why: a lint without a
     policy says what it did not check instead of passing in silence. From the rules' own needs
     (ortgate.rules.needs): a family is named when its rules that need a declaration (a session, a provider, a
@@ -277,7 +304,7 @@ def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule])
     from ortgate.rules.needs import DECLARATIONS, missing_declaration
 
     many = inputs if isinstance(inputs, list) else [inputs]
-    by_reason: dict[str, list[dict]] = {}
+    by_reason: dict[str, list[FamilyGap]] = {}
     for prefix, family in FAMILIES.items():
         selected = [r for r in rules if r.code.startswith(prefix)]
         declaring = [r for r in selected if any(n in DECLARATIONS for n in r.needs)]
@@ -285,16 +312,13 @@ def unchecked_families(inputs: LintInputs | list[LintInputs], rules: list[Rule])
             continue
         reasons = [[missing_declaration(r.needs, one, family) for r in declaring] for one in many]
         if all(all(each) for each in reasons):
-            by_reason.setdefault(str(reasons[0][0]), []).append(
-                {"family": family, "prefix": prefix, "rules": len(selected)})
-    return [{"families": families, "reason": reason} for reason, families in by_reason.items()]
+            by_reason.setdefault(str(reasons[0][0]), []).append(FamilyGap(family, prefix, len(selected)))
+    return [NotChecked(tuple(families), reason) for reason, families in by_reason.items()]
 
 
-def not_checked_text(gap: dict) -> str:
+def not_checked_text(gap: NotChecked) -> str:
     """'session (OGS) and provider (OGP) rules: no policy ...' for reporters."""
-    names = [f"{f['family']} ({f['prefix']})" for f in gap["families"]]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    return f"{listed} rules: {gap['reason']}"
+    return gap.text()
 
 
 def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:

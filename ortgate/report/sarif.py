@@ -63,7 +63,8 @@ def sarif_log(result: LintResult) -> dict:
                if result.summary.several else {}),
             "policy": result.summary.policy,
             "provider": result.summary.provider,
-            **({"notChecked": list(result.summary.not_checked)} if result.summary.not_checked else {}),
+            **({"notChecked": [gap.to_dict() for gap in result.summary.not_checked]}
+               if result.summary.not_checked else {}),
         },
     }
     c = result.comparison
