@@ -23,7 +23,9 @@ def render_run(fmt: str, result: LintResult, evidence: RunEvidence, *, expand: b
     from ortgate.report import render
 
     if fmt == "json":
-        report = json.loads(render("json", result))
+        from ortgate.report.json_report import report_dict
+
+        report = report_dict(result)  # the lint report as a value, with the run's figures beside it
         report["run"] = evidence.to_dict()
         return json.dumps(report, allow_nan=False, indent=2, sort_keys=True, default=str) + "\n"
     if fmt == "text":
