@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
-from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe import MoeBlock, moe_blocks, moe_misses
 from ortgate.graph.patterns.moe_anatomy import block_verdict
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
 from ortgate.rules.base import rule
@@ -44,8 +44,10 @@ def moe_not_fused(ctx: RuleContext):
     Every MoE layer of the exported model: a router projection whose expert logits feed TopK / Softmax
     routing (Gather, Scatter, Where, NonZero) and per-expert MatMul/Gemm groups, or a dense loop that runs
     every expert on every token, instead of one `com.microsoft.MoE` (or `QMoE`) node. One finding per layer,
-    naming the router and the routing and expert nodes. How many MoE layers the graph has against the
-    policy's `model.moe_layers` is moe-layer-count-mismatch's to say.
+    naming the router and the routing and expert nodes. A router-like structure (a TopK / ArgMax over a
+    projection's logits) that no expert form reads is reported as undecided, naming its node and why it was not
+    read. How many MoE layers the graph has against the policy's `model.moe_layers` is moe-layer-count-mismatch's
+    to say.
 
     ## Why it costs throughput
     ORT has no optimizer pass that fuses MoE: whatever the exporter wrote is what runs. A per-expert loop
@@ -129,6 +131,13 @@ def moe_not_fused(ctx: RuleContext):
                 "expert_projections": len(block.routed_linears), "shared_experts": len(block.shared),
                 "shared_expert_projections": len(block.shared_linears), "shared_expert_gates": len(block.shared_gates),
             },
+        )
+    for miss in moe_misses(graph):  # a router-like structure no form read: said, never passed over in silence
+        yield ctx.undecided(
+            f"whether {miss.node.display_name} routes an MoE layer computed with standard ops: {miss.reason}",
+            node=miss.node, graph=graph,
+            properties={"selection": miss.selection.name if miss.selection is not None else None,
+                        "reason": miss.reason},
         )
 
 

@@ -42,6 +42,7 @@ from ortgate.graph.patterns.common import (
     data_input,
     dequantized_input,
     dequantized_output,
+    find_down,
     find_up,
     is_view,
     matmul_weight,
@@ -188,6 +189,10 @@ class MoeBlock:
     routed: list[ExpertFfn] = field(default_factory=list)
     shared: list[ExpertFfn] = field(default_factory=list)
     shared_gates: list[Node] = field(default_factory=list)
+    # zero-computation experts (LongCat-Flash): the routing column of each identity expert (None when no constant
+    # says which), whose contribution is x times its routing weight, no projection
+    zero: list[int | None] = field(default_factory=list)
+    zero_nodes: list[Node] = field(default_factory=list)  # the Mul of x by each identity expert's weight
     combine: Node | None = None  # the node where the routed sum ends (before shared experts join)
     output: str = ""  # the block's output value (routed sum plus shared experts)
     hidden: str = ""  # x: the value the router reads, before reshapes
@@ -202,6 +207,11 @@ class MoeBlock:
         return sum(e.stacked if e.stacked else 1 for e in self.routed)
 
     @property
+    def experts_found(self) -> int:
+        """Every expert the graph computes for the router's columns: routed FFNs and zero-computation experts."""
+        return self.routed_experts_found + len(self.zero)
+
+    @property
     def routed_linears(self) -> list[Node]:
         return [n for e in self.routed for n in e.linears]
 
@@ -210,16 +220,63 @@ class MoeBlock:
         return [n for e in self.shared for n in e.linears]
 
 
+@dataclass
+class MoeMiss:
+    """A router-like structure (a TopK / ArgMax over a projection's logits) that no MoE form reads: the node it is
+    anchored on (the router projection, else the selection) and why it was not read, in words. A count of MoE layers
+    is a fact only when there is none: rules say "could not decide" with the reason, `ortgate fix` reports it."""
+
+    node: Node
+    reason: str
+    selection: Node | None = None  # the TopK / ArgMax
+    layer: int | None = None
+
+    @property
+    def anchor(self) -> Node:
+        return self.node
+
+    def describe(self) -> str:
+        """One line: the structure and the reason (the words of a finding)."""
+        picked = f" ({self.selection.op_type} {self.selection.display_name})" if self.selection is not None else ""
+        where = f" in layer {self.layer}" if self.layer is not None else ""
+        return f"{self.node.display_name}{picked}{where}: {self.reason}"
+
+
+@dataclass
+class MoeReading:
+    """A graph's MoE reading: the blocks read and the router-like structures not read (each with its reason)."""
+
+    blocks: list[MoeBlock]
+    misses: list[MoeMiss]
+
+
 def fused_moe_nodes(graph: Graph) -> list[Node]:
     return sorted((n for op in MOE_OPS for n in graph.by_op(MS_DOMAIN, op)), key=lambda n: n.index)
 
 
+def moe_reading(graph: Graph) -> MoeReading:
+    """The one reading of a graph's MoE layers: blocks and misses, computed once per graph."""
+    return cached(graph, "moe_reading", _read_moe)
+
+
 def moe_blocks(graph: Graph) -> list[MoeBlock]:
-    return cached(graph, "moe_blocks", _find_moe_blocks)
+    return moe_reading(graph).blocks
 
 
-def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
+def moe_misses(graph: Graph) -> list[MoeMiss]:
+    """Router-like structures no MoE form read, each with its node and reason (empty: every router was read)."""
+    return moe_reading(graph).misses
+
+
+def read_moe(graph: Graph) -> list[MoeBlock | MoeMiss]:
+    """Every router-like structure of the graph in graph order: read as a block, or explained by a miss."""
+    found: list[MoeBlock | MoeMiss] = [*moe_blocks(graph), *moe_misses(graph)]
+    return sorted(found, key=lambda b: b.anchor.index)
+
+
+def _read_moe(graph: Graph) -> MoeReading:
     blocks: list[MoeBlock] = []
+    misses: list[MoeMiss] = []
     claimed: set[int] = set()
     for node in fused_moe_nodes(graph):
         positions = moe_inputs(node.op_type)
@@ -231,16 +288,108 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
         if router is not None:
             claimed.add(router.index)
     if any(graph.by_op_type(*SELECTION_OPS)):
+        fused_routing = _fused_routing(graph, blocks)
+        claimed |= fused_routing  # its router, when a selection stands between it and the fused node
         aux = _AuxValues(graph)
         for router, experts in _router_candidates(graph):
             if router.index in claimed:
                 continue
-            block = _unfused_block(graph, router, experts, aux)
-            if block is not None:
-                blocks.append(block)
-                claimed.update(n.index for n in block.expert_linears)
+            read = _unfused_block(graph, router, experts, aux)
+            if isinstance(read, MoeBlock):
+                blocks.append(read)
+                claimed.update(n.index for n in read.expert_linears)
+            elif read is not None:
+                misses.append(read)
+        misses = [m for m in misses if m.node.index not in claimed]
+        misses.extend(_unread_selections(graph, blocks, misses, fused_routing))
     blocks.sort(key=lambda b: b.anchor.index)
-    return blocks
+    misses.sort(key=lambda m: m.anchor.index)
+    return MoeReading(blocks, misses)
+
+
+def _fused_routing(graph: Graph, blocks: list[MoeBlock]) -> set[int]:
+    """The nodes a fused MoE / QMoE node's router_probs is computed by, up to and including the router projection
+    (LFM2-MoE selects its experts in the graph, then hands the scores to com.microsoft.MoE)."""
+    out: set[int] = set()
+    for block in blocks:
+        if block.fused is None:
+            continue
+        value = block.fused.input(moe_inputs(block.fused.op_type).router_probs)
+        frontier, seen = [value], {value}
+        while frontier:
+            node = graph.producer(frontier.pop())
+            if node is None or node.index in out:
+                continue
+            out.add(node.index)
+            if node.op_type in _LINEAR_OPS:
+                continue  # the router: its input is the hidden state
+            for i in node.inputs:
+                if i and i not in seen and not graph.is_constant(i):
+                    seen.add(i)
+                    frontier.append(i)
+    return out
+
+
+# How far up a selection's scores a router projection is looked for (nodes visited): the scoring between them is a
+# few elementwise ops (softmax, sigmoid, a bias, a group mask); past this the selection ranks something else.
+_SELECTION_REACH = 64
+
+
+def _unread_selections(graph: Graph, blocks: list[MoeBlock], misses: list[MoeMiss], fused: set[int]) -> list[MoeMiss]:
+    """Selections over a projection's logits that neither a block nor a miss holds: each is a miss, anchored on its
+    projection, with what kept it from being read."""
+    held = set(fused)
+    for block in blocks:
+        held.update(n.index for n in block.routing_nodes)
+        held.update(n.index for n in block.selection)
+    held.update(m.selection.index for m in misses if m.selection is not None)
+    anchored = {m.node.index for m in misses}
+    out: list[MoeMiss] = []
+    for node in sorted(graph.by_op_type(*SELECTION_OPS), key=_node_index):
+        if node.index in held or node.domain != DEFAULT_DOMAIN or node.graph is not None:
+            continue
+        projection = _scored_projection(graph, node.input(0))
+        if projection is None or projection.index in anchored:
+            continue
+        dims = matmul_weight(graph, projection) or quantized_weight(graph, projection)
+        if dims is None or len(dims) != 2:
+            reason = (f"{node.op_type} ranks the output of {projection.op_type} {projection.display_name}, whose "
+                      f"weight is not a [hidden, experts] constant (dims {list(dims) if dims else 'unknown'})")
+        elif dims[-1] > MAX_EXPERTS:
+            continue  # a ranking over a vocabulary (sampling), not a router
+        else:
+            reason = (f"{node.op_type} ranks {dims[-1]} logits of {projection.display_name}, but no expert output "
+                      "weighted by its selection was found")
+        anchored.add(projection.index)
+        out.append(MoeMiss(projection, reason, node, node.layer if node.layer is not None else projection.layer))
+    return out
+
+
+def _scored_projection(graph: Graph, value: str) -> Node | None:
+    """The linear projection by a constant weight whose output `value` scores (through any ops but other linears),
+    nearest first; None when the ranking reads no such projection within `_SELECTION_REACH` nodes."""
+    seen = {value}
+    frontier = [value]
+    visited = 0
+    while frontier and visited < _SELECTION_REACH:
+        nxt: list[str] = []
+        for v in frontier:
+            node = graph.producer(v)
+            if node is None:
+                continue
+            visited += 1
+            if node.op_type in _LINEAR_OPS:
+                if matmul_weight(graph, node) is not None or quantized_weight(graph, node) is not None:
+                    return node
+                continue  # a product of two activations (attention scores): no router above
+            if node.op_type in ("MoE", "QMoE") or node.graph is not None:
+                continue
+            for i in node.inputs:
+                if i and i not in seen and not graph.is_constant(i):
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return None
 
 
 def _producer_linear(graph: Graph, value: str) -> Node | None:
@@ -432,7 +581,9 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     return _Region(values, nodes, boundary)
 
 
-def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | None:
+def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | MoeMiss | None:
+    """The block `router` routes, or a miss saying why none was read; None when no selection ranks its logits (a
+    projection that is no router)."""
     if not _may_select(graph, router):
         return None  # what the routing region would find: no selection
     region = _routing_region(graph, router, aux)
@@ -444,7 +595,8 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     x_values = _x_views(graph, hidden, region.values)
     routed = _routed_experts(graph, router, region, x_values, aux)
     if not routed:
-        return None
+        layer = router.layer if router.layer is not None else selection[0].layer
+        return MoeMiss(router, _why_no_experts(graph, region, x_values, experts), selection[-1], layer)
     block = MoeBlock(router, experts, None, _expert_form(graph, routed, region), RoutingForm.TOPK, selection=selection,
                      hidden=hidden)
     block.routing_nodes = sorted(region.nodes.values(), key=lambda n: n.index)
@@ -452,6 +604,8 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     block.topk = _main_topk(graph, selection, experts)
     _read_routing_form(graph, block, region)
     routed_linears = {n.index for e in routed for n in e.linears}
+    block.zero_nodes = _zero_experts(graph, region, x_values)
+    block.zero = [_expert_index(graph, _routing_operand(n, region), None, region.values) for n in block.zero_nodes]
     block.combine, routed_sum = _routed_sum(graph, routed, region)
     block.shared, block.shared_gates = _shared_experts(graph, router, x_values, routed_linears, routed_sum, region)
     block.output = _block_output(graph, routed_sum, block.shared)
@@ -459,6 +613,45 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
                                                           *block.shared_gates)}.values(), key=lambda n: n.index)
     block.layer = router.layer if router.layer is not None else graph.layer_of_nodes([router, *block.routed_linears])
     return block
+
+
+def _routing_operand(node: Node, region: _Region) -> str:
+    return next((i for i in node.inputs if i in region.values), "")
+
+
+def _feeds_linear(graph: Graph, value: str) -> bool:
+    """Whether `value` (through views and elementwise ops) is read by a linear op: an input of some projection."""
+    return find_down(graph, value, lambda n, _: n.op_type in _LINEAR_OPS,
+                     lambda n, v: n.outputs[:1] if is_view(graph, n, v, _X_VIEW_OPS) or n.op_type in ("Mul", "Div")
+                     else []) is not None
+
+
+def _zero_experts(graph: Graph, region: _Region, x_values: set[str]) -> list[Node]:
+    """Zero-computation (identity) experts: the routing weight times x itself, joining the sum with no projection
+    (LongCat-Flash). A product of x and the routing that some projection reads is input-side weighting, not one."""
+    out = []
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        if not ((a in region.values and b in x_values) or (b in region.values and a in x_values)):
+            continue
+        if not _feeds_linear(graph, node.outputs[0]):
+            out.append(node)
+    return out
+
+
+def _why_no_experts(graph: Graph, region: _Region, x_values: set[str], experts: int) -> str:
+    """Why a routing with a selection weights no expert the graph computes, in words."""
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type in ("Mul", "Div") and any(i in x_values for i in node.inputs) and \
+                _feeds_linear(graph, node.outputs[0]):
+            return (f"the routing over {experts} experts scales the experts' input ({node.op_type} "
+                    f"{node.display_name} of the hidden state by the routing weights, input-side weighting as in "
+                    "Llama-4), not their outputs: a form ortgate does not read")
+    meets = sorted({n.op_type for n in region.boundary.values()})
+    return (f"the routing over {experts} experts weights no expert output computed from the router's input "
+            f"(it meets the graph at {', '.join(meets) or 'no node'}): an expert form ortgate does not read")
 
 
 def _hidden_root(graph: Graph, value: str) -> str:
@@ -672,11 +865,11 @@ def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     return None
 
 
-def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> int | None:
+def _expert_index(graph: Graph, weight: str, down: Node | None, routing: set[str]) -> int | None:
     """The expert a dense-loop contribution belongs to: a constant Gather index of its stacked weight, or the
     constant column its routing weight is sliced / gathered from (looked for inside the routing region)."""
     producer = graph.producer
-    for i in down.inputs[:2]:
+    for i in down.inputs[:2] if down is not None else ():
         node = producer(i) if i else None
         if node is not None and node.op_type == "Gather" and len(node.inputs) > 1:
             index = graph.scalar(node.inputs[1])

@@ -1,0 +1,104 @@
+"""The one MoE reading: every router-like structure (a TopK / ArgMax over a projection's logits) is read as a block
+or explained by a miss with its node and reason, and no count is asserted from a miss.
+
+The real exports are tests/fixtures/exported/dynamo-llama4 (input-side weighting: the routing scales the experts'
+input, all experts one batched MatMul) and dynamo-longcat_flash (4 routed experts and 2 zero-computation experts,
+a router over 6 columns), both made by make_dynamo_moe_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import helper, parser
+
+from ortgate.findings import Kind, Severity
+from ortgate.graph import build_graph
+from ortgate.graph.patterns.moe import MoeBlock, MoeMiss, moe_blocks, moe_misses, read_moe
+from tests.conftest import EXPORTED
+from tests.helpers import lint_findings, rule_findings
+
+LLAMA4 = EXPORTED / "dynamo-llama4" / "model.onnx"
+LONGCAT = EXPORTED / "dynamo-longcat_flash" / "model.onnx"
+
+
+def _graph(path):
+    return build_graph(onnx.load(str(path), load_external_data=False), str(path))
+
+
+def _policy(tmp_path, moe_layers: int):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"name: p\nmodel: {{moe_layers: {moe_layers}}}\n")
+    return path
+
+
+def test_llama4_routers_are_misses_with_their_node_and_reason():
+    graph = _graph(LLAMA4)
+    read = read_moe(graph)
+    assert all(isinstance(r, MoeMiss) for r in read) and len(read) == 2
+    assert [m.layer for m in moe_misses(graph)] == [0, 1]
+    for miss in moe_misses(graph):
+        assert miss.node.op_type in ("MatMul", "Gemm") and miss.selection is not None
+        assert miss.selection.op_type == "TopK"
+        assert "input-side weighting" in miss.reason
+
+
+def test_count_is_undecided_when_routers_were_not_read(tmp_path):
+    found = rule_findings(LLAMA4, "moe-layer-count-mismatch", policy=_policy(tmp_path, 2))
+    assert len(found) == 1
+    f = found[0]
+    assert f.kind == Kind.UNDECIDED and f.severity == Severity.INFO
+    assert f.message.startswith("could not decide:")
+    assert "has 0" not in f.message and "0 read" in f.message
+    for miss in moe_misses(_graph(LLAMA4)):
+        assert miss.node.display_name in f.message
+
+
+def test_moe_not_fused_says_what_it_could_not_read():
+    found = rule_findings(LLAMA4, "moe-not-fused")
+    assert [(f.kind, f.layer) for f in found] == [(Kind.UNDECIDED, 0), (Kind.UNDECIDED, 1)]
+    assert all("input-side weighting" in f.message for f in found)
+
+
+def test_longcat_zero_computation_experts_are_counted():
+    blocks = moe_blocks(_graph(LONGCAT))
+    assert len(blocks) == 1
+    block = blocks[0]
+    assert (block.experts, block.routed_experts_found, block.zero, block.k) == (6, 4, [4, 5], 2)
+    assert block.experts_found == 6
+    assert not rule_findings(LONGCAT, "moe-expert-count-mismatch")
+    assert [f.layer for f in rule_findings(LONGCAT, "moe-not-fused")] == [0]
+
+
+def _router_without_experts() -> onnx.ModelProto:
+    """A router whose top-k weights become a graph output: ranked, but weighting no expert."""
+    model = parser.parse_model("""
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (float[T, 8] x) => (float[T, 2] w, int64[T, 2] i, float[T, 8] y)
+    <int64[1] k = {2}>
+    {
+      logits = MatMul(x, router_w)
+      probs = Softmax<axis = -1>(logits)
+      w, i = TopK(probs, k)
+      y = MatMul(x, proj)
+    }
+    """)
+    model.graph.initializer.extend([helper.make_tensor("router_w", onnx.TensorProto.FLOAT, [8, 4], [0.1] * 32),
+                                    helper.make_tensor("proj", onnx.TensorProto.FLOAT, [8, 8], [0.1] * 64)])
+    return model
+
+
+def test_a_router_no_form_explains_is_a_miss_never_zero_layers(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(_router_without_experts(), str(path))
+    read = read_moe(_graph(path))
+    assert len(read) == 1 and isinstance(read[0], MoeMiss) and not isinstance(read[0], MoeBlock)
+    assert read[0].node.op_type == "MatMul" and "weights no expert output" in read[0].reason
+    found = [f for f in lint_findings(path, _policy(tmp_path, 1)) if f.rule == "moe-layer-count-mismatch"]
+    assert [f.kind for f in found] == [Kind.UNDECIDED]
+    assert all(f.severity != Severity.ERROR for f in found if f.rule.startswith("moe"))
+
+
+@pytest.mark.parametrize("name", ["dynamo-mixtral", "dynamo-olmoe", "genai-lfm2_moe-fp32-cpu", "optimum-llama-past"])
+def test_read_forms_have_no_miss(name):
+    assert not moe_misses(_graph(EXPORTED / name / "model.onnx"))
