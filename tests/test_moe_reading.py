@@ -102,3 +102,44 @@ def test_a_router_no_form_explains_is_a_miss_never_zero_layers(tmp_path):
 @pytest.mark.parametrize("name", ["dynamo-mixtral", "dynamo-olmoe", "genai-lfm2_moe-fp32-cpu", "optimum-llama-past"])
 def test_read_forms_have_no_miss(name):
     assert not moe_misses(_graph(EXPORTED / name / "model.onnx"))
+
+
+def test_the_cost_model_says_which_moe_layers_it_did_not_price_as_moe():
+    from ortgate.cost import StepShape, step_model
+
+    model = step_model(_graph(LLAMA4), StepShape(1, 1, 16), gpu=True)
+    assert not model.moe_forms
+    unread = [u.what for u in model.uncounted if u.component == "moe"]
+    assert len(unread) == 2 and all("MoE layer not read" in w and "input-side" in w for w in unread)
+
+
+def _with_a_bare_router(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` plus a router over its first graph input's hidden states whose top-k weighs nothing."""
+    hidden = next(n.output[0] for n in model.graph.node if n.op_type == "Gather")  # the embedding row
+    width = 64
+    model.graph.initializer.append(helper.make_tensor("bare_router_w", onnx.TensorProto.FLOAT, [width, 4],
+                                                      [0.1] * width * 4))
+    model.graph.initializer.append(helper.make_tensor("bare_k", onnx.TensorProto.INT64, [1], [2]))
+    model.graph.node.extend([
+        helper.make_node("MatMul", [hidden, "bare_router_w"], ["bare_logits"], name="bare_router"),
+        helper.make_node("Softmax", ["bare_logits"], ["bare_probs"], axis=-1),
+        helper.make_node("TopK", ["bare_probs", "bare_k"], ["bare_w", "bare_i"], name="bare_topk"),
+    ])
+    model.graph.output.extend([helper.make_tensor_value_info("bare_w", onnx.TensorProto.FLOAT, None)])
+    return model
+
+
+def test_no_moe_count_is_inferred_from_a_graph_with_unread_routers(tmp_path):
+    from ortgate.config.expectations import resolve_expectations
+    from tests.models.qwen_moe import ModelSpec, build_model
+
+    model = _with_a_bare_router(build_model(ModelSpec(moe="dense_loop")))
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    graph = _graph(path)
+    assert len(moe_blocks(graph)) == 2 and [m.node.name for m in moe_misses(graph)] == ["bare_router"]
+    assert resolve_expectations(None, None, graph).moe_layers is None
+    assert resolve_expectations(None, None, _graph(LONGCAT)).moe_layers.value == 1
+    found = rule_findings(path, "moe-layer-count-mismatch", policy=_policy(tmp_path, 3))
+    assert [f.kind for f in found] == [Kind.UNDECIDED] and "2 read" in found[0].message
+    assert "bare_router" in found[0].message
