@@ -198,6 +198,8 @@ ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
     "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-dbrx": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
     "dynamo-longcat_flash": "interleaved",
+    # Llama-4's complex rotary in real numbers: Reshape to [..., d/2, 2], Gather 0 / 1, x[2i] * cos - x[2i+1] * sin
+    "dynamo-llama4": "interleaved",
 }
 
 

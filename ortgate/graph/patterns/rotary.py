@@ -15,6 +15,7 @@ The anchor is each Neg; the walk checks the Concat, both Muls and the Add around
 The same rotation written without Neg (GPT-OSS; DeepSeek-V3's interleaved rotary) computes both halves apart:
 
     a, b = halves of x              (Slice / Split: [:half], [half:])   or   (Slice step 2: [0::2], [1::2])
+                                    or (Gather 0 / 1 of x viewed as pairs [..., d/2, 2]: Llama-4)
     out = Concat(a * cos - b * sin, b * cos + a * sin)
 
 anchored on the Sub. Either way the `pairing` says which components rotate together: "half" (x[i] with
@@ -82,6 +83,8 @@ def _half_source(graph: Graph, value: str) -> tuple[str, Node] | None:
     node = graph.producer(value)
     if is_op(node, "Unsqueeze", "Reshape") and node.inputs:  # stack(-x2, x1) of the interleaved form
         node = graph.producer(node.inputs[0])
+    elif is_op(node, "Squeeze") and node.inputs and is_op(graph.producer(node.inputs[0]), "Split"):
+        node = graph.producer(node.inputs[0])  # ORT's dump of a Gather 0 / 1 over pairs: Split, then Squeeze
     if is_op(node, *_HALF_OPS) and node.inputs:
         return node.inputs[0], node
     return None
@@ -97,7 +100,30 @@ def _step(graph: Graph, slicer: Node) -> int | None:
 
 
 def _pairing(graph: Graph, slicers: list[Node]) -> str:
-    return "interleaved" if any(_step(graph, s) == 2 for s in slicers) else "half"
+    return "interleaved" if any(_step(graph, s) == 2 or _pair_select(graph, s) for s in slicers) else "half"
+
+
+def _pair_select(graph: Graph, node: Node) -> bool:
+    """A Gather of element 0 or 1 on the last axis of x viewed as pairs ([..., d/2, 2]: Llama-4's complex rotary in
+    real numbers, view_as_complex): the components x[2i] and x[2i+1], the interleaved pairing. ORT's dump writes
+    the two Gathers as one Split in two whose outputs are squeezed on the split axis (so the axis held 2)."""
+    if is_op(node, "Split") and len(node.outputs) == 2:
+        axis = node.int_attr("axis") or 0
+        for out in node.outputs:
+            readers = graph.consumers(out)
+            if not readers or not all(is_op(r, "Squeeze") and len(r.inputs) > 1 and (
+                    (axes := graph.constant_value(r.inputs[1])) is not None and list(axes) == [axis]) for r in readers):
+                return False
+        shape = graph.shape(node.inputs[0]) if node.inputs else None
+        return axis == -1 or shape is None or axis == len(shape) - 1
+    if not is_op(node, "Gather") or len(node.inputs) < 2:
+        return False
+    index = graph.scalar(node.inputs[1])
+    shape = graph.shape(node.inputs[0])
+    if index not in (0, 1) or not shape or shape[-1] != 2:
+        return False
+    axis = node.int_attr("axis") or 0
+    return axis in (-1, len(shape) - 1)
 
 
 def _mul_parts(graph: Graph, value: str) -> tuple[str, str] | None:
