@@ -68,6 +68,11 @@ EXPECTED: dict[str, list[tuple]] = {
     "olive-mixtral/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     # ORT's quantize_dynamic of dynamo-olmoe: routers are MatMulInteger -> Cast -> Mul(scale), experts stay batched
     "quantdyn-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
+    # transformers' own exporter (OnnxExporter): ort_fusions="cuda" fuses batched_mm experts into com.microsoft.MoE
+    # (fc1 gate and fc3 up apart, activation_type=silu); ort_fusions="cpu" keeps its translation of grouped_mm
+    # (tokens sorted by expert: TopK, CumSum offsets, Range; per expert a Gather of its rows and two MatMuls)
+    "tfexp-qwen3_moe-cuda/model.onnx": _layers(2, FUSED),
+    "tfexp-qwen3_moe-cpu/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     # optimum's legacy TorchScript export: transformers' eager loop, tokens dispatched per expert
     "optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "optimum-llama-past/model.onnx": [],
@@ -94,6 +99,7 @@ def test_every_committed_export_has_a_row():
 NOT_YET_SEEN = {
     "quantdyn-qwen3_moe/model.onnx": "a dense expert loop whose expert linears are all MatMulInteger is not recognised",
     "dynamo-llama4/model.onnx": "input-side weighting (the routing scales the experts' input) is not read",
+    "tfexp-qwen3_moe-cpu/model.onnx": "transformers' exporter's translation of grouped_mm is not read",
 }
 
 
