@@ -83,6 +83,12 @@ EXPECTED: dict[str, dict[str, list]] = {
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    # quantize_static QDQ of dynamo-mixtral: Q -> DQ around every quantized op (routers, experts, q/k/v/o, the score
+    # and context MatMuls, the rotary's Muls, the norms' ops) changes nothing that is found, nor where
+    "quantqdq-mixtral": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
     # LongCat-Flash: one decoder layer of two sub-layers (two MLA attentions, two dense MLPs, one MoE with 2
     # zero-computation experts beside its 4 routed ones: no expert-count finding); MLA: q/k/v packing undecided
     "dynamo-longcat_flash": {
@@ -137,6 +143,7 @@ def test_transformers_exporter_cuda_moe_fails_on_ort_cpu_as_built():
 #  shared-expert gates)
 MOE_SHAPE = {
     "dynamo-mixtral": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),  # 4 x (gate_up Gemm on Gather(W, e), down)
+    "quantqdq-mixtral": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),  # the same, every op read through Q -> DQ
     "dynamo-qwen2_moe": (4, 2, "softmax_topk", "dense", 4, 8, 1, 3, 1),  # + shared gate/up/down, sigmoid gate
     "dynamo-olmoe": (8, 2, "softmax_topk", "batched", 8, 2, 0, 0, 0),  # one batched MatMul per GatherND stack
     "dynamo-phimoe": (4, 2, "sparsemixer", "dense", 4, 8, 0, 0, 0),
@@ -232,7 +239,7 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
 ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
     "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-dbrx": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
-    "dynamo-longcat_flash": "interleaved",
+    "dynamo-longcat_flash": "interleaved", "quantqdq-mixtral": "half",
     # Llama-4's complex rotary in real numbers: Reshape to [..., d/2, 2], Gather 0 / 1, x[2i] * cos - x[2i+1] * sin
     "dynamo-llama4": "interleaved",
 }
@@ -266,3 +273,12 @@ def test_norm_findings_count_each_kind_of_norm(fixture, findings):
         props = dict(f.properties)
         assert (props["hidden_norms"], props["per_head_norms"], props["projection_norms"]) == (hidden, head, projection)
         assert ("per-head" in f.message.replace("not per-head", "")) == bool(head)
+
+
+def test_qdq_attention_is_counted(write_policy):
+    """Attention whose score and context MatMuls read DequantizeLinear outputs is attention: the declared count holds,
+    never "none found"."""
+    policy = write_policy("name: p\nmodel: {attention_layers: 2, moe_layers: 2}\n")
+    found = lint_findings(EXPORTED / "quantqdq-mixtral" / "model.onnx", policy,
+                          select=["attention-layer-count-mismatch", "moe-layer-count-mismatch"])
+    assert found == []

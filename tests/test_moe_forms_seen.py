@@ -62,6 +62,8 @@ EXPECTED: dict[str, list[tuple]] = {
     # Llama-4 text: top-1 logit scattered into -inf, then sigmoid; the scores scale the experts' input (every
     # expert on every token, one batched MatMul over the [E, H, 2I] stack)
     "dynamo-llama4/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK, 1)),
+    # quantize_static QDQ of dynamo-mixtral: every router, expert and attention op reads DequantizeLinear outputs
+    "quantqdq-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
     "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-gpt_oss_batched/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.TOPK_SOFTMAX, 2)),

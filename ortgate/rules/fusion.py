@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
+from ortgate.graph.patterns.common import QDQ_OPS
 from ortgate.graph.patterns.moe import MoeBlock, moe_blocks, moe_misses
 from ortgate.graph.patterns.moe_anatomy import block_verdict
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
@@ -143,8 +144,10 @@ def moe_not_fused(ctx: RuleContext):
 
 def moe_structure(block: MoeBlock) -> str:
     """What an unfused MoE block computes, each kind of node counted on its own."""
-    ops = Counter(n.op_type for n in block.routing_nodes)
-    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items()))
+    ops = Counter(n.op_type for n in block.routing_nodes if n.op_type not in QDQ_OPS)
+    qdq = sum(1 for n in block.routing_nodes if n.op_type == "QuantizeLinear")
+    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items())) + (
+        f"; through {qdq} QuantizeLinear -> DequantizeLinear" if qdq else "")
     form = block.routing_form.words
     k = f", k={block.k}" if block.k else ""
     extras = [w for w, on in (("renormalised", block.normalized), (f"scaled by {block.scaled:g}" if block.scaled else "",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, find_down, find_up, is_view, is_weight
+from ortgate.graph.patterns.common import CAST_OPS, cached, find_down, find_up, is_view, is_weight
 
 # (domain, op_type) of fused softmax-attention nodes.
 FUSED_ATTENTION_OPS = (
@@ -30,10 +30,10 @@ LINEAR_ATTENTION_OPS = (
     (MS_DOMAIN, "GatedDeltaNet"),
     (MS_DOMAIN, "LinearAttentionGate"),
 )
-_SCORE_OPS = frozenset({"Add", "Div", "Mul", "Where", "Cast", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
-_PROB_OPS = frozenset({"Cast", "Dropout", "Identity", "Where", "Slice", "Reshape"})
+_SCORE_OPS = CAST_OPS | frozenset({"Add", "Div", "Mul", "Where", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
+_PROB_OPS = CAST_OPS | frozenset({"Dropout", "Where", "Slice", "Reshape"})
 _REPEAT_KV_OPS = frozenset({"Expand", "Tile"})
-_KV_VIEW_OPS = frozenset({"Reshape", "Transpose", "Cast", "Unsqueeze", "Identity", "Concat"})
+_KV_VIEW_OPS = CAST_OPS | frozenset({"Reshape", "Transpose", "Unsqueeze", "Concat"})
 
 
 @dataclass

@@ -60,8 +60,7 @@ SELECTION_OPS = frozenset({"TopK", "ArgMax"})
 # Linear ops of any kind: a projection by a constant weight, or by a gathered (per-expert) one.
 _LINEAR_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Einsum", "MatMulInteger"})
 # Ops that move or select rows of x without computing on it: x read through them is still x.
-_X_VIEW_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Expand", "Tile",
-                         "Transpose", "Gather", "GatherND", "Slice", "Concat"})
+_X_VIEW_OPS = VIEW_OPS | frozenset({"Tile", "GatherND", "Slice", "Concat"})
 # Ops the weighted expert outputs are summed with (besides view ops: common.VIEW_OPS).
 _ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"})
 _GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})

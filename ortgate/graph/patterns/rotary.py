@@ -28,7 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, find_up, is_op
+from ortgate.graph.patterns.common import (
+    CAST_OPS,
+    QDQ_OPS,
+    VIEW_OPS,
+    cached,
+    consumers_through,
+    find_up,
+    is_op,
+    skip_back,
+)
 
 FUSED_ROTARY_OPS = (
     (MS_DOMAIN, "RotaryEmbedding"),
@@ -37,9 +46,8 @@ FUSED_ROTARY_OPS = (
     (DEFAULT_DOMAIN, "RotaryEmbedding"),  # ONNX opset 23: (X, cos, sin, position_ids)
 )
 _HALF_OPS = ("Slice", "Split", "Gather")
-_BETWEEN_OPS = ("Unsqueeze", "Reshape", "Concat", "Cast", "Identity")
-_TABLE_OPS = frozenset({"Unsqueeze", "Cast", "Gather", "GatherND", "Slice", "Expand", "Reshape", "Transpose", "Squeeze",
-                        "Concat", "Identity", "Mul", "Tile"})
+_BETWEEN_OPS = ("Unsqueeze", "Reshape", "Concat", *sorted(CAST_OPS))
+_TABLE_OPS = VIEW_OPS | frozenset({"GatherND", "Slice", "Concat", "Mul", "Tile"})
 
 
 @dataclass
@@ -79,14 +87,28 @@ def _find(graph: Graph) -> list[DecomposedRotary]:
     return out
 
 
+def _unq(graph: Graph, value: str) -> str:
+    """`value` before any QuantizeLinear -> DequantizeLinear a QDQ graph wraps it in."""
+    return skip_back(graph, value, QDQ_OPS)
+
+
+def _producer(graph: Graph, value: str) -> Node | None:
+    return graph.producer(_unq(graph, value))
+
+
+def _consumers(graph: Graph, value: str) -> list[Node]:
+    """The consumers of `value`, past the QuantizeLinear -> DequantizeLinear of a QDQ graph."""
+    return consumers_through(graph, value, QDQ_OPS)
+
+
 def _half_source(graph: Graph, value: str) -> tuple[str, Node] | None:
-    node = graph.producer(value)
+    node = _producer(graph, value)
     if is_op(node, "Unsqueeze", "Reshape") and node.inputs:  # stack(-x2, x1) of the interleaved form
-        node = graph.producer(node.inputs[0])
+        node = _producer(graph, node.inputs[0])
     elif is_op(node, "Squeeze") and node.inputs and is_op(graph.producer(node.inputs[0]), "Split"):
         node = graph.producer(node.inputs[0])  # ORT's dump of a Gather 0 / 1 over pairs: Split, then Squeeze
     if is_op(node, *_HALF_OPS) and node.inputs:
-        return node.inputs[0], node
+        return _unq(graph, node.inputs[0]), node
     return None
 
 
@@ -128,7 +150,7 @@ def _pair_select(graph: Graph, node: Node) -> bool:
 
 def _mul_parts(graph: Graph, value: str) -> tuple[str, str] | None:
     """(operand, table) of Mul(operand, table), the operand being a half of some x."""
-    node = graph.producer(value)
+    node = _producer(graph, value)
     if not is_op(node, "Mul") or len(node.inputs) != 2:
         return None
     a, b = node.inputs
@@ -224,17 +246,17 @@ def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
     if mul_sin is None or not concat_ok:
         return None
     nodes.append(mul_sin)
-    add = next((c for c in graph.consumers(mul_sin.outputs[0]) if is_op(c, "Add")), None)
+    add = next((c for c in _consumers(graph, mul_sin.outputs[0]) if is_op(c, "Add")), None)
     if add is None:
         return None
-    other = add.input(1) if add.input(0) == mul_sin.outputs[0] else add.input(0)
-    mul_cos = graph.producer(other)
-    if not is_op(mul_cos, "Mul") or x not in mul_cos.inputs:
+    other = add.input(1) if _unq(graph, add.input(0)) == mul_sin.outputs[0] else add.input(0)
+    mul_cos = _producer(graph, other)
+    if not is_op(mul_cos, "Mul") or x not in {_unq(graph, i) for i in mul_cos.inputs}:
         return None
     nodes += [mul_cos, add]
     trig = []
     for mul, operand_of in ((mul_sin, value), (mul_cos, x)):
-        table = mul.input(1) if mul.input(0) == operand_of else mul.input(0)
+        table = mul.input(1) if _unq(graph, mul.input(0)) == _unq(graph, operand_of) else mul.input(0)
         trig.extend(_trig_above(graph, table))
     slicers = [n for n in nodes if is_op(n, *_HALF_OPS)]
     return DecomposedRotary(neg, add, x, add.outputs[0], graph.layer_of_nodes(nodes), trig, nodes,
