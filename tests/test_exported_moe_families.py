@@ -89,6 +89,12 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    # Cohere2-MoE: LayerNorm without bias (x - mean(x), then the RMS chain): rmsnorm-not-fused names it a LayerNorm
+    # whose fusion is LayerNormalization, and no residual Add + RMSNorm pair is reported for it; both layers full
+    # attention, which Cohere2 computes without rotary
+    "dynamo-cohere2_moe": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT], "qkv-not-packed": [0, 1],
+    },
     # LongCat-Flash: one decoder layer of two sub-layers (two MLA attentions, two dense MLPs, one MoE with 2
     # zero-computation experts beside its 4 routed ones: no expert-count finding); MLA: q/k/v packing undecided
     "dynamo-longcat_flash": {
@@ -253,6 +259,17 @@ def test_rotary_finding_says_which_components_pair(fixture, findings):
     for f in rotary:
         assert dict(f.properties)["pairing"] == pairing
         assert f"rotary_interleaved={int(pairing == 'interleaved')}" in f.message
+
+
+def test_layernorm_without_bias_is_named_a_layernorm(findings):
+    """Cohere's LayerNorm has no bias: x - ReduceMean(x), then x * rsqrt(mean(x^2) + eps) * w. It is a LayerNorm
+    (its fusion LayerNormalization), never reported as an RMSNorm that SimplifiedLayerNormalization would fuse."""
+    norms = [f for f in findings("dynamo-cohere2_moe") if f.rule == "rmsnorm-not-fused"]
+    assert len(norms) == 3
+    for f in norms:
+        assert "LayerNorm without bias" in f.message and "instead of LayerNormalization" in f.message
+        assert "RMSNorm" not in f.message.split("[")[0]
+        assert dict(f.properties)["layer_norms"] == 1 and dict(f.properties)["ort_fuses"] is False
 
 
 # fixture -> (hidden-state, per-head, projection-width) RMSNorms in each decoder layer

@@ -57,6 +57,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
     "dynamo-dbrx/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # ReduceL1 renormalised
     "dynamo-deepseek_v3/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    # Cohere2-MoE: top-k over the logits, softmax over the k, a shared expert averaged in
+    "dynamo-cohere2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
     # LongCat-Flash: a router over 4 routed + 2 zero-computation experts (softmax, correction bias for the choice)
     "dynamo-longcat_flash/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # Llama-4 text: top-1 logit scattered into -inf, then sigmoid; the scores scale the experts' input (every

@@ -67,7 +67,20 @@ def test_longcat_zero_computation_experts_are_counted():
     assert (block.experts, block.routed_experts_found, block.zero, block.k) == (6, 4, [4, 5], 2)
     assert block.experts_found == 6
     assert not rule_findings(LONGCAT, "moe-expert-count-mismatch")
-    assert [f.layer for f in rule_findings(LONGCAT, "moe-not-fused")] == [0]
+    found = rule_findings(LONGCAT, "moe-not-fused")
+    assert [f.layer for f in found] == [0]
+    assert "2 zero-computation experts" in found[0].message
+
+
+def test_zero_computation_experts_are_never_rewritten_into_moe():
+    """com.microsoft.MoE routes every column to an FFN: a block with identity experts is refused for them, whatever
+    its routing."""
+    from ortgate.graph.patterns.moe_anatomy import block_verdict
+
+    graph = _graph(LONGCAT)
+    verdict = block_verdict(graph, moe_blocks(graph)[0])
+    assert verdict is not None and not verdict.rewritable and not verdict.expressible
+    assert "zero-computation experts" in verdict.reason
 
 
 def _router_without_experts() -> onnx.ModelProto:

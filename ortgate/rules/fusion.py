@@ -158,6 +158,9 @@ def moe_structure(block: MoeBlock) -> str:
     loop = block.expert_form.words
     routed = f"{found} routed expert{'s' if found != 1 else ''} ({loop}; {len(block.routed_linears)} projections)"
     parts = [routing, routed]
+    if block.zero:
+        parts.append(f"{len(block.zero)} zero-computation expert{'s' if len(block.zero) != 1 else ''} (x times its "
+                     "routing weight, no projection)")
     if block.shared:
         parts.append(f"{len(block.shared)} shared expert{'s' if len(block.shared) != 1 else ''} "
                      f"({len(block.shared_linears)} projections)")

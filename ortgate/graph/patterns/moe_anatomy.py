@@ -131,6 +131,11 @@ class _Inexpressible(_Refuse):
 def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
     anatomy = MoeAnatomy(block, block.layer, num_experts=block.experts)
     try:
+        if block.zero:
+            raise _Inexpressible(
+                f"{len(block.zero)} of the router's {block.experts} columns are zero-computation experts (the hidden "
+                "state times its routing weight, no projection: LongCat-Flash), which com.microsoft.MoE has no "
+                "expert form for: every column it routes to is an FFN of fc1 / fc2")
         if block.topk is None:
             _read_sparsemixer(graph, anatomy)
         else:

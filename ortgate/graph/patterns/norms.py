@@ -64,6 +64,9 @@ class DecomposedRmsNorm:
     # linear projection: MLA's low-rank latent, a state-space mixer's dt), "other" (neither: a state-space mixer's
     # B/C, a gated output norm)
     feeds: str = "attention"
+    # a LayerNorm without bias (Cohere, Cohere2): x - ReduceMean(x) first, then the RMS chain over the centred value;
+    # its fusion is LayerNormalization (no bias), not SimplifiedLayerNormalization
+    centred: bool = False
 
     @property
     def last(self) -> Node:
@@ -246,6 +249,10 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
         gamma = _other_input_q(graph, nxt[0], output)
         nodes.append(nxt[0])
         output = nxt[0].outputs[0]
+    centring = _centring(graph, x)
+    if centring is not None:  # LayerNorm without bias: its chain starts at the mean it subtracts
+        nodes = [*centring, *nodes]
+        x = centring[-1].inputs[0]
     producer = graph.producer(x)
     leading_cast = is_op(producer, "Cast") and _changes_type(graph, producer)
     source = producer.inputs[0] if is_op(producer, "Cast") and producer.inputs else x
@@ -264,7 +271,20 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     layer = graph.layer_of_nodes(nodes)
     role = _role(graph, source, head_norm)
     return DecomposedRmsNorm(rm, normalize, x, source, output, form, epsilon, gamma, width, head_norm, layer, nodes,
-                             role=role, feeds=_feeds(graph, output, layer) if role != "hidden" else "attention")
+                             role=role, feeds=_feeds(graph, output, layer) if role != "hidden" else "attention",
+                             centred=centring is not None)
+
+
+def _centring(graph: Graph, value: str) -> list[Node] | None:
+    """[ReduceMean, Sub] when `value` is Sub(a, ReduceMean(a)) (through Casts and Q/DQ): the input of an RMS chain
+    that is a LayerNorm's (Cohere's LayerNorm has no bias: x - mean(x), then x * rsqrt(mean(x^2) + eps) * w)."""
+    sub = graph.producer(skip_back(graph, value, CAST_OPS))
+    if not is_op(sub, "Sub") or len(sub.inputs) != 2:
+        return None
+    mean = graph.producer(skip_back(graph, sub.input(1), CAST_OPS))
+    if not is_op(mean, "ReduceMean") or not mean.inputs or not _same_source(graph, mean.input(0), sub.input(0)):
+        return None
+    return [mean, sub]
 
 
 _LINEAR = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
@@ -360,8 +380,8 @@ def _find_residual_norms(graph: Graph) -> list[ResidualNorm]:
         if add is not None:
             out.append(ResidualNorm(add, node, None, node.layer))
     for match in decomposed_rmsnorms(graph):
-        if match.head_norm:
-            continue
+        if match.head_norm or match.centred:
+            continue  # a LayerNorm's residual Add is SkipLayerNormalization's, not SkipSimplifiedLayerNormalization's
         add = _residual_add(graph, match.source)
         if add is not None:
             out.append(ResidualNorm(add, match.last, match, match.layer))
