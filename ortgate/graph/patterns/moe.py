@@ -722,12 +722,26 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
 
 
 def _down_above(graph: Graph, value: str) -> Node | None:
-    """The linear whose output `value` is, through view ops and a bias Add."""
+    """The linear whose output `value` is, through view ops, a bias Add and the Cast -> Mul(scale) that dequantizes a
+    MatMulInteger's output (quantize_dynamic's form)."""
     node = graph.producer(value)
     if node is not None and node.op_type in _LINEAR_OPS and node.domain in (DEFAULT_DOMAIN, MS_DOMAIN):
         return node  # the walk's first step
     return find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
-                   lambda n: _view_or_bias_input(graph, n))
+                   lambda n: _view_or_bias_input(graph, n) or _dequantized_from(graph, n))
+
+
+def _dequantized_from(graph: Graph, node: Node) -> list[str]:
+    """The MatMulInteger output a Mul by its scale dequantizes (through the Cast to float), as a `follow` list."""
+    if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN:
+        return []
+    for i in node.inputs:
+        cast = graph.producer(i)
+        source = graph.producer(cast.inputs[0]) if cast is not None and cast.op_type == "Cast" and cast.inputs else None
+        if source is not None and source.op_type == "MatMulInteger" and dequantized_output(graph, source) == \
+                node.outputs[0]:
+            return [cast.inputs[0]] if cast is not None else []
+    return []
 
 
 def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
@@ -775,6 +789,9 @@ def _projections_of(producer: Callable[[str], Node | None], is_constant: Callabl
                 if i in x_values:
                     out[node.index] = node
                     break
+            else:
+                if node.op_type == "MatMulInteger" and _quantized_from(producer, node) in x_values:
+                    out[node.index] = node  # x quantized by DynamicQuantizeLinear (quantize_dynamic's form)
             continue
         for i in node.inputs:
             if i and not is_constant(i):  # every initializer is a constant
@@ -782,6 +799,12 @@ def _projections_of(producer: Callable[[str], Node | None], is_constant: Callabl
     if len(out) < 2:
         return list(out.values())
     return sorted(out.values(), key=_node_index)
+
+
+def _quantized_from(producer: Callable[[str], Node | None], node: Node) -> str:
+    """The float value a MatMulInteger's input 0 is DynamicQuantizeLinear of ("" when it is not)."""
+    quant = producer(node.inputs[0]) if node.inputs else None
+    return quant.inputs[0] if quant is not None and quant.op_type == "DynamicQuantizeLinear" and quant.inputs else ""
 
 
 _node_index = attrgetter("index")  # a sort key, read in C
