@@ -101,10 +101,9 @@ EXPECTED: dict[str, dict[str, list]] = {
         "moe-not-fused": [0], "gqa-not-fused": [0], "rmsnorm-not-fused": [0, OUT], "skip-rmsnorm-not-fused": [0, OUT],
         "rotary-not-fused": [0],
     },
-    # Llama-4 text: its MoE (input-side weighting) is not read yet: moe-not-fused says so as undecided in each
-    # layer, never a violation; q/k L2 norms without weight
+    # Llama-4 text: its MoE scales each expert's input (read, refused by the rewrite); q/k L2 norms without weight
     "dynamo-llama4": {
-        "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [0, 1, OUT],
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [0, 1, OUT],
         "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
 }

@@ -199,16 +199,16 @@ def test_run_names_an_export_that_cannot_decode_one_token():
 
 
 def test_a_fix_that_recognises_no_moe_says_so(tmp_path):
-    """Llama-4's input-side weighting: no MoE block is read; the report must not read as "MoE done", and names each
-    router not read with the reason (what lint's moe-not-fused said of it)."""
+    """transformers' exporter's grouped_mm translation: no MoE block is read; the report must not read as "MoE done",
+    and names each router not read with the reason (what lint's moe-not-fused said of it)."""
     from tests.helpers import run_cli
 
-    code, out, err = run_cli("fix", EXPORTED / "dynamo-llama4" / "model.onnx", "-o", tmp_path / "out", "--dry-run",
-                             "--no-verify")
+    code, out, err = run_cli("fix", EXPORTED / "tfexp-qwen3_moe-cpu" / "model.onnx", "-o", tmp_path / "out",
+                             "--dry-run", "--no-verify")
     assert code in (0, 1), err
     line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
     assert "no MoE block recognised" in line and "could not read 2 router-like structures" in line
-    assert "input-side weighting" in line and "unfused MoE layers (moe-not-fused)" not in line
+    assert "weights no expert output" in line and "unfused MoE layers (moe-not-fused)" not in line
 
 
 def test_a_fix_of_quantize_dynamic_experts_says_each_block_it_leaves(tmp_path):

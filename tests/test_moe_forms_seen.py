@@ -63,7 +63,7 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-longcat_flash/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # Llama-4 text: top-1 logit scattered into -inf, then sigmoid; the scores scale the experts' input (every
     # expert on every token, one batched MatMul over the [E, H, 2I] stack)
-    "dynamo-llama4/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK, 1)),
+    "dynamo-llama4/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SIGMOID, 1)),
     # quantize_static QDQ of dynamo-mixtral: every router, expert and attention op reads DequantizeLinear outputs
     "quantqdq-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
@@ -101,7 +101,6 @@ def test_every_committed_export_has_a_row():
 # Known misses, each a real export whose MoE layers are not all found yet: strict, so a fix shows up as a failure
 # until the mark goes.
 NOT_YET_SEEN = {
-    "dynamo-llama4/model.onnx": "input-side weighting (the routing scales the experts' input) is not read",
     "tfexp-qwen3_moe-cpu/model.onnx": "transformers' exporter's translation of grouped_mm is not read",
 }
 

@@ -1,9 +1,10 @@
 """The one MoE reading: every router-like structure (a TopK / ArgMax over a projection's logits) is read as a block
 or explained by a miss with its node and reason, and no count is asserted from a miss.
 
-The real exports are tests/fixtures/exported/dynamo-llama4 (input-side weighting: the routing scales the experts'
-input, all experts one batched MatMul) and dynamo-longcat_flash (4 routed experts and 2 zero-computation experts,
-a router over 6 columns), both made by make_dynamo_moe_fixtures.py.
+The real exports are tests/fixtures/exported/tfexp-qwen3_moe-cpu (transformers' own exporter: its translation of
+grouped_mm experts, not read), dynamo-llama4 (input-side weighting: the routing scales the experts' input, all
+experts one batched MatMul) and dynamo-longcat_flash (4 routed experts and 2 zero-computation experts, a router over
+6 columns).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.conftest import EXPORTED
 from tests.helpers import lint_findings, rule_findings
 
 LLAMA4 = EXPORTED / "dynamo-llama4" / "model.onnx"
+GROUPED = EXPORTED / "tfexp-qwen3_moe-cpu" / "model.onnx"
 LONGCAT = EXPORTED / "dynamo-longcat_flash" / "model.onnx"
 
 
@@ -32,32 +34,53 @@ def _policy(tmp_path, moe_layers: int):
     return path
 
 
-def test_llama4_routers_are_misses_with_their_node_and_reason():
-    graph = _graph(LLAMA4)
+def test_unread_routers_are_misses_with_their_node_and_reason():
+    graph = _graph(GROUPED)
     read = read_moe(graph)
     assert all(isinstance(r, MoeMiss) for r in read) and len(read) == 2
     assert [m.layer for m in moe_misses(graph)] == [0, 1]
     for miss in moe_misses(graph):
         assert miss.node.op_type in ("MatMul", "Gemm") and miss.selection is not None
         assert miss.selection.op_type == "TopK"
-        assert "input-side weighting" in miss.reason
+        assert "weights no expert output" in miss.reason and "Gather" in miss.reason
 
 
 def test_count_is_undecided_when_routers_were_not_read(tmp_path):
-    found = rule_findings(LLAMA4, "moe-layer-count-mismatch", policy=_policy(tmp_path, 2))
+    found = rule_findings(GROUPED, "moe-layer-count-mismatch", policy=_policy(tmp_path, 2))
     assert len(found) == 1
     f = found[0]
     assert f.kind == Kind.UNDECIDED and f.severity == Severity.INFO
     assert f.message.startswith("could not decide:")
     assert "has 0" not in f.message and "0 read" in f.message
-    for miss in moe_misses(_graph(LLAMA4)):
+    for miss in moe_misses(_graph(GROUPED)):
         assert miss.node.display_name in f.message
 
 
 def test_moe_not_fused_says_what_it_could_not_read():
-    found = rule_findings(LLAMA4, "moe-not-fused")
+    found = rule_findings(GROUPED, "moe-not-fused")
     assert [(f.kind, f.layer) for f in found] == [(Kind.UNDECIDED, 0), (Kind.UNDECIDED, 1)]
-    assert all("input-side weighting" in f.message for f in found)
+    assert all("weights no expert output" in f.message for f in found)
+
+
+def test_llama4_input_side_weighting_is_read_and_refused_for_the_rewrite():
+    """Llama-4: TopK k=1 over the logits, scattered into -inf, Sigmoid; the scores scale the tokens each expert reads
+    (x repeated per expert), all experts one batched MatMul over [E, H, 2I], a shared expert added. Read as a block;
+    com.microsoft.MoE weights outputs, so the rewrite refuses it as inexpressible."""
+    from ortgate.graph.patterns.moe import ExpertForm, RoutingForm
+    from ortgate.graph.patterns.moe_anatomy import block_verdict
+
+    graph = _graph(LLAMA4)
+    assert not moe_misses(graph)
+    blocks = moe_blocks(graph)
+    assert [(b.layer, b.expert_form, b.routing_form, b.k, b.weighting, b.routed_experts_found, len(b.shared))
+            for b in blocks] == [(layer, ExpertForm.DENSE, RoutingForm.TOPK_SIGMOID, 1, "input", 4, 1) for layer in (0, 1)]
+    for block in blocks:
+        verdict = block_verdict(graph, block)
+        assert verdict is not None and not verdict.rewritable and not verdict.expressible
+        assert "input" in verdict.reason
+    found = rule_findings(LLAMA4, "moe-not-fused")
+    assert [(f.kind, f.layer) for f in found] == [(Kind.VIOLATION, 0), (Kind.VIOLATION, 1)]
+    assert all("scaling each expert's input" in f.message for f in found)
 
 
 def test_longcat_zero_computation_experts_are_counted():
@@ -120,10 +143,10 @@ def test_read_forms_have_no_miss(name):
 def test_the_cost_model_says_which_moe_layers_it_did_not_price_as_moe():
     from ortgate.cost import StepShape, step_model
 
-    model = step_model(_graph(LLAMA4), StepShape(1, 1, 16), gpu=True)
+    model = step_model(_graph(GROUPED), StepShape(1, 1, 16), gpu=True)
     assert not model.moe_forms
     unread = [u.what for u in model.uncounted if u.component == "moe"]
-    assert len(unread) == 2 and all("MoE layer not read" in w and "input-side" in w for w in unread)
+    assert len(unread) == 2 and all("MoE layer not read" in w and "weights no expert output" in w for w in unread)
 
 
 def _with_a_bare_router(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -156,3 +179,10 @@ def test_no_moe_count_is_inferred_from_a_graph_with_unread_routers(tmp_path):
     found = rule_findings(path, "moe-layer-count-mismatch", policy=_policy(tmp_path, 3))
     assert [f.kind for f in found] == [Kind.UNDECIDED] and "2 read" in found[0].message
     assert "bare_router" in found[0].message
+
+
+def test_zero_computation_experts_read_no_weights_in_the_estimate():
+    from ortgate.cost import StepShape, step_model
+
+    forms = step_model(_graph(LONGCAT), StepShape(1, 1, 16), gpu=True).moe_forms
+    assert [(f.experts, f.experts_read) for f in forms] == [(4, 4.0)]  # 4 FFN experts of the router's 6 columns

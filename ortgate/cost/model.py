@@ -730,7 +730,8 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     router = block.router
     assert router is not None
     nodes = [n for n in moe_block_nodes(graph, block) if n is not router]
-    experts = block.experts or 0
+    # the experts with weights: zero-computation (identity) experts take router columns but read no weight
+    experts = max((block.experts or 0) - len(block.zero), 0)
     k = block.k or 0
     costs = model.costs
     known = host_known(graph)

@@ -156,7 +156,9 @@ def moe_structure(block: MoeBlock) -> str:
         f" ({', '.join(extras)})" if extras else "") + f" [{listed}]"
     found = block.routed_experts_found
     loop = block.expert_form.words
-    routed = f"{found} routed expert{'s' if found != 1 else ''} ({loop}; {len(block.routed_linears)} projections)"
+    weighting = ", the routing scaling each expert's input" if block.weighting == "input" else ""
+    routed = (f"{found} routed expert{'s' if found != 1 else ''} ({loop}{weighting}; {len(block.routed_linears)} "
+              "projections)")
     parts = [routing, routed]
     if block.zero:
         parts.append(f"{len(block.zero)} zero-computation expert{'s' if len(block.zero) != 1 else ''} (x times its "

@@ -51,6 +51,7 @@ from ortgate.graph.patterns.common import (
     quantized_weight,
     skip_back,
     view_chain,
+    views_of,
     weight_dims,
 )
 from ortgate.knowledge.moe import MOE_OPS, moe_inputs
@@ -116,6 +117,7 @@ class RoutingForm(_Form):
 
     SOFTMAX_TOPK = "softmax_topk"
     TOPK_SOFTMAX = "topk_softmax"
+    TOPK_SIGMOID = "topk_sigmoid"
     SIGMOID_TOPK = "sigmoid_topk"
     SIGMOID_GROUP_TOPK = "sigmoid_group_topk"
     GROUP_TOPK = "group_topk"
@@ -132,6 +134,7 @@ class RoutingForm(_Form):
 _ROUTING_WORDS = {
     RoutingForm.SOFTMAX_TOPK: "softmax -> top-k",
     RoutingForm.TOPK_SOFTMAX: "top-k -> softmax",
+    RoutingForm.TOPK_SIGMOID: "top-k -> sigmoid",
     RoutingForm.SIGMOID_TOPK: "sigmoid -> top-k",
     RoutingForm.SIGMOID_GROUP_TOPK: "sigmoid scores, group-limited top-k",
     RoutingForm.GROUP_TOPK: "group-limited top-k",
@@ -192,6 +195,9 @@ class MoeBlock:
     # says which), whose contribution is x times its routing weight, no projection
     zero: list[int | None] = field(default_factory=list)
     zero_nodes: list[Node] = field(default_factory=list)  # the Mul of x by each identity expert's weight
+    # "output": the routing weights scale each expert's output (what com.microsoft.MoE computes); "input": they scale
+    # the tokens each expert reads (Llama-4: x repeated per expert times its score, then the experts)
+    weighting: str = "output"
     combine: Node | None = None  # the node where the routed sum ends (before shared experts join)
     output: str = ""  # the block's output value (routed sum plus shared experts)
     hidden: str = ""  # x: the value the router reads, before reshapes
@@ -593,11 +599,16 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     hidden = _hidden_root(graph, dequantized_input(graph, router))
     x_values = _x_views(graph, hidden, region.values)
     routed = _routed_experts(graph, router, region, x_values, aux)
+    weighting = "output"
+    if not routed:
+        routed = _input_weighted_experts(graph, region, x_values)
+        weighting = "input"
     if not routed:
         layer = router.layer if router.layer is not None else selection[0].layer
         return MoeMiss(router, _why_no_experts(graph, region, x_values, experts), selection[-1], layer)
-    block = MoeBlock(router, experts, None, _expert_form(graph, routed, region), RoutingForm.TOPK, selection=selection,
-                     hidden=hidden)
+    form = ExpertForm.DENSE if weighting == "input" else _expert_form(graph, routed, region)  # every expert, every token
+    block = MoeBlock(router, experts, None, form, RoutingForm.TOPK, selection=selection, hidden=hidden,
+                     weighting=weighting)
     block.routing_nodes = sorted(region.nodes.values(), key=lambda n: n.index)
     block.routed = routed
     block.topk = _main_topk(graph, selection, experts)
@@ -605,7 +616,7 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     routed_linears = {n.index for e in routed for n in e.linears}
     block.zero_nodes = _zero_experts(graph, region, x_values)
     block.zero = [_expert_index(graph, _routing_operand(n, region), None, region.values) for n in block.zero_nodes]
-    block.combine, routed_sum = _routed_sum(graph, routed, region)
+    block.combine, routed_sum = _routed_sum(graph, routed, region, from_outputs=weighting == "input")
     block.shared, block.shared_gates = _shared_experts(graph, router, x_values, routed_linears, routed_sum, region)
     block.output = _block_output(graph, routed_sum, block.shared)
     block.expert_linears = sorted({n.index: n for n in (*block.routed_linears, *block.shared_linears,
@@ -637,6 +648,29 @@ def _zero_experts(graph: Graph, region: _Region, x_values: set[str]) -> list[Nod
             continue
         if not _feeds_linear(graph, node.outputs[0]):
             out.append(node)
+    return out
+
+
+def _input_weighted_experts(graph: Graph, region: _Region, x_values: set[str]) -> list[ExpertFfn]:
+    """Experts whose input the routing scales (Llama-4): a product of x (repeated per expert) and the routing weights
+    read by a projection by a constant [E, H, N] expert stack (all experts as one batched MatMul), through its
+    activation to the down projection by an [E, N, H] stack. The experts are those stacks' depth."""
+    out: list[ExpertFfn] = []
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        if not any(i in x_values for i in node.inputs) or not any(i in region.values for i in node.inputs):
+            continue
+        scaled = views_of(graph, node.outputs[0], _X_VIEW_OPS)
+        first = next((c for v in sorted(scaled) for c in graph.consumers(v) if c.op_type in _LINEAR_OPS), None)
+        dims = matmul_weight(graph, first) if first is not None else None
+        if first is None or dims is None or len(dims) != 3:
+            continue
+        down = _down_below(graph, first, x_values | scaled)
+        down_dims = matmul_weight(graph, down) if down is not None else None
+        if down is None or down_dims is None or len(down_dims) != 3 or down_dims[0] != dims[0]:
+            continue
+        out.append(ExpertFfn("routed", [first], down, stacked=dims[0]))
     return out
 
 
@@ -964,6 +998,8 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
             block.routing_form = RoutingForm.SIGMOID_TOPK
         elif softmax_after:
             block.routing_form = RoutingForm.TOPK_SOFTMAX
+        elif any(n.op_type == "Sigmoid" for n in after):
+            block.routing_form = RoutingForm.TOPK_SIGMOID  # Llama-4: the top-k logits scattered, then their sigmoid
         else:
             block.routing_form = RoutingForm.TOPK
     else:
@@ -1030,12 +1066,17 @@ def _derived(graph: Graph, value: str, source: str) -> bool:
     return source in view_chain(graph, value)
 
 
-def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
-    """The accumulation of the weighted expert outputs: its values, and the node where it ends."""
+def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region, *, from_outputs: bool = False,
+                ) -> tuple[Node | None, set[str]]:
+    """The accumulation of the weighted expert outputs: its values, and the node where it ends. With input-side
+    weighting (`from_outputs`) the experts' outputs themselves are summed."""
     starts: list[str] = []
     routing = region.values
     for e in routed:
         assert e.down is not None
+        if from_outputs:
+            starts.extend(o for o in e.down.outputs[:1] if o)
+            continue
         for c in _consumers_through(graph, e.down.outputs[0]):
             if c.op_type in ("Mul", "Div"):
                 for i in c.inputs:
