@@ -199,15 +199,19 @@ def test_run_names_an_export_that_cannot_decode_one_token():
 
 
 def test_a_fix_that_recognises_no_moe_says_so(tmp_path):
-    """transformers' exporter's grouped_mm translation: no MoE block is read; the report must not read as "MoE done",
-    and names each router not read with the reason (what lint's moe-not-fused said of it)."""
+    """A router whose top-k weights no expert: no MoE block is read; the report must not read as "MoE done", and
+    names each router not read with the reason (what lint's moe-not-fused said of it)."""
     from tests.helpers import run_cli
+    from tests.models.qwen_moe import ModelSpec, build_model
+    from tests.test_moe_reading import _with_a_bare_router
 
-    code, out, err = run_cli("fix", EXPORTED / "tfexp-qwen3_moe-cpu" / "model.onnx", "-o", tmp_path / "out",
-                             "--dry-run", "--no-verify")
+    model = _with_a_bare_router(build_model(ModelSpec(moe="dense")))  # a dense MLP model with one bare router
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    code, out, err = run_cli("fix", path, "-o", tmp_path / "out", "--dry-run", "--no-verify")
     assert code in (0, 1), err
     line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
-    assert "no MoE block recognised" in line and "could not read 2 router-like structures" in line
+    assert "no MoE block recognised" in line and "could not read 1 router-like structure" in line
     assert "weights no expert output" in line and "unfused MoE layers (moe-not-fused)" not in line
 
 

@@ -57,6 +57,9 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
     "dynamo-dbrx/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # ReduceL1 renormalised
     "dynamo-deepseek_v3/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    # JetMoE: TopK -> softmax over the k, tokens sorted by expert, one linear per expert slice; its mixture of attention
+    # heads (routed q / o projections) is not an FFN MoE layer
+    "dynamo-jetmoe/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.TOPK_SOFTMAX, 2)),
     # Cohere2-MoE: top-k over the logits, softmax over the k, a shared expert averaged in
     "dynamo-cohere2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
     # LongCat-Flash: a router over 4 routed + 2 zero-computation experts (softmax, correction bias for the choice)
@@ -101,7 +104,6 @@ def test_every_committed_export_has_a_row():
 # Known misses, each a real export whose MoE layers are not all found yet: strict, so a fix shows up as a failure
 # until the mark goes.
 NOT_YET_SEEN = {
-    "tfexp-qwen3_moe-cpu/model.onnx": "transformers' exporter's translation of grouped_mm is not read",
 }
 
 
@@ -114,6 +116,11 @@ def test_moe_layers_of_every_committed_export(name):
     assert got == EXPECTED[name]
 
 
+# Routers of something else than an FFN MoE layer, said as misses (never counted): JetMoE's mixture of attention
+# heads in each layer (TopK over a router's logits picking routed q / o projections).
+OTHER_ROUTERS = {"dynamo-jetmoe/model.onnx": 2}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_moe_layer_is_read_or_explained(name):
     """A layer not read yet (NOT_YET_SEEN) is still accounted for: a miss naming its router and why, so that no
@@ -121,7 +128,8 @@ def test_every_moe_layer_is_read_or_explained(name):
     path = _committed()[name]
     graph = build_graph(onnx.load(str(path), load_external_data=False), str(path))
     blocks, misses = moe_blocks(graph), moe_misses(graph)
-    assert len(blocks) + len(misses) == len(EXPECTED[name])
+    other = OTHER_ROUTERS.get(name, 0)
+    assert len(blocks) + len(misses) == len(EXPECTED[name]) + other
     if name not in NOT_YET_SEEN:
-        assert not misses, [m.describe() for m in misses]
+        assert len(misses) == other, [m.describe() for m in misses]
     assert all(m.reason and m.node is not None for m in misses)

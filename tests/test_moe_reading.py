@@ -1,8 +1,9 @@
 """The one MoE reading: every router-like structure (a TopK / ArgMax over a projection's logits) is read as a block
 or explained by a miss with its node and reason, and no count is asserted from a miss.
 
-The real exports are tests/fixtures/exported/tfexp-qwen3_moe-cpu (transformers' own exporter: its translation of
-grouped_mm experts, not read), dynamo-llama4 (input-side weighting: the routing scales the experts' input, all
+The real exports are tests/fixtures/exported/dynamo-jetmoe (JetMoE: its MoE MLP read, its mixture of attention
+heads, a router over routed q / o projections, not read), tfexp-qwen3_moe-cpu (transformers' own exporter: tokens
+sorted by expert, per expert a Gather of its rows and two MatMuls), dynamo-llama4 (input-side weighting: the routing scales the experts' input, all
 experts one batched MatMul) and dynamo-longcat_flash (4 routed experts and 2 zero-computation experts, a router over
 6 columns).
 """
@@ -21,6 +22,7 @@ from tests.helpers import lint_findings, rule_findings
 
 LLAMA4 = EXPORTED / "dynamo-llama4" / "model.onnx"
 GROUPED = EXPORTED / "tfexp-qwen3_moe-cpu" / "model.onnx"
+JETMOE = EXPORTED / "dynamo-jetmoe" / "model.onnx"
 LONGCAT = EXPORTED / "dynamo-longcat_flash" / "model.onnx"
 
 
@@ -35,31 +37,47 @@ def _policy(tmp_path, moe_layers: int):
 
 
 def test_unread_routers_are_misses_with_their_node_and_reason():
-    graph = _graph(GROUPED)
+    """JetMoE's mixture of attention heads routes q / o projections, not an FFN: a miss in each layer, anchored on its
+    router, beside the MoE MLP that is read."""
+    graph = _graph(JETMOE)
     read = read_moe(graph)
-    assert all(isinstance(r, MoeMiss) for r in read) and len(read) == 2
-    assert [m.layer for m in moe_misses(graph)] == [0, 1]
+    assert [(type(r).__name__, r.layer) for r in read] == [("MoeMiss", 0), ("MoeBlock", 0), ("MoeMiss", 1),
+                                                           ("MoeBlock", 1)]
     for miss in moe_misses(graph):
         assert miss.node.op_type in ("MatMul", "Gemm") and miss.selection is not None
         assert miss.selection.op_type == "TopK"
-        assert "weights no expert output" in miss.reason and "Gather" in miss.reason
+        assert "weights no expert output" in miss.reason
 
 
 def test_count_is_undecided_when_routers_were_not_read(tmp_path):
-    found = rule_findings(GROUPED, "moe-layer-count-mismatch", policy=_policy(tmp_path, 2))
+    found = rule_findings(JETMOE, "moe-layer-count-mismatch", policy=_policy(tmp_path, 4))
     assert len(found) == 1
     f = found[0]
     assert f.kind == Kind.UNDECIDED and f.severity == Severity.INFO
     assert f.message.startswith("could not decide:")
-    assert "has 0" not in f.message and "0 read" in f.message
-    for miss in moe_misses(_graph(GROUPED)):
+    assert "has 2" not in f.message and "2 read" in f.message
+    for miss in moe_misses(_graph(JETMOE)):
         assert miss.node.display_name in f.message
 
 
 def test_moe_not_fused_says_what_it_could_not_read():
-    found = rule_findings(GROUPED, "moe-not-fused")
-    assert [(f.kind, f.layer) for f in found] == [(Kind.UNDECIDED, 0), (Kind.UNDECIDED, 1)]
-    assert all("weights no expert output" in f.message for f in found)
+    found = rule_findings(JETMOE, "moe-not-fused")
+    assert [(f.kind, f.layer) for f in found] == [(Kind.VIOLATION, 0), (Kind.UNDECIDED, 0), (Kind.VIOLATION, 1),
+                                                  (Kind.UNDECIDED, 1)] or sorted(
+        (f.layer, f.kind.value) for f in found) == [(0, "undecided"), (0, "violation"), (1, "undecided"), (1, "violation")]
+    assert all("weights no expert output" in f.message for f in found if f.kind is Kind.UNDECIDED)
+
+
+def test_tokens_sorted_by_expert_are_read():
+    """transformers' exporter's grouped_mm: TopK, a sort of the picked expert ids (a TopK too, not a selection),
+    per expert a Gather of its rows and a MatMul by its slice of the stack, the outputs joined by Concat, weighted,
+    put back in token order (GatherND) and summed over k."""
+    from ortgate.graph.patterns.moe import ExpertForm, RoutingForm
+
+    blocks = moe_blocks(_graph(GROUPED))
+    assert [(b.layer, b.expert_form, b.routing_form, b.k, b.routed_experts_found, len(b.routed_linears))
+            for b in blocks] == [(layer, ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2, 4, 8) for layer in (0, 1)]
+    assert all(b.combine is not None and len(b.selection) == 1 for b in blocks)
 
 
 def test_llama4_input_side_weighting_is_read_and_refused_for_the_rewrite():
@@ -143,8 +161,8 @@ def test_read_forms_have_no_miss(name):
 def test_the_cost_model_says_which_moe_layers_it_did_not_price_as_moe():
     from ortgate.cost import StepShape, step_model
 
-    model = step_model(_graph(GROUPED), StepShape(1, 1, 16), gpu=True)
-    assert not model.moe_forms
+    model = step_model(_graph(JETMOE), StepShape(1, 1, 16), gpu=True)
+    assert len(model.moe_forms) == 2
     unread = [u.what for u in model.uncounted if u.component == "moe"]
     assert len(unread) == 2 and all("MoE layer not read" in w and "weights no expert output" in w for w in unread)
 

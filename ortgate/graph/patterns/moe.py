@@ -44,6 +44,7 @@ from ortgate.graph.patterns.common import (
     dequantized_output,
     find_down,
     find_up,
+    is_op,
     is_view,
     matmul_weight,
     memo_table,
@@ -61,7 +62,7 @@ SELECTION_OPS = frozenset({"TopK", "ArgMax"})
 # Linear ops of any kind: a projection by a constant weight, or by a gathered (per-expert) one.
 _LINEAR_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Einsum", "MatMulInteger"})
 # Ops that move or select rows of x without computing on it: x read through them is still x.
-_X_VIEW_OPS = VIEW_OPS | frozenset({"Tile", "GatherND", "Slice", "Concat"})
+_X_VIEW_OPS = VIEW_OPS | frozenset({"Tile", "GatherND", "Slice", "Concat", "Split"})
 # Ops the weighted expert outputs are summed with (besides view ops: common.VIEW_OPS).
 _ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"})
 _GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})
@@ -592,8 +593,9 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
     if not _may_select(graph, router):
         return None  # what the routing region would find: no selection
     region = _routing_region(graph, router, aux)
-    selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN),
-                       key=lambda n: n.index)
+    start = set(_region_start(graph, router))
+    selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN
+                        and _ranks_scores(graph, n, region, start)), key=lambda n: n.index)
     if not selection:
         return None
     hidden = _hidden_root(graph, dequantized_input(graph, router))
@@ -623,6 +625,24 @@ def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) ->
                                                           *block.shared_gates)}.values(), key=lambda n: n.index)
     block.layer = router.layer if router.layer is not None else graph.layer_of_nodes([router, *block.routed_linears])
     return block
+
+
+def _ranks_scores(graph: Graph, selection: Node, region: _Region, start: set[str]) -> bool:
+    """Whether a TopK / ArgMax ranks scores computed from the router's logits, not only the expert indices another
+    TopK picked (a sort of the tokens by expert, which torch exports as TopK: transformers' exporter's grouped_mm)."""
+    frontier, seen = [selection.input(0)], {selection.input(0)}
+    while frontier:
+        value = frontier.pop()
+        if value in start:
+            return True
+        node = graph.producer(value)
+        if node is None or node.index not in region.nodes or node.op_type in SELECTION_OPS:
+            continue  # outside the routing, or another selection's output: not the scores themselves
+        for i in node.inputs:
+            if i and i not in seen and i in region.values:
+                seen.add(i)
+                frontier.append(i)
+    return False
 
 
 def _routing_operand(node: Node, region: _Region) -> str:
@@ -717,8 +737,7 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
     """Expert FFNs whose output is weighted by a routing value: each one's down projection, traced back to x."""
     routed: dict[int, ExpertFfn] = {}
     values = region.values
-    producer, is_constant = graph.producer, graph.is_constant  # once per block
-    weight_memo, gather_memo = _weight_dims_memo(graph), memo_table(graph, "moe_gather_above")
+    producer = graph.producer  # once per block
     for node in sorted(region.boundary.values(), key=_node_index):
         if node.op_type not in ("Mul", "Div") or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
@@ -730,29 +749,67 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
         down = producer(expert_out)
         if down is None or down.op_type not in _LINEAR_OPS or down.domain not in (DEFAULT_DOMAIN, MS_DOMAIN):
             down = _down_above(graph, expert_out)  # through views and a bias Add (its first step is the one above)
-        if down is None or down.index in routed or down is router:
-            continue
-        data = []
-        for i in down.inputs[:2]:  # _data_inputs, its memos read directly
-            if not i or is_constant(i):
+        downs = [down] if down is not None else _concatenated_downs(graph, expert_out)
+        found = []
+        for down in downs:
+            if down.index in routed or down is router:
                 continue
-            dims = weight_memo.get(i, _UNSET)
-            if dims is _UNSET:
-                dims = weight_dims(graph, i)
-            if dims is not None:
-                continue
-            gathered = gather_memo.get(i, _UNSET)
-            if gathered is _UNSET:
-                gathered = _gather_above(graph, i)
-            if gathered is None or _stack_dims(graph, gathered) is None:
-                data.append(i)
-        projections = _projections_of(producer, is_constant, data, x_values, values)
-        if not projections:
-            continue
-        stacked = _stack_depth(graph, down, values)
-        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, values),
-                                       stacked=stacked)
+            expert = _routed_expert(graph, down, weight, values, x_values)
+            if expert is not None:
+                routed[down.index] = expert
+                found.append(expert)
+        if len(downs) > 1 and len(found) == len(downs):
+            _pair_sorted_projections(found)
     return sorted(routed.values(), key=lambda e: e.down.index if e.down else 0)
+
+
+def _pair_sorted_projections(experts: list[ExpertFfn]) -> None:
+    """Experts of tokens sorted by expert whose activations are computed over all rows at once and sliced per
+    expert for the down projection: each down traces back to every expert's projections. Each expert keeps its own,
+    in order (the i-th projection of each kind is the i-th expert's)."""
+    shared = experts[0].projections
+    n = len(experts)
+    if any(e.projections != shared for e in experts) or len(shared) % n:
+        return
+    per = len(shared) // n
+    for i, e in enumerate(experts):
+        e.projections = [shared[j * n + i] for j in range(per)]
+
+
+def _concatenated_downs(graph: Graph, value: str) -> list[Node]:
+    """The per-expert down projections whose outputs a Concat joins into `value` (the rows of tokens sorted by expert:
+    transformers' exporter's translation of grouped_mm), each through views and a bias Add; [] when it is not that."""
+    concat = graph.producer(skip_back(graph, value))
+    if not is_op(concat, "Concat") or len(concat.inputs) < 2:
+        return []
+    downs = [_down_above(graph, i) for i in concat.inputs if i]
+    return [d for d in downs if d is not None] if all(d is not None for d in downs) else []
+
+
+def _routed_expert(graph: Graph, down: Node, weight: str, values: set[str], x_values: set[str]) -> ExpertFfn | None:
+    """The routed expert whose down projection `down` is (its output weighted by `weight`), traced back to x."""
+    producer, is_constant = graph.producer, graph.is_constant
+    weight_memo, gather_memo = _weight_dims_memo(graph), memo_table(graph, "moe_gather_above")
+    data = []
+    for i in down.inputs[:2]:  # _data_inputs, its memos read directly
+        if not i or is_constant(i):
+            continue
+        dims = weight_memo.get(i, _UNSET)
+        if dims is _UNSET:
+            dims = weight_dims(graph, i)
+        if dims is not None:
+            continue
+        gathered = gather_memo.get(i, _UNSET)
+        if gathered is _UNSET:
+            gathered = _gather_above(graph, i)
+        if gathered is None or _stack_dims(graph, gathered) is None:
+            data.append(i)
+    projections = _projections_of(producer, is_constant, data, x_values, values)
+    if not projections:
+        return None
+    stacked = _stack_depth(graph, down, values)
+    return ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, values),
+                     stacked=stacked)
 
 
 def _down_above(graph: Graph, value: str) -> Node | None:
@@ -1077,7 +1134,10 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region, *, from_
         if from_outputs:
             starts.extend(o for o in e.down.outputs[:1] if o)
             continue
-        for c in _consumers_through(graph, e.down.outputs[0]):
+        readers = _consumers_through(graph, e.down.outputs[0])
+        for c in [r for r in readers if r.op_type == "Concat"]:  # the rows of tokens sorted by expert, joined
+            readers.extend(_consumers_through(graph, c.outputs[0]))
+        for c in readers:
             if c.op_type in ("Mul", "Div"):
                 for i in c.inputs:
                     if i in routing:  # weighted by the routing
@@ -1093,8 +1153,9 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region, *, from_
         value = frontier.pop()
         for c in consumers(value):
             op_type = c.op_type
-            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
-                continue
+            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value) and not (
+                    op_type == "GatherND" and c.inputs[0] == value and c.input(1) in routing):
+                continue  # (a GatherND by routing indices puts rows of tokens sorted by expert back in token order)
             if op_type in ("Add", "Sum", "Concat"):
                 joined = True  # every other input is in the sum, or a weighted expert output
                 for i in c.inputs:
