@@ -703,8 +703,53 @@ def _why_no_experts(graph: Graph, region: _Region, x_values: set[str], experts: 
                     f"{node.display_name} of the hidden state by the routing weights, input-side weighting as in "
                     "Llama-4), not their outputs: a form ortgate does not read")
     meets = sorted({n.op_type for n in region.boundary.values()})
+    attention = _feeds_attention_scores(graph, region)
+    if attention is not None:
+        return (f"the routing over {experts} experts selects projections whose outputs reach the attention scores "
+                f"({attention.op_type} {attention.display_name}): a mixture of attention heads (JetMoE's MoA), not "
+                "an FFN MoE layer")
     return (f"the routing over {experts} experts weights no expert output computed from the router's input "
             f"(it meets the graph at {', '.join(meets) or 'no node'}): an expert form ortgate does not read")
+
+
+# How far past a routing's boundary its selected projections are followed to attention scores (nodes visited).
+_ATTENTION_REACH = 256
+# Where that walk ends: a norm (the next sub-layer's attention is always behind one) or another selection.
+_WALK_ENDS = SELECTION_OPS | frozenset({"ReduceMean", "LayerNormalization", "SimplifiedLayerNormalization",
+                                        "SkipSimplifiedLayerNormalization", "SkipLayerNormalization",
+                                        "RMSNormalization"})
+
+
+def _feeds_attention_scores(graph: Graph, region: _Region) -> Node | None:
+    """The Softmax of attention scores (over a MatMul of two activations) that what the routing selects reaches
+    before any norm, within `_ATTENTION_REACH` nodes: its experts are attention projections. None when none."""
+    frontier = [o for n in region.boundary.values() for o in n.outputs if o]
+    seen = set(frontier)
+    visited = 0
+    while frontier and visited < _ATTENTION_REACH:
+        nxt: list[str] = []
+        for value in frontier:
+            for c in graph.consumers(value):
+                visited += 1
+                if c.op_type == "Softmax" and _scores_of_two_activations(graph, c.input(0)):
+                    return c
+                if c.op_type in _WALK_ENDS:
+                    continue
+                for o in c.outputs:
+                    if o and o not in seen:
+                        seen.add(o)
+                        nxt.append(o)
+        frontier = nxt
+    return None
+
+
+def _scores_of_two_activations(graph: Graph, value: str) -> bool:
+    """Whether `value` is (through scaling, masking and views) a MatMul of two computed operands: q @ k^T."""
+    node = find_up(graph, value, lambda n: n.op_type == "MatMul",
+                   lambda n: [i for i in n.inputs if i and not graph.is_constant(i)][:1]
+                   if n.op_type in ("Div", "Mul", "Add", "Where", "Cast", "Reshape", "Transpose") else [])
+    return node is not None and all(i and not graph.is_constant(i) and weight_dims(graph, i) is None
+                                    for i in node.inputs[:2])
 
 
 def _hidden_root(graph: Graph, value: str) -> str:
