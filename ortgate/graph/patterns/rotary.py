@@ -263,6 +263,69 @@ def _match_at(graph: Graph, neg: Node) -> DecomposedRotary | None:
                             pairing=_pairing(graph, slicers), form="neg")
 
 
+@dataclass
+class RotaryMiss:
+    """Sin / Cos tables applied to an activation (a Mul of x by cos or sin) that no rotary form read: the Mul and why."""
+
+    node: Node
+    trig: Node
+    reason: str
+    layer: int | None
+
+
+def rotary_misses(graph: Graph) -> list[RotaryMiss]:
+    """Every Mul of an activation by a table computed from Sin / Cos in the graph that no decomposed rotary holds
+    (a rotary applied with such tables is fused when the tables feed a fused op instead): each a miss with its
+    reason, so that a rotary no form reads is said, never passed over."""
+    return cached(graph, "rotary_misses", _find_misses)
+
+
+def _find_misses(graph: Graph) -> list[RotaryMiss]:
+    trig = [n for n in graph.by_op_type("Sin", "Cos") if n.domain == DEFAULT_DOMAIN and n.graph is None]
+    if not trig:
+        return []
+    held = {n.index for r in decomposed_rotaries(graph) for n in r.nodes}
+    out: dict[int, RotaryMiss] = {}
+    for t in sorted(trig, key=lambda n: n.index):
+        for mul in _applications(graph, t):
+            if mul.index not in held and mul.index not in out:
+                out[mul.index] = RotaryMiss(mul, t, f"{mul.op_type} {mul.display_name} multiplies an activation by a "
+                                            f"table of {t.op_type} {t.display_name}, but no rotary form (rotate_half "
+                                            "with Neg, or both halves rotated apart and joined) was read around it",
+                                            mul.layer)
+    return sorted(out.values(), key=lambda m: m.node.index)
+
+
+def _applications(graph: Graph, trig: Node) -> list[Node]:
+    """The Muls that apply a Sin / Cos table to an activation: reached from the trig node through the ops that
+    index, reshape, cast or scale a table (a Mul by a constant scales it), not through another activation."""
+    found: list[Node] = []
+    frontier = [o for o in trig.outputs if o]
+    seen = set(frontier)
+    while frontier:
+        value = frontier.pop()
+        for c in graph.consumers(value):
+            if c.domain != DEFAULT_DOMAIN or c.graph is not None:
+                continue
+            others = [i for i in c.inputs if i and i != value]
+            if c.op_type == "Mul" and any(not graph.is_constant(i) and not _is_table(graph, i) for i in others):
+                found.append(c)  # x * cos: the table meets an activation
+                continue
+            if c.op_type not in _TABLE_OPS:
+                continue
+            for o in c.outputs:
+                if o and o not in seen:
+                    seen.add(o)
+                    frontier.append(o)
+    return found
+
+
+def _is_table(graph: Graph, value: str) -> bool:
+    """Whether `value` is itself computed from Sin / Cos or constants only (a table times a table, cos * scale)."""
+    return find_up(graph, value, lambda n: is_op(n, "Sin", "Cos"),
+                   lambda n: n.inputs[:1] if n.domain == DEFAULT_DOMAIN and n.op_type in _TABLE_OPS else []) is not None
+
+
 def _trig_above(graph: Graph, value: str) -> list[Node]:
     """Sin/Cos nodes a cos/sin operand is computed from (through the ops that index, reshape or scale a table),
     or [] for cached tables."""
