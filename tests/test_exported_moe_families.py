@@ -308,3 +308,21 @@ def test_qdq_attention_is_counted(write_policy):
     found = lint_findings(EXPORTED / "quantqdq-mixtral" / "model.onnx", policy,
                           select=["attention-layer-count-mismatch", "moe-layer-count-mismatch"])
     assert found == []
+
+
+def test_qdq_attention_in_orts_dump_is_counted(write_policy, tmp_path):
+    """ORT's dump of the QDQ graph turns the score and context MatMuls into QLinearMatMul (and the rotary's Muls into
+    QLinearMul): attention is still found in every layer, and the rotary it cannot read is said as undecided."""
+    dump = tmp_path / "model.optimized.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(dump)
+    model = EXPORTED / "quantqdq-mixtral" / "model.onnx"
+    ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    policy = write_policy("name: p\nmodel: {attention_layers: 2}\n")
+    found = lint_findings(model, policy, optimized=dump,
+                          select=["attention-layer-count-mismatch", "gqa-not-fused", "rotary-not-fused"])
+    assert not [f for f in found if f.rule == "attention-layer-count-mismatch"]
+    assert _layers(found, "gqa-not-fused") == [0, 1]
+    assert all(f.kind is not Kind.VIOLATION or f.layer in (0, 1) for f in found if f.rule == "rotary-not-fused")
+    assert {f.layer for f in found if f.rule == "rotary-not-fused"} == {0, 1}
