@@ -203,3 +203,17 @@ def test_zero_computation_experts_read_no_weights_in_the_estimate():
 
     forms = step_model(_graph(LONGCAT), StepShape(1, 1, 16), gpu=True).moe_forms
     assert [(f.experts, f.experts_read) for f in forms] == [(4, 4.0)]  # 4 FFN experts of the router's 6 columns
+
+
+def test_qdq_blocks_are_read_and_the_rewrite_says_why_it_leaves_them():
+    """quantize_static QDQ of Mixtral: both MoE layers read through Q -> DQ; the rewrite's refusal names the QDQ
+    routing, not a routing form it misread."""
+    from ortgate.graph.patterns.moe_anatomy import block_verdict
+
+    graph = _graph(EXPORTED / "quantqdq-mixtral" / "model.onnx")
+    blocks = moe_blocks(graph)
+    assert [b.layer for b in blocks] == [0, 1] and not moe_misses(graph)
+    for block in blocks:
+        verdict = block_verdict(graph, block)
+        assert verdict is not None and not verdict.rewritable and verdict.expressible
+        assert "QDQ graph" in verdict.reason
