@@ -41,7 +41,7 @@ def test_run_prices_ort_s_dump_as_the_optimized_graph(make_model, write_policy):
     twice = estimate(dump, dataclasses.replace(inputs.cost, optimized=False))
     assert any("QuickGeluFusion" in f for f in twice.model.ort_fusions_applied)
     assert priced.as_exported.totals.launches > twice.as_exported.totals.launches
-    assert outcome.result.summary.estimate["as_exported"]["ms_per_step_expected"] == \
+    assert outcome.result.summary.estimate.as_exported.ms_per_step_expected == \
         pytest.approx(priced.as_exported.expected_s * 1e3, rel=1e-2, abs=1e-3)
 
 

@@ -18,7 +18,7 @@ from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
 from ortgate.engine.gate import GateConfig, Verdict, decide, gate, selected_rules, stale_baseline_findings
-from ortgate.engine.pricing import estimate_summary, price_findings
+from ortgate.engine.pricing import EstimateHeadline, estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
 from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
@@ -139,14 +139,14 @@ class ModelSummary:
     nodes: int = 0
     layers: int | None = None  # decoder layers found in the graph, whatever the policy expects
     layer_attribution: str | None = None
-    estimate: dict | None = None  # ortgate.engine.pricing.estimate_summary (None: nothing priced)
+    estimate: EstimateHeadline | None = None  # the estimate's headline (None: nothing priced)
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"model": self.model, "optimized": self.optimized, "policy": self.policy,
                "policy_file": self.policy_file, "genai_config": self.genai_config, "provider": self.provider,
                "nodes": self.nodes, "layers": self.layers, "layer_attribution": self.layer_attribution}
         if self.estimate is not None:
-            out["estimate"] = self.estimate
+            out["estimate"] = self.estimate.to_dict()
         return out
 
 
@@ -216,7 +216,7 @@ class LintSummary:
         return None if self.several else self.models[0].layers
 
     @property
-    def estimate(self) -> dict | None:
+    def estimate(self) -> EstimateHeadline | None:
         """The one model's estimate; None for several (each model has its own)."""
         return None if self.several else self.models[0].estimate
 

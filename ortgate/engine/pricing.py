@@ -5,8 +5,10 @@ model's repairs (an estimate, never a measurement). Each rule names the repair k
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any
 
 from ortgate.cost import Estimate, Repair
 from ortgate.cost.estimate import format_rate
@@ -71,7 +73,54 @@ def price_findings(findings: list[Finding], inputs: LintInputs) -> list[Finding]
     return out
 
 
-def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> dict | None:
+@dataclass(frozen=True)
+class StepFigures:
+    """A decode step as the reports show it: tokens/s expected and at the ceiling, and the expected step time."""
+
+    tokens_per_s_expected: float | None
+    tokens_per_s_ceiling: float | None
+    ms_per_step_expected: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens_per_s_expected": self.tokens_per_s_expected, "tokens_per_s_ceiling": self.tokens_per_s_ceiling,
+                "ms_per_step_expected": self.ms_per_step_expected}
+
+
+@dataclass(frozen=True)
+class RuleSaving:
+    """What fixing every finding of one rule saves per token (the cost model's joint saving of its repairs)."""
+
+    rule: str
+    ms_per_token: float
+    share_of_step: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "ms_per_token": self.ms_per_token, "share_of_step": self.share_of_step}
+
+
+@dataclass(frozen=True)
+class EstimateHeadline:
+    """The estimate's headline for the reports (the JSON report's `inputs.estimate`): device, step, tokens/s as
+    exported and with fixes, and what fixing all of each rule's findings would save."""
+
+    device: str
+    figures: str  # where the device's figures come from ("catalog", "calibrated: FILE:LINE", ...)
+    batch_size: int
+    new_tokens: int
+    context_length: int
+    as_exported: StepFigures
+    with_fixes: StepFigures
+    by_rule: Mapping[str, RuleSaving]  # rule code -> its saving
+    not_counted: int  # what the estimate left out (Estimate.uncounted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"estimate": True, "device": self.device, "figures": self.figures, "batch_size": self.batch_size,
+                "new_tokens": self.new_tokens, "context_length": self.context_length,
+                "as_exported": self.as_exported.to_dict(), "with_fixes": self.with_fixes.to_dict(),
+                "by_rule": {code: s.to_dict() for code, s in self.by_rule.items()}, "not_counted": self.not_counted}
+
+
+def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> EstimateHeadline | None:
     """The estimate's headline for the reports: device, step, tokens/s as exported and with fixes, and what
     fixing all of each rule's findings would save."""
     est = inputs.estimate
@@ -93,25 +142,20 @@ def estimate_summary(inputs: LintInputs, findings: list[Finding]) -> dict | None
     savings = {}
     for code, repairs in sorted(by_rule.items()):
         s = est.saving(repairs)
-        savings[code] = {"rule": names[code], "ms_per_token": round(s.ms_per_token, 4), "share_of_step": round(s.share, 4)}
+        savings[code] = RuleSaving(names[code], round(s.ms_per_token, 4), round(s.share, 4))
     a, w = est.as_exported, est.with_fixes
     setup = est.setup
-    return {
-        "estimate": True,
-        "device": est.device.name,
-        "figures": _figure_origin(est),
-        "batch_size": setup.shape.batch,
-        "new_tokens": setup.shape.new_tokens,
-        "context_length": setup.shape.context,
-        "as_exported": {"tokens_per_s_expected": _r(a.tokens_per_s_expected),
-                        "tokens_per_s_ceiling": _r(a.tokens_per_s_ceiling),
-                        "ms_per_step_expected": round(a.expected_s * 1e3, 4)},
-        "with_fixes": {"tokens_per_s_expected": _r(w.tokens_per_s_expected),
-                       "tokens_per_s_ceiling": _r(w.tokens_per_s_ceiling),
-                       "ms_per_step_expected": round(w.expected_s * 1e3, 4)},
-        "by_rule": savings,
-        "not_counted": len(est.uncounted),
-    }
+    return EstimateHeadline(
+        device=est.device.name,
+        figures=_figure_origin(est),
+        batch_size=setup.shape.batch,
+        new_tokens=setup.shape.new_tokens,
+        context_length=setup.shape.context,
+        as_exported=StepFigures(_r(a.tokens_per_s_expected), _r(a.tokens_per_s_ceiling), round(a.expected_s * 1e3, 4)),
+        with_fixes=StepFigures(_r(w.tokens_per_s_expected), _r(w.tokens_per_s_ceiling), round(w.expected_s * 1e3, 4)),
+        by_rule=savings,
+        not_counted=len(est.uncounted),
+    )
 
 
 def _figure_origin(est: Estimate) -> str:
@@ -127,14 +171,14 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def headline(summary: dict, *, compact: bool = False) -> str:
+def headline(summary: EstimateHeadline, *, compact: bool = False) -> str:
     """'h100-sxm (catalog), batch 1, context 4,096: 3.44 tokens/s as exported -> 137 with fixes (ceiling ...), an
     estimate'; compact, for a line that already says it is the estimate: '...: 3.44 -> 137 tokens/s with fixes
     (ceiling ...)'."""
-    a, w = summary["as_exported"], summary["with_fixes"]
-    step = f"{summary['device']} ({summary['figures']}), batch {summary['batch_size']}, context {summary['context_length']:,}"
-    expected = format_rate(a["tokens_per_s_expected"]), format_rate(w["tokens_per_s_expected"])
-    ceiling = f"(ceiling {format_rate(a['tokens_per_s_ceiling'])} -> {format_rate(w['tokens_per_s_ceiling'])})"
+    a, w = summary.as_exported, summary.with_fixes
+    step = f"{summary.device} ({summary.figures}), batch {summary.batch_size}, context {summary.context_length:,}"
+    expected = format_rate(a.tokens_per_s_expected), format_rate(w.tokens_per_s_expected)
+    ceiling = f"(ceiling {format_rate(a.tokens_per_s_ceiling)} -> {format_rate(w.tokens_per_s_ceiling)})"
     if compact:
         return f"{step}: {expected[0]} -> {expected[1]} tokens/s with fixes {ceiling}"
     return f"{step}: {expected[0]} tokens/s as exported -> {expected[1]} with fixes {ceiling}, an estimate"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ortgate.engine.pipeline import LintResult, LintSummary, ModelSummary
+from ortgate.engine.pricing import EstimateHeadline
 from ortgate.findings import Finding, Severity
 from ortgate.report import display_path, layer_label, target
 from ortgate.report.groups import FindingGroup, group_findings, ranges
@@ -94,19 +95,20 @@ def _inputs_row(summary: ModelSummary) -> tuple[list[str], list[str]]:
     return header, row
 
 
-def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]:
+def _fix_first(active: list[Finding], estimate: EstimateHeadline | None = None) -> list[str]:
     by_rule: dict[str, list[Finding]] = defaultdict(list)
     for f in active:
         by_rule[f.code].append(f)
-    savings = (estimate or {}).get("by_rule", {})
+    savings = estimate.by_rule if estimate is not None else {}
 
     def saves(code: str) -> float:
-        return float(savings.get(code, {}).get("ms_per_token", 0.0))
+        saving = savings.get(code)
+        return saving.ms_per_token if saving is not None else 0.0
 
     if estimate and savings:
         ranked = sorted(by_rule.values(), key=lambda fs: (-saves(fs[0].code), -max(f.severity for f in fs),
                                                           -len(fs), fs[0].code))
-        order = (f"Largest estimated saving on {estimate['device']} first (what fixing every finding of the rule "
+        order = (f"Largest estimated saving on {estimate.device} first (what fixing every finding of the rule "
                  "saves per token), then the most severe.")
     else:
         ranked = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), -len(fs), fs[0].code))
@@ -121,7 +123,7 @@ def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]
                  _where_summary(fs)]
         if savings:
             saving = savings.get(first.code)
-            cells.append(f"{saving['ms_per_token']:.3g} ms/token ({saving['share_of_step']:.0%})" if saving else "—")
+            cells.append(f"{saving.ms_per_token:.3g} ms/token ({saving.share_of_step:.0%})" if saving else "—")
         out.append(_row(cells + [_cell(fix)]))
     if len(ranked) > MAX_FIX_FIRST:
         out.append("")

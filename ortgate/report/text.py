@@ -12,10 +12,12 @@ import io
 import re
 import textwrap
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ortgate.engine.pipeline import LintResult
+from ortgate.engine.pricing import RuleSaving
 from ortgate.findings import Finding, Severity
 from ortgate.report import clean, display_path, group_price_text, price_totals, time_text, unforgeable
 from ortgate.report.groups import FindingGroup, group_findings, where
@@ -86,7 +88,8 @@ def write(console: Any, result: LintResult, options: TextOptions, kit: _Kit) -> 
     width = max(options.width, MIN_WIDTH)
     shown_fixes: set[str] = set()
     shown_rules: set[str] = set()
-    table = _rule_table(kit, active, options, (result.summary.estimate or {}).get("by_rule") or {})
+    estimate = result.summary.estimate
+    table = _rule_table(kit, active, options, estimate.by_rule if estimate is not None else {})
     if kit is _PLAIN and active:
         table.lines(width)  # one rich would fold raises _NotPlain now, before the entries are laid out in vain
     for file, findings in _by_file(active):
@@ -168,7 +171,8 @@ def _print_wrapped(console: Any, kit: _Kit, text: Any, width: int) -> None:
         console.print(kit.Text(INDENT) + line if i else line)
 
 
-def _rule_table(kit: _Kit, active: list[Finding], options: TextOptions, joint: dict | None = None) -> Any:
+def _rule_table(kit: _Kit, active: list[Finding], options: TextOptions, joint: Mapping[str, RuleSaving] | None = None
+                ) -> Any:
     """One row per rule: severity, how many findings, what fixing them all saves per token (an estimate on the
     policy's device, when it names one: the cost model's joint saving of the rule's repairs, each root cause
     once), where (most severe first, then the most findings)."""
@@ -193,8 +197,8 @@ def _rule_table(kit: _Kit, active: list[Finding], options: TextOptions, joint: d
         if priced:
             prices = [f.price for f in findings if f.price is not None]
             total, share = price_totals(prices)
-            if prices and code in joint and total - joint[code]["ms_per_token"] > 1e-4:  # repairs the findings share
-                total, share = joint[code]["ms_per_token"], joint[code]["share_of_step"]
+            if prices and code in joint and total - joint[code].ms_per_token > 1e-4:  # repairs the findings share
+                total, share = joint[code].ms_per_token, joint[code].share_of_step
             cells.append(Text(f"{time_text(total)} ({share:.0%})" if prices else "", style="magenta"))
         table.add_row(*cells, where(findings))
     return table
