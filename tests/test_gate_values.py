@@ -90,3 +90,18 @@ def test_run_judges_once_against_the_baseline_it_writes(tmp_path, monkeypatch):
     report = json.loads(out)
     suppressed = [f for f in report["findings"] if f.get("suppressed")]
     assert len(suppressed) == len(written["findings"])  # each entry written suppresses the finding it is for
+
+
+def test_a_lint_result_and_its_summary_are_frozen_values():
+    from ortgate.engine.pipeline import LintSummary, ModelSummary, NotChecked, lint
+    from ortgate.engine.pricing import EstimateHeadline
+
+    inputs = load_inputs(LintRequest(str(UNFUSED), str(CPU_POLICY)))
+    result = lint(inputs, gate_config_from(inputs.policy, cli_select=None, cli_ignore=None, fail_on=None))
+    summary = result.summary
+    assert isinstance(summary, LintSummary) and isinstance(summary.models[0], ModelSummary)
+    assert isinstance(summary.estimate, EstimateHeadline) and all(isinstance(g, NotChecked) for g in summary.not_checked)
+    for value in (result, summary, summary.models[0], summary.estimate):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            value.__setattr__(dataclasses.fields(value)[0].name, None)
+    assert summary.to_dict()["estimate"] == summary.estimate.to_dict() and summary.to_dict()["model"] == summary.model
