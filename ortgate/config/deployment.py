@@ -150,15 +150,13 @@ class OrtRelease:
     @property
     def origin(self) -> str:
         """Where the release comes from, as a report says it."""
-        from ortgate.knowledge.releases import assumed_why, pin_hint
-
         if self.source == "--ort-version":
             said = "--ort-version"
         elif self.source == "policy":
             said = "the policy's execution_provider.onnxruntime_version"
         else:
-            said = (f"assumed: the policy pins no release, and ortgate assumes {self.version}, {assumed_why()}; "
-                    f"{pin_hint()}")
+            said = (f"assumed: the policy pins no release and ortgate assumes {self.version} in every install; "
+                    "pin it as execution_provider.onnxruntime_version")
         if self.judged_as and self.judged_as != self.version:
             said += f"; newer than ortgate's knowledge, judged as {self.judged_as}"
         return said

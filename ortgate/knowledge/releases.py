@@ -22,6 +22,7 @@ class _ReleasesFile:
     """ort_releases.json."""
 
     schema: Literal[1]
+    reflects: str
     about: str
     oldest: str
     oldest_source: str
