@@ -63,6 +63,38 @@ CASES = {
 }
 
 
+# Session config entries a release checks at session creation (knowledge/ort_session_keys.json), on a one-Identity model.
+KEY_CASES = {
+    "offload_key_misspelt": {"session.moe.offload.gpu_budget_byte": "1"},
+    "offload_key_known": {"session.moe.offload.gpu_budget_bytes": "auto"},
+    "offload_mode_bad": {"session.moe.offload.mode": "true"},
+    "offload_mode_required": {"session.moe.offload.mode": "REQUIRED"},
+    "offload_mode_on": {"session.moe.offload.mode": "on"},
+    "offload_placement_bad": {"session.moe.offload.placement": "basic"},
+    "offload_cpu_threads_bad": {"session.moe.offload.cpu_threads": "x"},
+    "prototype_offload_key": {"moe.cpu_offload.enable": "1"},
+    "kernel_dispatch_policy_bad": {"session.kernel_dispatch_policy": "fast"},
+    "kernel_dispatch_policy_known": {"session.kernel_dispatch_policy": "latency"},
+    "weightless_mode_bad": {"ep.enable_weightless_mode": "3"},
+    "weightless_mode_known": {"ep.enable_weightless_mode": "2"},
+}
+
+
+def probe_keys(entries: dict[str, str]) -> dict:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+    options = ort.SessionOptions()
+    for key, value in entries.items():
+        options.add_session_config_entry(key, value)
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return {"loads": False, "message": str(exc).splitlines()[0][:400]}
+    return {"loads": True, "message": ""}
+
+
 def probe(name: str) -> dict:
     graph, feeds = CASES[name]()
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
@@ -80,7 +112,8 @@ def probe(name: str) -> dict:
 
 def main() -> None:
     ort.set_default_logger_severity(4)
-    print(json.dumps({"onnxruntime": ort.__version__, "cases": {name: probe(name) for name in CASES}}))
+    print(json.dumps({"onnxruntime": ort.__version__, "cases": {name: probe(name) for name in CASES},
+                      "keys": {name: probe_keys(entries) for name, entries in KEY_CASES.items()}}))
 
 
 if __name__ == "__main__":

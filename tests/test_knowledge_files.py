@@ -27,6 +27,7 @@ from ortgate.knowledge.op_schemas import _LimitsFile, _SchemasFile
 from ortgate.knowledge.producers import _ProducersFile
 from ortgate.knowledge.providers import _ProviderOptionsFile
 from ortgate.knowledge.releases import _ReleasesFile
+from ortgate.knowledge.session_keys import _SessionKeysFile
 
 KNOWLEDGE = Path(knowledge.__file__).parent
 
@@ -46,6 +47,7 @@ SCHEMAS = {
     "cache_exports.json": _CacheExportsFile,
     "ort_releases.json": _ReleasesFile,
     "ort_cpu_limits.json": _LimitsFile,
+    "ort_session_keys.json": _SessionKeysFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json,

@@ -83,6 +83,19 @@ def test_the_release_does_with_each_one_node_model_what_the_rules_say(python, tm
 
 
 @pytest.mark.parametrize("python", PYTHONS)
+def test_the_release_refuses_the_config_entries_ortgate_says_it_refuses(python):
+    from ortgate.knowledge.session_keys import refused_key
+
+    result = _run(python, str(CHECK))
+    version = result["onnxruntime"]
+    check = _module(CHECK, "ort_release_check")
+    for name, seen in result["keys"].items():
+        said = [refused_key(key, value, version) for key, value in check.KEY_CASES[name].items()]
+        refused = any(r is not None for r in said)
+        assert refused == (not seen["loads"]), (name, version, seen["message"], said)
+
+
+@pytest.mark.parametrize("python", PYTHONS)
 def test_the_release_registers_the_schemas_op_schemas_json_records(python):
     gen = _module(GEN, "gen_op_contracts")
     done = subprocess.run([python, "-c", "import onnxruntime; print(onnxruntime.get_device())"],

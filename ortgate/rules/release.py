@@ -249,3 +249,214 @@ def _refused(node: Node, refusal) -> bool:
         return formal is not None and bool(node.input(formal.position))
     value = node.attributes.get(refusal.attribute)
     return value is not None and str(value.decode() if isinstance(value, bytes) else value) in refusal.values
+
+
+# ---- configuration the release checks at session creation ---------------------------------------------------------
+
+
+@rule("OGS013", "session-key-refused", Severity.ERROR, needs=("session",), policy_only=True)
+def session_key_refused(ctx: RuleContext):
+    """A session config entry the deployment's ONNX Runtime release refuses when the session is created.
+
+    ## What it checks
+    The policy's `session.config_entries` and genai_config.json's session options, on the deployment's release
+    (knowledge/ort_session_keys.json, each seen on a 1.32.0 CPU session and re-proved by a test):
+    from 1.32.0 a `session.moe.offload.*` key that is not one of its 25 keys (a typo), a prototype
+    `moe.cpu_offload.*` key, and a value outside what the key takes (`session.moe.offload.mode`
+    disabled/auto/required, `placement` static/adaptive, `gpu_budget_bytes` auto or bytes, `cpu_threads`,
+    `session.kernel_dispatch_policy` auto/latency/memory/safe, `ep.enable_weightless_mode` 0/1/2). Before
+    1.32.0 these keys are stored and never read (unknown-session-config-key says so).
+
+    ## Why it costs throughput
+    The deployment does not start: ORT 1.32.0 fails session creation with INVALID_ARGUMENT for every model,
+    whereas 1.31.1 silently ignored the same entry, so an upgrade that passed CI on the old release stops
+    production.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, onnxruntime_version: "1.32.0"}
+    session:
+      config_entries: {session.moe.offload.gpu_budget_byte: "8000000000"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, onnxruntime_version: "1.32.0"}
+    session:
+      config_entries: {session.moe.offload.gpu_budget_bytes: "8000000000"}
+    ```
+
+    ## Fix
+    Spell the key as ORT 1.32 does (the finding names the keys it knows), move `moe.cpu_offload.*` settings to
+    `session.moe.offload.*`, or give a value the key takes.
+    """
+    from ortgate.knowledge.session_keys import refused_key
+
+    ort = ctx.deployment.ort
+    for setup in ctx.deployment.setups:
+        for key, setting in sorted(setup.config_entries.items()):
+            value = setup.config_entry(key) or ""
+            refused = refused_key(key, value, ort.judged_as)
+            if refused is None:
+                continue
+            why, source = refused
+            yield ctx.finding(
+                f"{setup.label}: session config entry {key!r} is refused by {release_text(ctx)} when the session is "
+                f"created: {why}",
+                location=setting.location,
+                fix="Use a key and value the release takes (session.moe.offload.* has 25 keys; see "
+                    "`ortgate explain session-key-refused`), or remove the entry.",
+                properties={"key": key, "value": value, "release": ort.version, "source": source},
+            )
+
+
+@rule("OGP013", "moe-offload-unsupported", Severity.ERROR, needs=("session",))
+def moe_offload_unsupported(ctx: RuleContext):
+    """MoE expert offload is required (`session.moe.offload.mode=required`) for a deployment it cannot serve.
+
+    ## What it checks
+    With `session.moe.offload.mode` set to `required` (ONNX Runtime 1.32.0's MoE expert offload), what the
+    offload needs (knowledge/ort_session_keys.json, from the 1.32.0 library's error strings): the CUDA provider;
+    MoE / QMoE nodes with float16 or bfloat16 activations; no `use_sparse_mixer=1`; no
+    `swiglu_limit_after_activation=1`; and for QMoE with integer weights only the forms (4 bits,
+    weights_prepacked=1, block 32), (3 bits, weights_prepacked=0, block 32/64/128) or (2 bits,
+    weights_prepacked=1, block 32/64/128). The device's compute capability (SM80 or later) is not checked.
+    With `mode=auto` (or the `on` / `1` ORT also accepts) nothing is said: whether ORT then runs without offload
+    was not verified.
+
+    ## Why it costs throughput
+    The deployment was sized for offloaded experts (a GPU budget smaller than the experts); with `required` ORT
+    refuses the session instead of running it.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, onnxruntime_version: "1.32.0"}
+    session:
+      config_entries: {session.moe.offload.mode: required}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float[T, 8] x, float[T, 4] logits) => (float[T, 8] y)
+    <float[4, 16, 8] fc1, float[4, 8, 8] fc2>
+    {
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, onnxruntime_version: "1.32.0"}
+    session:
+      config_entries: {session.moe.offload.mode: required}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] x, float16[T, 4] logits) => (float16[T, 8] y)
+    <float16[4, 16, 8] fc1, float16[4, 8, 8] fc2>
+    {
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+    }
+    ```
+
+    ## Fix
+    Export the experts in a form the offload takes (float16/bfloat16 activations, a listed integer form), run on
+    CUDA, or set `session.moe.offload.mode` to `auto` or `disabled`.
+    """
+    from ortgate.knowledge.deployment_facts import at_least
+    from ortgate.knowledge.session_keys import offload
+
+    facts = offload()
+    ort = ctx.deployment.ort
+    if not at_least(ort.judged_as, "1.32.0"):
+        return  # the release does not read the key: unknown-session-config-key's
+    graph = ctx.inputs.executed
+    for setup in ctx.deployment.setups:
+        mode = setup.config_entry(facts.mode_key)
+        if mode is None or mode.lower() != "required":
+            continue
+        where = setup.config_entries[facts.mode_key].location
+        reasons: dict[str, list[Node]] = {}
+        if setup.provider_name != facts.provider:
+            reasons[f"it runs only on {facts.provider}, not {setup.provider_name}"] = []
+        for node in [n for n in _ms_nodes(graph) if n.op_type in ("MoE", "QMoE")]:
+            dtype = graph.dtype(node.input(0))
+            if dtype is not None and dtype not in facts.activation_dtypes:
+                reasons.setdefault(f"it takes {' or '.join(facts.activation_dtypes)} activations, not {dtype}",
+                                   []).append(node)
+            if node.attr("use_sparse_mixer", 0) == 1:
+                reasons.setdefault("it does not take use_sparse_mixer=1", []).append(node)
+            if node.attr("swiglu_limit_after_activation", 0) == 1:
+                reasons.setdefault("it does not take swiglu_limit_after_activation=1", []).append(node)
+            if node.op_type == "QMoE" and _text(node.attr("quant_type", "int")) == "int":
+                form = (node.attr("expert_weight_bits", 4), node.attr("weights_prepacked", -1),
+                        node.attr("block_size", 0))
+                if not any(form[0] == f.bits and form[1] == f.weights_prepacked and form[2] in f.block_sizes
+                           for f in facts.int_forms):
+                    reasons.setdefault(f"it does not take QMoE int weights as (bits {form[0]}, weights_prepacked "
+                                       f"{form[1]}, block {form[2]})", []).append(node)
+        for why, nodes in reasons.items():
+            yield ctx.finding(
+                f"{setup.label}: session.moe.offload.mode=required, but the MoE expert offload of "
+                f"{release_text(ctx)} cannot serve this deployment: {why}"
+                + (f" ({_where(nodes)})" if nodes else "") + "; the session is refused",
+                location=where if not nodes else None, node=nodes[0] if nodes else None,
+                graph=graph if nodes else None, related=nodes[1:],
+                fix="Export the experts in a form the offload takes, or set session.moe.offload.mode to auto or "
+                    "disabled.",
+                properties={"reason": why, "nodes": len(nodes), "source": facts.source},
+            )
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+TRT_RTX = "NvTensorRTRTXExecutionProvider"
+
+
+@rule("OGP014", "trt-rtx-plugin-only", Severity.WARNING, needs=("provider",))
+def trt_rtx_plugin_only(ctx: RuleContext):
+    """NvTensorRTRTXExecutionProvider on ONNX Runtime 1.32.0 or later, which ships it only as a plugin the
+    application registers.
+
+    ## What it checks
+    A deployment on `NvTensorRTRTXExecutionProvider` whose release (the policy's
+    `execution_provider.onnxruntime_version`, `--ort-version`, else the one ortgate assumes) is 1.32.0 or later.
+    From 1.32.0 the provider "is only available as a plugin EP registered by the application"
+    (onnxruntime_inference_collection.py of the 1.32.0 wheel): naming it in `providers=[...]` alone no longer
+    finds it, and TensorRT RTX falls back to CUDA only if CUDA is listed too.
+
+    ## Why it costs throughput
+    A session that does not find its provider runs where ORT places it instead: on CPU, at a fraction of the
+    GPU's speed, unless the application registered the plugin library first.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: NvTensorRTRTXExecutionProvider, onnxruntime_version: "1.32.0"}
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: NvTensorRTRTXExecutionProvider, onnxruntime_version: "1.31.1"}
+    ```
+
+    ## Fix
+    Register the TensorRT RTX plugin EP library in the application (`onnxruntime.register_execution_provider_library`)
+    before creating the session, and check with `ortgate run` that the nodes run on it.
+    """
+    from ortgate.knowledge.deployment_facts import at_least
+
+    ort = ctx.deployment.ort
+    if not at_least(ort.judged_as, "1.32.0"):
+        return
+    for setup in ctx.deployment.setups:
+        if setup.provider_name == TRT_RTX and setup.provider is not None:
+            yield ctx.finding(
+                f"{setup.label}: {TRT_RTX} on {release_text(ctx)} is only available as a plugin EP the application "
+                "registers; naming it among the providers alone does not load it",
+                location=setup.provider.location,
+                fix="Register the plugin EP library before creating the session (register_execution_provider_library).",
+                properties={"provider": TRT_RTX, "release": ort.version},
+            )
