@@ -460,3 +460,171 @@ def trt_rtx_plugin_only(ctx: RuleContext):
                 fix="Register the plugin EP library before creating the session (register_execution_provider_library).",
                 properties={"provider": TRT_RTX, "release": ort.version},
             )
+
+
+# ---- CUDA graph capture preflight (the onnxruntime-gpu 1.31.1 CUDA provider's capture constraints) ------------------
+
+CAPTURE_SOURCE = "the strings of onnxruntime-gpu 1.31.1's libonnxruntime_providers_cuda.so"
+CAPTURE_SINCE = "1.31.1"  # the release whose CUDA provider was read; older ones are not judged
+
+
+def _capture_setups(ctx: RuleContext):
+    from ortgate.knowledge.deployment_facts import at_least
+    from ortgate.rules.provider import cuda_graph_enabled
+
+    if not at_least(ctx.deployment.ort.judged_as, CAPTURE_SINCE):
+        return []
+    return [s for s in ctx.deployment.setups if s.provider_name == CUDA and cuda_graph_enabled(s)]
+
+
+def _runtime_g_idx(graph: Graph) -> list[Node]:
+    return [n for n in graph.by_op(MS_DOMAIN, "MatMulNBits") if n.input(4) and not graph.is_constant(n.input(4))]
+
+
+@rule("OGK010", "cuda-graph-capture-refused", Severity.ERROR, needs=("provider",))
+def cuda_graph_capture_refused(ctx: RuleContext):
+    """CUDA graph capture is on, and the CUDA provider refuses something the deployment asks of it during capture.
+
+    ## What it checks
+    With `enable_cuda_graph` on for the CUDA provider (policy or genai_config.json), on onnxruntime 1.31.1 or
+    later (the release whose CUDA provider was read: its error strings):
+    - `session.enable_moe_expert_counting=1` with MoE / QMoE nodes: "MoE expert counting is not supported during
+      CUDA graph capture";
+    - a MatMulNBits whose `g_idx` (input 4) is computed at run time rather than a weight: "runtime group_index
+      inputs are not supported during capture".
+
+    ## Why it costs throughput
+    The captured step fails instead of replaying: the deployment loses CUDA graph (the largest single win at
+    batch-1 decode) or does not start.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    session:
+      config_entries: {session.enable_moe_expert_counting: "1"}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] x, float16[T, 4] logits) => (float16[T, 8] y)
+    <float16[4, 16, 8] fc1, float16[4, 8, 8] fc2>
+    {
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe_layer (float16[T, 8] x, float16[T, 4] logits) => (float16[T, 8] y)
+    <float16[4, 16, 8] fc1, float16[4, 8, 8] fc2>
+    {
+      y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+    }
+    ```
+
+    ## Fix
+    Count experts in a separate profiling session without CUDA graph; store `g_idx` as a weight (or quantize
+    without act-order) for a captured deployment.
+    """
+    graph = ctx.inputs.executed
+    for setup in _capture_setups(ctx):
+        counting = setup.config_entry("session.enable_moe_expert_counting")
+        moe = [n for n in _ms_nodes(graph) if n.op_type in ("MoE", "QMoE")]
+        if counting in ("1", "true", "True") and moe:
+            yield ctx.finding(
+                f"{setup.label}: CUDA graph capture with session.enable_moe_expert_counting=1 and {_where(moe)} of "
+                f"MoE / QMoE: 'MoE expert counting is not supported during CUDA graph capture' ({CAPTURE_SOURCE})",
+                location=setup.config_entries["session.enable_moe_expert_counting"].location,
+                fix="Count experts in a profiling session without CUDA graph.",
+                properties={"constraint": "moe_expert_counting", "nodes": len(moe)},
+            )
+        g_idx = _runtime_g_idx(graph)
+        if g_idx:
+            yield ctx.finding(
+                f"{setup.label}: CUDA graph capture with {_where(g_idx)} of MatMulNBits whose g_idx is computed at "
+                f"run time: 'runtime group_index inputs are not supported during capture' ({CAPTURE_SOURCE})",
+                node=g_idx[0], graph=graph, related=g_idx[1:],
+                fix="Store g_idx as a weight, or quantize without act-order.",
+                properties={"constraint": "runtime_g_idx", "nodes": len(g_idx)},
+            )
+
+
+@rule("OGK011", "cuda-graph-capture-degraded", Severity.WARNING, needs=("provider",))
+def cuda_graph_capture_degraded(ctx: RuleContext):
+    """CUDA graph capture is on, and a kernel the deployment relies on takes a slower or unprofiled path under
+    capture.
+
+    ## What it checks
+    With `enable_cuda_graph` on for the CUDA provider, on onnxruntime 1.31.1 or later (its CUDA provider's strings):
+    - MatMulNBits on the fpA_intB GEMM (prepacked weights, `weight_prepacked=1`, or `ep.cuda.fpa_intb_gemm=1`):
+      "The M bucket was not profiled before CUDA graph capture; run a warmup inference outside capture first" —
+      each decode shape needs a warm-up run before the step is captured;
+    - PagedAttention: "cuDNN paged SDPA graph unavailable ... during CUDA graph capture": the captured step uses
+      the other paged attention path.
+
+    ## Why it costs throughput
+    A GEMM captured with an unprofiled tactic, or attention on its fallback path, is replayed at that speed for
+    every token the deployment serves.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32, weight_prepacked = 1>(a, b, scales)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider, options: {enable_cuda_graph: "1"}}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32>(a, b, scales)
+    }
+    ```
+
+    ## Fix
+    Run one warm-up inference per decode shape before the first captured step (onnxruntime-genai does one
+    generator step), or tune the tactics offline (`onnxruntime.tools.fpa_intb_tune`, 1.32.0); for PagedAttention,
+    measure both paths with `ortgate run`.
+    """
+    graph = ctx.inputs.executed
+    for setup in _capture_setups(ctx):
+        forced = setup.config_entry("ep.cuda.fpa_intb_gemm") in ("1", "true", "True")
+        fpa = [n for n in graph.by_op(MS_DOMAIN, "MatMulNBits") if forced or n.attr("weight_prepacked", 0) == 1]
+        if fpa:
+            yield ctx.finding(
+                f"{setup.label}: CUDA graph capture with {_where(fpa)} of MatMulNBits on the fpA_intB GEMM: 'The M "
+                "bucket was not profiled before CUDA graph capture; run a warmup inference outside capture first' "
+                f"({CAPTURE_SOURCE})",
+                node=fpa[0], graph=graph, related=fpa[1:],
+                fix="Run a warm-up inference per decode shape before capture, or tune offline (fpa_intb_tune).",
+                properties={"constraint": "fpa_intb_m_bucket", "nodes": len(fpa)},
+            )
+        paged = graph.by_op(MS_DOMAIN, "PagedAttention")
+        if paged:
+            yield ctx.finding(
+                f"{setup.label}: CUDA graph capture with {_where(paged)} of PagedAttention: 'cuDNN paged SDPA graph "
+                f"unavailable ... during CUDA graph capture' ({CAPTURE_SOURCE}): the captured step takes the other "
+                "paged attention path",
+                node=paged[0], graph=graph, related=paged[1:],
+                fix="Measure the captured and uncaptured step with `ortgate run` (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 "
+                    "selects the non-cuDNN path outright).",
+                properties={"constraint": "paged_attention_cudnn", "nodes": len(paged)},
+            )
