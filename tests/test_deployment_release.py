@@ -150,3 +150,40 @@ def test_a_release_newer_than_the_knowledge_is_judged_by_the_newest_known_and_sa
 
     ort = resolve_release(None, "9.1.0")
     assert ort.judged_as == newest and f"judged as {newest}" in ort.origin
+
+
+UPGRADE_MODEL = """
+<ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+moe_layer (float[T, 8] h, float[T, 8] residual, float[T, 8] lg) => (float[T, 8] y, float[T, 8] p)
+<float[8, 4] router_w, float[4, 32, 8] fc1, float[4, 8, 16] fc2, float[8] norm_w, float[8] bias>
+{
+  x = Mul(h, norm_w)
+  logits = MatMul(x, router_w)
+  moe = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1, normalize_routing_weights = 0>(
+      x, logits, fc1, , fc2)
+  y = Add(moe, residual)
+  p = com.microsoft.MoEGroupRouter<top_k = 2, n_group = 2, topk_group = 1>(lg, bias)
+}
+"""
+
+
+def test_upgrade_lists_what_changes_between_two_releases(tmp_path):
+    model = tmp_path / "model.onnx"
+    onnx.save(onnx.parser.parse_model(UPGRADE_MODEL), model)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("name: cpu\nexecution_provider: {name: CPUExecutionProvider}\nsession:\n  config_entries:\n"
+                      "    session.moe.offload.gpu_budget_byte: '1'\n")
+    code, out, err = run_cli("upgrade", model, "--policy", policy, "--to", "1.32.0", "--format", "json")
+    assert code == 1, err  # the misspelt offload key is refused on 1.32.0
+    import json
+
+    report = json.loads(out)
+    assert report["from"]["onnxruntime"] == assumed_release() and report["to"]["onnxruntime"] == "1.32.0"
+    assert [e["code"] for e in report["appear"]] == ["OGS013"]
+    gone = {e["code"] for e in report["disappear"]}
+    assert {"OGK006", "OGX010", "OGS007"} <= gone  # the CPU MoE defect fixed, MoEGroupRouter known, key read
+    assert any(k["prefix"] == "session.moe.offload." for k in report["config_keys_added"])
+    code, out, err = run_cli("upgrade", model, "--policy", policy, "--to", "1.32.0", "--from", "1.32.0")
+    assert code == 2 and "same release" in err
+    code, out, err = run_cli("upgrade", model, "--policy", policy, "--to", "1.2")
+    assert code == 2 and "--to:" in err and "older than" in err
