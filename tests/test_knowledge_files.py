@@ -14,6 +14,7 @@ import ortgate.knowledge as knowledge
 from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
 from ortgate.knowledge.cache_exports import _CacheExportsFile
 from ortgate.knowledge.contracts import OpContracts
+from ortgate.knowledge.cuda_contracts import CudaContracts
 from ortgate.knowledge.deployment_facts import _FactsFile
 from ortgate.knowledge.devices import _DevicesFile, _OpCostsFile
 from ortgate.knowledge.dims import _DimNamesFile
@@ -48,6 +49,7 @@ SCHEMAS = {
     "ort_releases.json": _ReleasesFile,
     "ort_cpu_limits.json": _LimitsFile,
     "ort_session_keys.json": _SessionKeysFile,
+    "ort_cuda_contracts.json": CudaContracts,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json,

@@ -154,6 +154,12 @@ def provider_refuses_node(ctx: RuleContext):
       session at creation; separate `fc3_experts_weights` load and fail at the first run ("FC3 is not implemented
       for CPU MoE"). A com.microsoft op the release defines without a CPU kernel (SwiGLU, MoEPacked, RMSNormRotary,
       MatMulPacked ... in 1.32.0; MoE before 1.23.2) cannot be placed at all.
+    - CUDA, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json, the strings of the
+      onnxruntime-gpu 1.31.1 wheel's CUDA provider): QMoE with separate fc3 weights (except block-scaled FP8),
+      zero points with a block size below 32 or per-column scales, nvfp4 with a block size other than 16; a
+      MatMulNBits with prepacked weights (`weight_prepacked=1`) outside the wheel's compact fpA_intB set
+      (float16/bfloat16 activations, INT2 at block 64 or INT4/INT8 at block 32, scales only: no zero points,
+      bias or g_idx).
     - Any provider but CPU and CUDA: a GroupQueryAttention with `query_seqlens` (input 16), which "other EPs
       must reject" (the 1.32.0 schema).
 
@@ -229,6 +235,8 @@ def provider_refuses_node(ctx: RuleContext):
                 fix=f"Deploy on a provider with a {op} kernel, or export it as ops the CPU provider has.",
                 properties={"op": op, "stage": "session creation", "release": ort.version, "nodes": len(hit)},
             )
+    if provider == CUDA:
+        yield from _cuda_refusals(ctx, graph, nodes)
     if provider is not None and provider not in QUERY_SEQLENS_PROVIDERS:
         hit = [n for n in nodes if n.op_type == "GroupQueryAttention" and n.input(QUERY_SEQLENS)]
         if hit:
@@ -240,6 +248,54 @@ def provider_refuses_node(ctx: RuleContext):
                 fix="Deploy on CPU or CUDA, or export without query_seqlens (one query chunk per sequence).",
                 properties={"provider": provider, "nodes": len(hit)},
             )
+
+
+def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if not at_least(ctx.deployment.ort.judged_as, facts.since):
+        return
+    found: dict[str, list[Node]] = {}
+    for node in nodes:
+        if node.op_type == "QMoE":
+            quant = _text(node.attr("quant_type", "int"))
+            block = node.attr("block_size", 0)
+            zero_points = any(node.input(i) for i in (11, 12, 13))
+            if node.input(8) and quant != "fp8":
+                found.setdefault("separate_fc3", []).append(node)
+            if zero_points and isinstance(block, int) and 0 < block < 32:
+                found.setdefault("zero_points_small_block", []).append(node)
+            if zero_points and isinstance(block, int) and block <= 0:
+                found.setdefault("zero_points_row_wise", []).append(node)
+            if quant == "nvfp4" and block != 16:
+                found.setdefault("nvfp4_block", []).append(node)
+        elif node.op_type == "MatMulNBits" and node.attr("weight_prepacked", 0) == 1:
+            if _outside_fpa_intb(graph, node, facts):
+                found.setdefault("fpa_intb", []).append(node)
+    for key, hit in found.items():
+        message = facts.matmulnbits_fpa_intb.message if key == "fpa_intb" else facts.refusal(key).message
+        op = hit[0].op_type
+        yield ctx.finding(
+            f"{_where(hit)}: com.microsoft.{op} in a form the CUDA provider of {release_text(ctx)} refuses: "
+            f"'{message}' ({facts.source})",
+            node=hit[0], graph=graph, related=hit[1:],
+            fix=("Quantize for the compact fpA_intB set (float16/bfloat16, INT4/INT8 block 32 or INT2 block 64, "
+                 "scales only), or write raw weights (weight_prepacked=0)." if key == "fpa_intb" else
+                 "Re-quantize the experts in a form the CUDA QMoE takes (gate and up in fc1, zero points only with "
+                 "blocks of 32 or more, nvfp4 at block 16)."),
+            properties={"refusal": key, "release": ctx.deployment.ort.version, "nodes": len(hit)},
+        )
+
+
+def _outside_fpa_intb(graph: Graph, node: Node, facts) -> bool:
+    contract = facts.matmulnbits_fpa_intb
+    dtype = graph.dtype(node.input(0))
+    form = (node.attr("bits", 4), node.attr("block_size", 0))
+    return (any(node.input(i) for i in (3, 4, 5))
+            or (dtype is not None and dtype not in contract.activation_dtypes)
+            or not any(form == (f.bits, f.block_size) for f in contract.forms))
 
 
 def _refused(node: Node, refusal) -> bool:
@@ -628,3 +684,133 @@ def cuda_graph_capture_degraded(ctx: RuleContext):
                     "selects the non-cuDNN path outright).",
                 properties={"constraint": "paged_attention_cudnn", "nodes": len(paged)},
             )
+
+
+@rule("OGK012", "cuda-kernel-fallback", Severity.WARNING, needs=("provider",))
+def cuda_kernel_fallback(ctx: RuleContext):
+    """A node the CUDA provider runs, but not on its fast kernel: which path it gets, why, and what that path is
+    reported to cost.
+
+    ## What it checks
+    On the CUDA provider, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json):
+    - GroupQueryAttention with a head size above 256: no fused CUDA attention, the unfused path (Gemma-4's head
+      size 512 layers cost 4.3% of its whole decode on H200, onnxruntime/mobius#263);
+    - float16/bfloat16 QMoE with integer weights outside the batch-1 GEMV fast path (INT4/INT8, per-column or
+      block 32/64/128): the grouped GEMM at decode (the fast path made GPT-OSS-20B decode about 15% faster,
+      microsoft/onnxruntime#29037/#29038);
+    - MXFP4 QMoE (`quant_type=fp4`) with an expert shape outside k % 64 == 0 and n % 16 == 0: the interleaved GEMV
+      cannot take it and the persistent MoE weights take twice the memory.
+    Each finding carries the reported figure and its source; the decode estimate does not price these paths yet.
+
+    ## Why it costs throughput
+    The node is fused and runs on the GPU, so nothing else flags it, but it takes the slow path for every token.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 2048] qkv, float16[1, 1, P, 512] past_k, float16[1, 1, P, 512] past_v,
+               int32[1] seqlens_k, int32[1] total_len) => (float16[1, T, 1024] o, float16[1, 1, S, 512] present_k,
+               float16[1, 1, S, 512] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 2, kv_num_heads = 1>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    attention (float16[1, T, 512] qkv, float16[1, 1, P, 128] past_k, float16[1, 1, P, 128] past_v,
+               int32[1] seqlens_k, int32[1] total_len) => (float16[1, T, 256] o, float16[1, 1, S, 128] present_k,
+               float16[1, 1, S, 128] present_v)
+    {
+      o, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 2, kv_num_heads = 1>(
+          qkv, , , past_k, past_v, seqlens_k, total_len)
+    }
+    ```
+
+    ## Fix
+    Quantize the experts for the fast path (INT4/INT8, block 32/64/128), pad MXFP4 expert shapes to k % 64 and
+    n % 16, and measure the attention layers with `ortgate run --profile`; a head size above 256 is the model's.
+    """
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
+        return
+    graph = ctx.inputs.executed
+    wide: list[tuple[Node, int]] = []
+    slow_qmoe: list[Node] = []
+    mxfp4: list[Node] = []
+    gemv = facts.qmoe_gemv
+    for node in _ms_nodes(graph):
+        if node.op_type == "GroupQueryAttention":
+            head = _head_size(graph, node)
+            if head is not None and head > facts.gqa_fused_head_size.max:
+                wide.append((node, head))
+        elif node.op_type == "QMoE" and graph.dtype(node.input(0)) in gemv.activation_dtypes:
+            quant = _text(node.attr("quant_type", "int"))
+            if quant == "int":
+                bits, block = node.attr("expert_weight_bits", 4), node.attr("block_size", 0)
+                if bits not in gemv.bits or block not in gemv.block_sizes:
+                    slow_qmoe.append(node)
+            elif quant == "fp4":
+                shape = graph.shape(node.input(2))
+                n, k2 = (shape[1], shape[2]) if shape is not None and len(shape) == 3 else (None, None)
+                if isinstance(n, int) and isinstance(k2, int):
+                    if (2 * k2) % facts.mxfp4_shape.k_multiple or n % facts.mxfp4_shape.n_multiple:
+                        mxfp4.append(node)
+    if wide:
+        nodes = [n for n, _ in wide]
+        heads = sorted({h for _, h in wide})
+        fact = facts.gqa_fused_head_size
+        yield ctx.finding(
+            f"{_where(nodes)}: GroupQueryAttention with head size {', '.join(map(str, heads))} on {CUDA} "
+            f"({release_text(ctx)}): above {fact.max} no fused CUDA attention runs it, the unfused path does "
+            f"(reported: {fact.slowdown:.1%} of a whole model's decode; {fact.source})",
+            node=nodes[0], graph=graph, related=nodes[1:],
+            fix="Measure the attention layers with `ortgate run --profile`; the head size is the model's.",
+            properties={"tier": "unfused attention", "head_sizes": heads, "reported_slowdown": fact.slowdown,
+                        "source": fact.source, "nodes": len(nodes)},
+        )
+    if slow_qmoe:
+        yield ctx.finding(
+            f"{_where(slow_qmoe)}: QMoE with {slow_qmoe[0].attr('expert_weight_bits', 4)}-bit weights at block "
+            f"{slow_qmoe[0].attr('block_size', 0)} on {CUDA} ({release_text(ctx)}): outside the batch-1 GEMV fast "
+            f"path (INT{'/INT'.join(map(str, gemv.bits))}, block {'/'.join(map(str, gemv.block_sizes))}), decode "
+            f"runs the grouped GEMM (reported: the fast path is worth about {gemv.speedup:.0%} of decode; "
+            f"{gemv.source})",
+            node=slow_qmoe[0], graph=graph, related=slow_qmoe[1:],
+            fix="Re-quantize the experts as INT4 or INT8 with block 32, 64 or 128 (or per-column).",
+            properties={"tier": "grouped GEMM", "reported_speedup_of_fast_path": gemv.speedup,
+                        "source": gemv.source, "nodes": len(slow_qmoe)},
+        )
+    if mxfp4:
+        yield ctx.finding(
+            f"{_where(mxfp4)}: MXFP4 QMoE on {CUDA} ({release_text(ctx)}) with an expert shape outside k % "
+            f"{facts.mxfp4_shape.k_multiple} == 0 and n % {facts.mxfp4_shape.n_multiple} == 0: "
+            f"'{facts.mxfp4_shape.message}' ({facts.source})",
+            node=mxfp4[0], graph=graph, related=mxfp4[1:],
+            fix="Pad the expert dims to k % 64 == 0 and n % 16 == 0.",
+            properties={"tier": "MXFP4 outside interleaved GEMV", "nodes": len(mxfp4)},
+        )
+
+
+def _head_size(graph: Graph, node: Node) -> int | None:
+    heads, kv = node.attr("num_heads", 0), node.attr("kv_num_heads", 0)
+    shape = graph.shape(node.input(0))
+    if not heads or not shape or not isinstance(shape[-1], int):
+        return None
+    width = shape[-1]
+    packed = not node.input(1)
+    parts = heads + 2 * kv if packed else heads
+    return width // parts if parts and width % parts == 0 else None
