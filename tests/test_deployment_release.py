@@ -187,3 +187,21 @@ def test_upgrade_lists_what_changes_between_two_releases(tmp_path):
     assert code == 2 and "same release" in err
     code, out, err = run_cli("upgrade", model, "--policy", policy, "--to", "1.2")
     assert code == 2 and "--to:" in err and "older than" in err
+
+
+def test_run_says_when_the_installed_release_differs_from_the_deployments(moe_model, tmp_path):
+    import onnxruntime
+
+    from ortgate.engine.pipeline import LintRequest, load_inputs
+    from ortgate.runner.collect import release_note, start_evidence
+
+    policy = tmp_path / "policy.yaml"
+    installed = onnxruntime.__version__
+    other = "1.32.0" if installed != "1.32.0" else "1.31.1"
+    policy.write_text(POLICY % f", onnxruntime_version: '{other}'")
+    inputs = load_inputs(LintRequest(str(moe_model), str(policy)))
+    note = release_note(inputs)
+    assert note is not None and f"measured on onnxruntime {installed}" in note and f"judge onnxruntime {other}" in note
+    assert note in start_evidence(inputs).notes
+    policy.write_text(POLICY % f", onnxruntime_version: '{installed}'")
+    assert release_note(load_inputs(LintRequest(str(moe_model), str(policy)))) is None
