@@ -318,6 +318,7 @@ def generate_releases(sources: list[str]) -> dict:
                        for f, vs in sorted(inputs.items(), key=lambda kv: positions[kv[0]])},
             "attributes": {a: _spans(vs, order) for a, vs in sorted(attrs.items())},
             "cpu_kernel": _spans([v for v in order if name in dumps[v]["cpu_kernels"]], order),
+            "variadic": any(option == "Variadic" for v in having for _f, option in dumps[v]["ops"][name]["inputs"]),
         }
     gpu_diff = {}
     for version, data in gpu.items():

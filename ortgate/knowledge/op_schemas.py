@@ -52,6 +52,7 @@ class OpSchemaHistory:
     inputs: Mapping[str, _Input]
     attributes: Mapping[str, tuple[Span, ...]]
     cpu_kernel: tuple[Span, ...]
+    variadic: bool  # an input takes any number of values: the input count is not checked
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def op_unknown_to_release(ctx: RuleContext):
             if not attribute_defined(node.op_type, name, version):
                 groups.setdefault((node.op_type, f"attribute:{name}"), []).append(node)
         last = max((i for i, name in enumerate(node.inputs) if name), default=-1)
-        if last >= input_count(node.op_type, version):
+        if not history.variadic and last >= input_count(node.op_type, version):
             groups.setdefault((node.op_type, f"input:{last}"), []).append(node)
     for (op, what), nodes in groups.items():
         history = op_history(op)
