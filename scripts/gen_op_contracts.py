@@ -250,7 +250,23 @@ cpu = []
 if kernels:
     cpu = sorted({k.op_name for k in C.get_all_opkernel_def()
                   if k.domain == "com.microsoft" and k.provider == "CPUExecutionProvider"})
+# The newest ai.onnx opset a model may import: a one-Identity model per opset (ORT refuses a model stamped with an
+# opset it calls under development at load, which the newest schema's version does not tell).
+from onnx import TensorProto, helper
+onnxruntime.set_default_logger_severity(4)
+loads = 0
+for stamp in range(opset - 2, opset + 3):
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", stamp)])
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        loads = stamp
+    except Exception:
+        break
 print(json.dumps({"version": onnxruntime.__version__, "device": onnxruntime.get_device(), "opset": opset,
+                  "max_model_opset": loads,
                   "ops": ops, "cpu_kernels": cpu}))
 """
 
@@ -338,7 +354,8 @@ def generate_releases(sources: list[str]) -> dict:
         "about": ("The com.microsoft ops, inputs and attributes each ONNX Runtime CPU release registers, and which of "
                   "those ops have a CPU kernel, read from each release's wheel (get_all_operator_schema, "
                   "get_all_opkernel_def). Each item lists the runs [first, last] of covered releases it is in."),
-        "releases": {v: {"wheel": dumps[v]["wheel"], "onnx_opset": dumps[v]["opset"]} for v in order},
+        "releases": {v: {"wheel": dumps[v]["wheel"], "onnx_opset": dumps[v]["opset"],
+                         "max_model_opset": dumps[v]["max_model_opset"]} for v in order},
         "gpu_wheels": gpu_diff,
         "ops": ops,
     }

@@ -26,6 +26,7 @@ from ortgate.knowledge.op_schemas import (
     covered_release,
     has_cpu_kernel,
     input_count,
+    max_model_opset,
     op_defined,
     op_history,
 )
@@ -105,6 +106,7 @@ def test_the_release_registers_the_schemas_op_schemas_json_records(python):
     dump = _run(python, "-c", gen._DUMP, "1" if cpu_wheel else "0")
     version = dump["version"]
     assert covered_release(version) == version, f"onnxruntime {version}'s wheel was not read into op_schemas.json"
+    assert max_model_opset(version) == (dump["max_model_opset"], version), "the newest opset a model may import"
     for op, schema in dump["ops"].items():
         assert op_defined(op, version), f"{op} is defined in {version}; op_schemas.json says not"
         assert input_count(op, version) == len(schema["inputs"]), (op, version)

@@ -26,7 +26,8 @@ Span = tuple[str, str]
 @dataclass(frozen=True)
 class _Release:
     wheel: str
-    onnx_opset: int
+    onnx_opset: int  # the newest ai.onnx schema version the release registers
+    max_model_opset: int  # the newest ai.onnx opset a model may import (a newer one fails to load; seen)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,12 @@ def _in(spans: tuple[Span, ...], version: str | None) -> bool:
     order = list(_schemas().releases)
     at = order.index(covered)
     return any(order.index(first) <= at <= order.index(last) for first, last in spans)
+
+
+def max_model_opset(version: str) -> tuple[int, str] | None:
+    """The newest ai.onnx opset a model may import on `version`, and the release it was seen on."""
+    covered = covered_release(version)
+    return (_schemas().releases[covered].max_model_opset, covered) if covered else None
 
 
 def op_history(op_type: str) -> OpSchemaHistory | None:

@@ -55,7 +55,8 @@ def op_unknown_to_release(ctx: RuleContext):
     scripts/gen_op_contracts.py --releases): an op the release does not define (MoEGroupRouter, SwiGLU, MoEPacked
     ... before 1.32.0), an attribute it does not define (MoE `swiglu_limit_after_activation` before 1.32.0, QMoE
     `block_size` before 1.23.2), an input beyond its inputs (GroupQueryAttention `query_seqlens`, input 16, before
-    1.32.0). The release is the policy's `execution_provider.onnxruntime_version` (or `--ort-version`), else
+    1.32.0), and an ai.onnx opset newer than the release loads (1.31.1 refuses opset 27, 1.32.0 opset 29; probed
+    on each wheel). The release is the policy's `execution_provider.onnxruntime_version` (or `--ort-version`), else
     the release ortgate assumes (1.31.1), which the finding names. Ops no covered release defines are
     op-contract-unknown's.
 
@@ -95,9 +96,22 @@ def op_unknown_to_release(ctx: RuleContext):
     Deploy the release the finding names (and pin it in execution_provider.onnxruntime_version), or re-export
     for the release you deploy (an older builder or exporter release, or without the new attribute or input).
     """
+    from ortgate.graph.index import DEFAULT_DOMAIN
+    from ortgate.knowledge.op_schemas import max_model_opset
+
     ort = ctx.deployment.ort
     version = ort.judged_as
     graph = ctx.model
+    stamped, newest = graph.opsets.get(DEFAULT_DOMAIN), max_model_opset(version)
+    if stamped is not None and newest is not None and stamped > newest[0]:
+        yield ctx.finding(
+            f"the model imports ai.onnx opset {stamped}; {release_text(ctx)} loads models up to opset {newest[0]} "
+            f"(seen on {newest[1]}'s wheel), so the session fails to load ('ONNX Runtime only *guarantees* "
+            "support for models stamped with official released onnx opset versions')",
+            graph=graph,
+            fix=f"Export at opset {newest[0]} or lower, or deploy a release that loads opset {stamped}.",
+            properties={"what": "opset", "opset": stamped, "max_model_opset": newest[0], "release": ort.version},
+        )
     groups: dict[tuple[str, str], list[Node]] = {}
     for node in _ms_nodes(graph):
         history = op_history(node.op_type)
