@@ -66,9 +66,37 @@ class _SchemasFile:
     ops: Mapping[str, OpSchemaHistory]
 
 
+@dataclass(frozen=True)
+class _Index:
+    """op_schemas.json with its releases read and each op's history built on first use (building all of them
+    costs a lint 0.1 s; a model uses a few; tests/test_knowledge_files.py builds the whole file)."""
+
+    releases: Mapping[str, _Release]
+    raw_ops: Mapping[str, dict]
+
+    @property
+    def ops(self) -> _Ops:
+        return _Ops(self.raw_ops)
+
+
+class _Ops:
+    def __init__(self, raw: Mapping[str, dict]):
+        self._raw = raw
+
+    def get(self, op_type: str) -> OpSchemaHistory | None:
+        return _op(op_type) if op_type in self._raw else None
+
+
 @cache
-def _schemas() -> _SchemasFile:
-    return build(_SchemasFile, read_json(OP_SCHEMAS_JSON), OP_SCHEMAS_JSON.name)
+def _schemas() -> _Index:
+    data = read_json(OP_SCHEMAS_JSON)
+    releases = build(_SchemasFile, {**data, "ops": {}}, OP_SCHEMAS_JSON.name).releases
+    return _Index(releases, data["ops"])
+
+
+@cache
+def _op(op_type: str) -> OpSchemaHistory:
+    return build(OpSchemaHistory, _schemas().raw_ops[op_type], f"{OP_SCHEMAS_JSON.name}: ops.{op_type}")
 
 
 def schema_releases() -> tuple[str, ...]:
