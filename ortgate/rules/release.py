@@ -709,12 +709,10 @@ def cuda_kernel_fallback(ctx: RuleContext):
     On the CUDA provider, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json):
     - GroupQueryAttention with a head size above 256: no fused CUDA attention, the unfused path (Gemma-4's head
       size 512 layers cost 4.3% of its whole decode on H200, onnxruntime/mobius#263);
-    - float16/bfloat16 QMoE with integer weights outside the batch-1 GEMV fast path (INT4/INT8, per-column or
-      block 32/64/128): the grouped GEMM at decode (the fast path made GPT-OSS-20B decode about 15% faster,
-      microsoft/onnxruntime#29037/#29038);
     - MXFP4 QMoE (`quant_type=fp4`) with an expert shape outside k % 64 == 0 and n % 16 == 0: the interleaved GEMV
       cannot take it and the persistent MoE weights take twice the memory.
-    Each finding carries the reported figure and its source; the decode estimate does not price these paths yet.
+    Each finding carries the reported figure and its source; the decode estimate does not price these paths (the
+    figures are whole-model ones). A QMoE off the GEMV fast path is qmoe-gemv-fast-path-missed's, which is priced.
 
     ## Why it costs throughput
     The node is fused and runs on the GPU, so nothing else flags it, but it takes the slow path for every token.
@@ -752,8 +750,8 @@ def cuda_kernel_fallback(ctx: RuleContext):
     ```
 
     ## Fix
-    Quantize the experts for the fast path (INT4/INT8, block 32/64/128), pad MXFP4 expert shapes to k % 64 and
-    n % 16, and measure the attention layers with `ortgate run --profile`; a head size above 256 is the model's.
+    Pad MXFP4 expert shapes to k % 64 and n % 16, and measure the attention layers with `ortgate run --profile`;
+    a head size above 256 is the model's.
     """
     from ortgate.knowledge.cuda_contracts import cuda_contracts
     from ortgate.knowledge.deployment_facts import at_least
@@ -763,7 +761,6 @@ def cuda_kernel_fallback(ctx: RuleContext):
         return
     graph = ctx.inputs.executed
     wide: list[tuple[Node, int]] = []
-    slow_qmoe: list[Node] = []
     mxfp4: list[Node] = []
     gemv = facts.qmoe_gemv
     for node in _ms_nodes(graph):
@@ -772,12 +769,7 @@ def cuda_kernel_fallback(ctx: RuleContext):
             if head is not None and head > facts.gqa_fused_head_size.max:
                 wide.append((node, head))
         elif node.op_type == "QMoE" and graph.dtype(node.input(0)) in gemv.activation_dtypes:
-            quant = _text(node.attr("quant_type", "int"))
-            if quant == "int":
-                bits, block = node.attr("expert_weight_bits", 4), node.attr("block_size", 0)
-                if bits not in gemv.bits or block not in gemv.block_sizes:
-                    slow_qmoe.append(node)
-            elif quant == "fp4":
+            if _text(node.attr("quant_type", "int")) == "fp4":
                 shape = graph.shape(node.input(2))
                 n, k2 = (shape[1], shape[2]) if shape is not None and len(shape) == 3 else (None, None)
                 if isinstance(n, int) and isinstance(k2, int):
@@ -795,18 +787,6 @@ def cuda_kernel_fallback(ctx: RuleContext):
             fix="Measure the attention layers with `ortgate run --profile`; the head size is the model's.",
             properties={"tier": "unfused attention", "head_sizes": heads, "reported_slowdown": fact.slowdown,
                         "source": fact.source, "nodes": len(nodes)},
-        )
-    if slow_qmoe:
-        yield ctx.finding(
-            f"{_where(slow_qmoe)}: QMoE with {slow_qmoe[0].attr('expert_weight_bits', 4)}-bit weights at block "
-            f"{slow_qmoe[0].attr('block_size', 0)} on {CUDA} ({release_text(ctx)}): outside the batch-1 GEMV fast "
-            f"path (INT{'/INT'.join(map(str, gemv.bits))}, block {'/'.join(map(str, gemv.block_sizes))}), decode "
-            f"runs the grouped GEMM (reported: the fast path is worth about {gemv.speedup:.0%} of decode; "
-            f"{gemv.source})",
-            node=slow_qmoe[0], graph=graph, related=slow_qmoe[1:],
-            fix="Re-quantize the experts as INT4 or INT8 with block 32, 64 or 128 (or per-column).",
-            properties={"tier": "grouped GEMM", "reported_speedup_of_fast_path": gemv.speedup,
-                        "source": gemv.source, "nodes": len(slow_qmoe)},
         )
     if mxfp4:
         yield ctx.finding(
@@ -828,3 +808,79 @@ def _head_size(graph: Graph, node: Node) -> int | None:
     packed = not node.input(1)
     parts = heads + 2 * kv if packed else heads
     return width // parts if parts and width % parts == 0 else None
+
+
+@rule("OGK013", "qmoe-gemv-fast-path-missed", Severity.WARNING, needs=("provider", "moe"), price="qmoe_gemv",
+      price_all=True)
+def qmoe_gemv_fast_path_missed(ctx: RuleContext):
+    """A float16/bfloat16 QMoE on CUDA whose weights are outside the batch-1 GEMV fast path: decode runs the
+    grouped GEMM.
+
+    ## What it checks
+    On the CUDA provider, on onnxruntime 1.31.1 and later: every QMoE with float16 or bfloat16 activations and
+    integer weights (`quant_type=int`) whose `expert_weight_bits` is not 4 or 8, or whose `block_size` is not 0
+    (per-column), 32, 64 or 128 (knowledge/ort_cuda_contracts.json). Priced: the fast path made GPT-OSS-20B decode
+    about 15% faster on H200 (microsoft/onnxruntime#29037, #29038); the cost model applies that speed-up to each
+    such node at batch-1 decode (ortgate's reading: a MoE-bound decode), and the finding's price is what the fast
+    path saves.
+
+    ## Why it costs throughput
+    At batch 1 the experts' GEMMs are matrix-vector products; the GEMV kernel reads the quantized weights once at
+    full bandwidth, the grouped GEMM pads to tiles and launches more.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe (float16[T, 64] x, float16[T, 4] logits) => (float16[T, 64] y)
+    <uint8[4, 256, 16] w1, float16[4, 256, 1] s1, uint8[4, 64, 16] w2, float16[4, 64, 1] s2>
+    {
+      y = com.microsoft.QMoE<k = 2, expert_weight_bits = 2, block_size = 64, activation_type = "swiglu", swiglu_fusion = 1>(
+          x, logits, w1, s1, , w2, s2)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    moe (float16[T, 64] x, float16[T, 4] logits) => (float16[T, 64] y)
+    <uint8[4, 256, 32] w1, float16[4, 256, 2] s1, uint8[4, 64, 32] w2, float16[4, 64, 2] s2>
+    {
+      y = com.microsoft.QMoE<k = 2, expert_weight_bits = 4, block_size = 32, activation_type = "swiglu", swiglu_fusion = 1>(
+          x, logits, w1, s1, , w2, s2)
+    }
+    ```
+
+    ## Fix
+    Re-quantize the experts as INT4 or INT8 with block 32, 64 or 128 (or per-column); the onnxruntime-genai
+    builder's `int4` and `int8` QMoE schemes write such forms.
+    """
+    from ortgate.cost.estimate import qmoe_off_gemv
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
+        return
+    graph = ctx.inputs.executed
+    gemv = facts.qmoe_gemv
+    slow_qmoe = [n for n in graph.by_op(MS_DOMAIN, "QMoE") if qmoe_off_gemv(graph, n)]
+    if slow_qmoe:
+        yield ctx.finding(
+            f"{_where(slow_qmoe)}: QMoE with {slow_qmoe[0].attr('expert_weight_bits', 4)}-bit weights at block "
+            f"{slow_qmoe[0].attr('block_size', 0)} on {CUDA} ({release_text(ctx)}): outside the batch-1 GEMV fast "
+            f"path (INT{'/INT'.join(map(str, gemv.bits))}, block {'/'.join(map(str, gemv.block_sizes))}), decode "
+            f"runs the grouped GEMM (reported: the fast path is worth about {gemv.speedup:.0%} of decode; "
+            f"{gemv.source})",
+            node=slow_qmoe[0], graph=graph, related=slow_qmoe[1:],
+            fix="Re-quantize the experts as INT4 or INT8 with block 32, 64 or 128 (or per-column).",
+            properties={"tier": "grouped GEMM", "reported_speedup_of_fast_path": gemv.speedup,
+                        "source": gemv.source, "nodes": len(slow_qmoe)},
+        )
