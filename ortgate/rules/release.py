@@ -163,11 +163,11 @@ def provider_refuses_node(ctx: RuleContext):
     On the provider the policy or genai_config.json names, for the deployment's release (the policy's
     `execution_provider.onnxruntime_version`, `--ort-version`, else the release ortgate assumes):
     - CPU: the forms ORT's CPU MoE kernel refuses (knowledge/ort_cpu_limits.json, each seen on every CPU wheel from
-      1.23.2 to 1.32.0 and re-proved on the installed release by a one-node model): `swiglu_fusion=2`,
+      1.23.1 to 1.32.0 and re-proved on the installed release by a one-node model): `swiglu_fusion=2`,
       `activation_type` geglu or relu2 (CUDA only) and, on 1.32.0, `swiglu_limit_after_activation=1` refuse the
       session at creation; separate `fc3_experts_weights` load and fail at the first run ("FC3 is not implemented
       for CPU MoE"). A com.microsoft op the release defines without a CPU kernel (SwiGLU, MoEPacked, RMSNormRotary,
-      MatMulPacked ... in 1.32.0; MoE before 1.23.2) cannot be placed at all.
+      MatMulPacked ... in 1.32.0; MoE before 1.23.1) cannot be placed at all.
     - CUDA, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json, the strings of the
       onnxruntime-gpu 1.31.1 wheel's CUDA provider): QMoE with separate fc3 weights (except block-scaled FP8),
       zero points with a block size below 32 or per-column scales, nvfp4 with a block size other than 16; a
