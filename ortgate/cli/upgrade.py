@@ -118,7 +118,7 @@ def text(report: dict) -> str:
     if est:
         lines.append("estimate: " + ", ".join(f"{label} {e['ms_per_step']} ms per decode step on {e['device']}"
                                               for label, e in est.items())
-                     + " (the cost model prices no release-dependent kernel yet)")
+                     + " (of the kernel paths, only the CUDA QMoE GEMV fast path is priced per release)")
     lines.append(f"verdict: {report['verdict_from']} -> {report['verdict_to']}")
     return "\n".join(lines) + "\n"
 

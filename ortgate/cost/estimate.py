@@ -36,6 +36,7 @@ class CostSetup:
     optimization_level: str | None = None  # None: ORT's default, ORT_ENABLE_ALL
     cuda_graph: bool = False  # CUDA graph capture requested
     optimized: bool = False  # the graph is ORT's optimized dump (ORT's fusions are already in it)
+    ort_release: str | None = None  # the deployment's ONNX Runtime release (None: not known; release-gated paths off)
 
     @property
     def gpu(self) -> bool:
@@ -379,11 +380,15 @@ def _qmoe_off_gemv_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, 
     """A CUDA QMoE off the batch-1 GEMV fast path runs the grouped GEMM at decode. The fast path made GPT-OSS-20B
     decode about 15% faster (knowledge/ort_cuda_contracts.json qmoe_gemv); the cost model applies that speed-up
     to the node alone (its time divided by 1.15 on the fast path: ortgate's reading, a MoE-bound decode), only at
-    batch-1 decode. Each such node's time gains the difference, and a repair per node is the fast path in its place."""
+    batch-1 decode, on the releases that have the fast path. Each such node's time gains the difference, and a
+    repair per node is the fast path in its place."""
     from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
 
     if not setup.gpu or (setup.provider or CUDA) != CUDA or setup.shape.batch != 1 or setup.shape.new_tokens != 1:
         return []
+    if not at_least(setup.ort_release, cuda_contracts().qmoe_gemv.since):
+        return []  # before the fast path, every QMoE takes the grouped GEMM: nothing to repair
     nodes = [n for n in model.graph.by_op("com.microsoft", "QMoE") if n.graph is None and qmoe_off_gemv(model.graph, n)]
     speedup = cuda_contracts().qmoe_gemv.speedup
     out = []

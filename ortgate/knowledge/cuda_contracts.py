@@ -34,6 +34,7 @@ class Refusal:
 
 @dataclass(frozen=True)
 class QmoeGemv:
+    since: str  # the first release with the fast path
     bits: tuple[int, ...]
     block_sizes: tuple[int, ...]
     activation_dtypes: tuple[str, ...]

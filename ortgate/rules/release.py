@@ -817,9 +817,10 @@ def qmoe_gemv_fast_path_missed(ctx: RuleContext):
     grouped GEMM.
 
     ## What it checks
-    On the CUDA provider, on onnxruntime 1.31.1 and later: every QMoE with float16 or bfloat16 activations and
-    integer weights (`quant_type=int`) whose `expert_weight_bits` is not 4 or 8, or whose `block_size` is not 0
-    (per-column), 32, 64 or 128 (knowledge/ort_cuda_contracts.json). Priced: the fast path made GPT-OSS-20B decode
+    On the CUDA provider, on onnxruntime 1.27.0 and later (the releases with the fast path): every QMoE with
+    float16 or bfloat16 activations and integer weights (`quant_type=int`) whose `expert_weight_bits` is not 4 or
+    8, or whose `block_size` is not 0 (per-column), 32, 64 or 128 (knowledge/ort_cuda_contracts.json). Priced: the
+    fast path made GPT-OSS-20B decode
     about 15% faster on H200 (microsoft/onnxruntime#29037, #29038); the cost model applies that speed-up to each
     such node at batch-1 decode (ortgate's reading: a MoE-bound decode), and the finding's price is what the fast
     path saves.
@@ -867,10 +868,10 @@ def qmoe_gemv_fast_path_missed(ctx: RuleContext):
     from ortgate.knowledge.deployment_facts import at_least
 
     facts = cuda_contracts()
-    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
+    gemv = facts.qmoe_gemv
+    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, gemv.since):
         return
     graph = ctx.inputs.executed
-    gemv = facts.qmoe_gemv
     slow_qmoe = [n for n in graph.by_op(MS_DOMAIN, "QMoE") if qmoe_off_gemv(graph, n)]
     if slow_qmoe:
         yield ctx.finding(
