@@ -221,11 +221,6 @@ def version_text() -> str:
         ort = "; ".join(f"{v} ({d})" for d, v in found)
     else:
         ort = "not installed (`ortgate run` needs it: pip install 'ortgate[gpu]' or 'ortgate[cpu]')"
-    from ortgate.knowledge.releases import assumed_release, covered_range
-
     table = kernel_table()
-    oldest, newest = covered_range()
     return (f"ortgate {__version__}\nonnxruntime {ort}\nonnx {installed_version('onnx') or 'not installed'}\n"
-            f"kernel table: {table.ort_version} (commit {table.commit[:12]})\n"
-            f"judges onnxruntime {oldest} to {newest}; without execution_provider.onnxruntime_version in the policy "
-            f"(or --ort-version), {assumed_release()}, whatever is installed")
+            f"kernel table: {table.ort_version} (commit {table.commit[:12]})")

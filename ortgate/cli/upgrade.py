@@ -129,5 +129,6 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     if args.from_ is not None and args.from_ == args.to:
         raise InputError(f"upgrade: --from and --to name the same release ({args.to})")
     report, code = compare(args)
-    write(text(report) if args.format == "text" else json.dumps(report, indent=2) + "\n", args.output)
+    document = text(report) if args.format == "text" else json.dumps(report, indent=2, allow_nan=False) + "\n"
+    write(document, args.output)
     return code
