@@ -205,3 +205,17 @@ def test_run_says_when_the_installed_release_differs_from_the_deployments(moe_mo
     assert note in start_evidence(inputs).notes
     policy.write_text(POLICY % f", onnxruntime_version: '{installed}'")
     assert release_note(load_inputs(LintRequest(str(moe_model), str(policy)))) is None
+
+
+def test_a_compared_base_is_judged_on_the_models_release(moe_model, tmp_path):
+    from ortgate.engine.compare import load_base
+    from ortgate.engine.pipeline import LintRequest, load_inputs
+
+    base = tmp_path / "base.onnx"
+    base.write_bytes(moe_model.read_bytes())
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY % "")
+    model = load_inputs(LintRequest(str(moe_model), str(policy), ort_version="1.32.0"))
+    assert load_base(str(base), model, str(policy)).deployment.ort.version == "1.32.0"
+    model = load_inputs(LintRequest(str(moe_model), str(policy)))
+    assert load_base(str(base), model, str(policy)).deployment.ort == model.deployment.ort
