@@ -538,6 +538,10 @@ CAPTURE_SOURCE = "the strings of onnxruntime-gpu 1.31.1's libonnxruntime_provide
 CAPTURE_SINCE = "1.31.1"  # the release whose CUDA provider was read; older ones are not judged
 
 
+# The CUDA mempool arena's settings (the strings of the 1.31.1 Python binding); capture falls back to BFCArena.
+MEMPOOL_OPTIONS = ("use_cuda_mempool", "cuda_mempool_release_threshold", "cuda_mempool_bytes_to_keep_on_shrink")
+
+
 def _capture_setups(ctx: RuleContext):
     from ortgate.knowledge.deployment_facts import at_least
     from ortgate.rules.provider import cuda_graph_enabled
@@ -635,7 +639,10 @@ def cuda_graph_capture_degraded(ctx: RuleContext):
       "The M bucket was not profiled before CUDA graph capture; run a warmup inference outside capture first" —
       each decode shape needs a warm-up run before the step is captured;
     - PagedAttention: "cuDNN paged SDPA graph unavailable ... during CUDA graph capture": the captured step uses
-      the other paged attention path.
+      the other paged attention path;
+    - the CUDA mempool arena (`use_cuda_mempool`, `cuda_mempool_release_threshold`,
+      `cuda_mempool_bytes_to_keep_on_shrink` among the provider options): "CUDA Mempool Arena allocator is not
+      compatible with requested CUDA Graph Capture ... Falling back to default BFCArena": the settings are ignored.
 
     ## Why it costs throughput
     A GEMM captured with an unprofiled tactic, or attention on its fallback path, is replayed at that speed for
@@ -686,6 +693,16 @@ def cuda_graph_capture_degraded(ctx: RuleContext):
                 node=fpa[0], graph=graph, related=fpa[1:],
                 fix="Run a warm-up inference per decode shape before capture, or tune offline (fpa_intb_tune).",
                 properties={"constraint": "fpa_intb_m_bucket", "nodes": len(fpa)},
+            )
+        mempool = [k for k in MEMPOOL_OPTIONS if k in setup.provider_options]
+        if mempool:
+            yield ctx.finding(
+                f"{setup.label}: CUDA graph capture with the CUDA mempool arena ({', '.join(mempool)}): 'CUDA Mempool "
+                "Arena allocator is not compatible with requested CUDA Graph Capture ... Falling back to default "
+                f"BFCArena' ({CAPTURE_SOURCE}): the mempool settings are ignored",
+                location=setup.provider_options[mempool[0]].location,
+                fix="Drop the mempool settings for a captured deployment, or size the BFC arena instead.",
+                properties={"constraint": "cuda_mempool_arena", "options": mempool},
             )
         paged = graph.by_op(MS_DOMAIN, "PagedAttention")
         if paged:
