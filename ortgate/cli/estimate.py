@@ -24,11 +24,11 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     p.add_argument("--policy", help="deployment policy YAML (its throughput: block names the device and the step)")
     p.add_argument("--device", help="a device of the catalog (overrides the policy's); see --list-devices")
-    p.add_argument("--batch", type=_positive_list, metavar="N[,N...]",
+    p.add_argument("--batch", type=_batches, metavar="N[,N...]",
                    help="sequences per decode step (overrides the policy's); a list (1,8,32,128) sweeps the batches")
-    p.add_argument("--prompt", type=_positive, metavar="TOKENS",
+    p.add_argument("--prompt", type=_prompt, metavar="TOKENS",
                    help="prompt tokens per sequence: estimate the prefill (time to first token) too")
-    p.add_argument("--context", type=_positive, help="positions each step attends to (overrides the policy's)")
+    p.add_argument("--context", type=_context, help="positions each step attends to (overrides the policy's)")
     p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
     p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     p.add_argument("--format", choices=FORMATS, default="text")
@@ -39,21 +39,45 @@ def add_parser(sub) -> None:
     p.add_argument("--list-devices", action="store_true", help="list the device catalog and exit")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+def _count(text: str, what: str) -> int:
+    """A positive count in ASCII digits, at most the largest the policy's `throughput:` allows for `what`
+    (int() would take full-width or Arabic-Indic digits, underscores and hundreds of digits)."""
+    from ortgate.config.throughput import step_bounds
+
+    maximum = getattr(step_bounds(), what)
+    if not text.isascii() or not text.isdigit():
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"expected a positive integer in ASCII digits (0-9), got {shown!r}")
+    if len(text.lstrip("0")) > len(str(maximum)) or int(text) > maximum:
+        shown = text if len(text) <= 20 else f"a number of {len(text)} digits"
+        raise argparse.ArgumentTypeError(f"{shown} is above the largest {what} ortgate estimates, {maximum:,} (the "
+                                         "policy's throughput: block has the same bound)")
+    value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
-def _positive_list(text: str) -> tuple[int, ...]:
+def _prompt(text: str) -> int:
+    return _count(text, "prompt")
+
+
+def _context(text: str) -> int:
+    return _count(text, "context")
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    from ortgate.config.throughput import step_bounds
+
+    most = step_bounds().batch_sizes
+    if text.count(",") >= most:
+        raise argparse.ArgumentTypeError(f"{text.count(',') + 1} batch sizes; a sweep takes at most {most} (the "
+                                         "policy's throughput.batch_sizes has the same bound)")
     items = [x.strip() for x in text.split(",")]
     if not items or any(not x for x in items):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return tuple(_positive(x) for x in items)
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {shown!r}")
+    return tuple(_count(x, "batch") for x in items)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
