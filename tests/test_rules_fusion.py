@@ -90,6 +90,54 @@ def test_dynamo_export_reports_every_moe_layer():
     assert [f.layer for f in found] == [0, 1]
 
 
+def _gate_up_through_split_to_sequence(path):
+    """The generator's expert loop with each merged gate_up projection split by SplitToSequence -> SequenceAt (how
+    torch.onnx writes a torch.chunk it cannot make static), as a torch.onnx export says it is."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(path)
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "Split" or "gate_up_proj" not in n.name:
+            nodes.append(n)
+            continue
+        seq = f"{n.output[0]}_sequence"
+        nodes.append(helper.make_node("SplitToSequence", list(n.input[:2]), [seq], name=f"{n.name}ToSequence",
+                                      axis=next(a.i for a in n.attribute if a.name == "axis")))
+        for i, out in enumerate(n.output):
+            index = f"{n.name}/index_{i}"
+            model.graph.initializer.append(helper.make_tensor(index, onnx.TensorProto.INT64, [], [i]))
+            nodes.append(helper.make_node("SequenceAt", [seq, index], [out], name=f"{n.name}/SequenceAt_{i}"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.producer_name = "pytorch"
+    onnx.save(model, path)
+    return path
+
+
+def test_a_gate_up_split_by_split_to_sequence_is_refused_naming_the_projection_and_what_works(make_model):
+    model = _gate_up_through_split_to_sequence(make_model(moe="dense_loop"))
+    found = by_rule(lint_findings(model, select=["moe-not-fused"]), "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1]
+    fix = found[0].fix
+    assert "computed by SequenceAt" not in fix
+    assert "expert projection MatMul /model/layers.0/moe/experts.0/gate_up_proj/MatMul" in fix
+    assert "SplitToSequence -> SequenceAt" in fix and "static split sizes" in fix and "`ortgate fix` rewrites" in fix
+
+
+def test_an_undeclared_family_is_told_which_families_the_builder_refuses(make_model, write_policy):
+    """A Qwen3-MoE user without a declared family reads that the genai builder refuses Qwen3-MoE; with the family
+    declared the builder is not named at all."""
+    model = make_model(moe="dense_loop", swiglu_fusion=1)
+    found = by_rule(lint_findings(_gate_up_through_split_to_sequence(model), select=["moe-not-fused"]),
+                    "moe-not-fused")
+    assert "it refuses Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE" in found[0].fix
+    declared = write_policy("name: p\nmodel: {family: qwen3_moe}\n")
+    found = by_rule(lint_findings(model, declared, select=["moe-not-fused"]), "moe-not-fused")
+    assert "onnxruntime_genai" not in found[0].fix and "static split sizes" in found[0].fix
+
+
 # gqa-not-fused ----------------------------------------------------------------------------------------
 
 def test_decomposed_attention_is_reported_per_layer(make_model):
