@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import EXPORTED
+from tests.conftest import EXAMPLES, EXPORTED
 from tests.helpers import by_rule, lint_findings
 
 UNFUSED_MOE = dict(moe="dense_loop")
@@ -178,6 +178,33 @@ def test_gqa_heads_that_disagree_with_the_policy_are_a_config_mismatch(make_mode
     found = lint_findings(make_model(num_heads=4, kv_num_heads=2), policy, select=["gqa-not-fused"])
     assert [(f.rule, dict(f.properties)["attribute"], dict(f.properties)["nodes"]) for f in found] == [
         ("gqa-config-mismatch", "num_heads", 2)]
+
+
+def test_decomposed_attention_heads_are_the_graphs_and_a_policy_that_disagrees_is_a_finding(write_policy):
+    """q_proj [64, 64] and k_proj [64, 32] at head size 16 are 4 q heads and 2 kv heads, whatever the policy says;
+    a policy of 8 q heads and 1 kv head is what gqa-config-mismatch reports."""
+    policy = write_policy("name: p\nmodel: {num_heads: 8, kv_num_heads: 1}\n")
+    found = lint_findings(EXAMPLES / "qwen3-moe-tiny-unfused", policy,
+                          select=["gqa-not-fused", "gqa-config-mismatch"])
+    unfused = by_rule(found, "gqa-not-fused")
+    assert unfused and all("4 q heads share 2 kv heads" in f.message and "head size 16" in f.message
+                           for f in unfused)
+    assert not [f for f in unfused if "8 q heads" in f.message or "1 kv heads" in f.message]
+    mismatch = sorted((dict(f.properties)["attribute"], dict(f.properties)["found"], dict(f.properties)["expected"])
+                      for f in by_rule(found, "gqa-config-mismatch"))
+    assert mismatch == [("kv_num_heads", 2, 1), ("num_heads", 4, 8)]
+
+
+def test_a_policy_that_agrees_with_the_decomposed_heads_is_no_mismatch(write_policy):
+    policy = write_policy("name: p\nmodel: {num_heads: 4, kv_num_heads: 2, head_size: 16}\n")
+    found = lint_findings(EXAMPLES / "qwen3-moe-tiny-unfused", policy, select=["gqa-config-mismatch"])
+    assert by_rule(found, "gqa-config-mismatch") == []
+
+
+def test_heads_the_graph_does_not_show_are_not_said(make_model, write_policy):
+    """Without a policy and with heads the graph cannot show, gqa-not-fused states no head count at all."""
+    found = by_rule(lint_findings(make_model(attention="decomposed"), select=["gqa-not-fused"]), "gqa-not-fused")
+    assert found and all("q heads share" not in f.message or "head size" in f.message for f in found)
 
 
 def test_hybrid_linear_attention_layers_are_not_missing_gqa(make_model):
