@@ -237,14 +237,16 @@ def deployment_lines(inputs) -> list[str]:
         points = batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))
         out.append("")
         out.append(f"{'batch':>7} {'experts read':>12} {'bytes/step':>11} {'ms/step':>9} {'tok/s/seq':>10} "
-                   f"{'tok/s/device':>13}  bound (MoE)")
+                   f"{'tok/s/device':>13} {'memory':>12}  bound (MoE)")
         from ortgate.cost.estimate import format_bytes
 
         for pt in points:
             experts = f"{pt.experts_read:.1f}" if pt.experts_read is not None else "-"
+            at = inputs.memory_at(pt.batch)
+            memory = format_gib(at.total) if at is not None else "-"
             out.append(f"{pt.batch:>7,} {experts:>12} {format_bytes(pt.bytes):>11} {pt.step_s * 1e3:>9.3f} "
-                       f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13}  "
-                       f"{pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
+                       f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13} "
+                       f"{memory:>12}  {pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
         if est.model.moe_forms:
             cross = moe_crossover(inputs.executed, est.setup)
             out.append("  the MoE layers stop being bandwidth-bound at batch "
@@ -383,7 +385,11 @@ def deployment_data(inputs) -> dict:
                           "experts_read": [None if f.experts_read is None else round(f.experts_read, 2)
                                            for f in pre.model.moe_forms]}
     if inputs.batch_sizes:
-        out["batches"] = [p.to_dict() for p in batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))]
+        out["batches"] = []
+        for p in batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes)):
+            at = inputs.memory_at(p.batch)
+            out["batches"].append({**p.to_dict(), "memory_bytes": None if at is None else round(at.total),
+                                   "share_of_device": None if at is None or at.share is None else round(at.share, 4)})
         out["moe_compute_bound_from_batch"] = moe_crossover(inputs.executed, est.setup) if est.model.moe_forms \
             else None
     return out

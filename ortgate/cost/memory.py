@@ -11,8 +11,9 @@ initializer dims and dtypes and the deployment's lengths (never a weight byte).
     linear      the recurrent and convolution states of linear-attention layers, past and present (twice)
     workspace   a bound on activations: the logits (tokens x vocabulary in the logits' dtype) plus 4 live copies of
                 the widest activation (tokens x the widest weight dim), tokens = batch x the longest step (the
-                prompt when a prompt length is given); ORT's planner reuses buffers between nodes, so a step holds
-                a few of its largest values at once
+                prompt when a prompt length is given; a decoder without a KV cache: the whole context, which it
+                recomputes at every step); ORT's planner reuses buffers between nodes, so a step holds a few of
+                its largest values at once
 
 What depends on what ortgate cannot see is listed, never added in: the CUDA context and library workspaces, the
 allocator's arena growth, pre-packed weight copies, other processes. Every figure is an estimate for the device.
@@ -225,13 +226,25 @@ def memory_estimate(graph: Graph, step: StepModel, device: Device, *, batch: int
     copies = 1 if shared_buffer else 2
     kv = copies * batch * (per_position * kv_length) + copies * batch * fixed
     linear, linear_missing = _linear_state(graph, batch)
-    workspace, how = _workspace(graph, batch * max(1, longest_step))
+    # A decoder without a KV cache recomputes every position at every step (the cost model prices it so): its
+    # activations and logits are those of the whole context, for each sequence.
+    recompute = step.recomputed_tokens is not None
+    positions = max(step.shape.context, longest_step) if recompute else max(1, longest_step)
+    workspace, how = _workspace(graph, batch * positions)
+    if recompute:
+        how += (f" (no KV cache: every step recomputes all {positions:,} positions of each of the {batch:,} "
+                "sequences)")
     buffer = ("one shared past/present buffer" if shared_buffer
               else "past and present both alive during a step (twice)")
+    kv_how = (f"none: the graph has no KV cache (its {positions:,} positions are recomputed: see workspace)"
+              if recompute and not kv else f"{kv_length:,} positions x batch {batch} ({kv_source}); {buffer}")
     parts = [
         MemoryPart("weights", weights, f"{len((stored or graph).initializers):,} initializers as stored"),
-        MemoryPart("kv_cache", kv, f"{kv_length:,} positions x batch {batch} ({kv_source}); {buffer}"),
+        MemoryPart("kv_cache", kv, kv_how),
     ]
+    if recompute:
+        kv_missing.append(f"attention scores of recomputing {positions:,} positions: up to batch x heads x "
+                          f"{positions:,} x {positions:,} per layer where attention is decomposed: not counted")
     if linear:
         parts.append(MemoryPart("linear_state", linear, f"recurrent and convolution states x batch {batch}, past "
                                                         "and present"))
