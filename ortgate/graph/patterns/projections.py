@@ -240,9 +240,10 @@ _HEAD_PATH = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Mul", "Div"
 
 def _head_reshape(graph: Graph, value: str, depth: int = 12) -> tuple[int | None, int | None]:
     """(heads, head size) of the first Reshape to a constant 4-D shape [.., .., heads, head_size] below `value`
-    (a projection's output) along one path of views and elementwise ops; a -1 or 0 there is None."""
+    (a projection's output) along one path of views, elementwise ops and a fused rotary; a -1 or 0 there is None."""
     for _ in range(depth):
-        readers = [c for c in graph.consumers(value) if c.domain == DEFAULT_DOMAIN and c.op_type in _HEAD_PATH]
+        readers = [c for c in graph.consumers(value) if (c.domain == DEFAULT_DOMAIN and c.op_type in _HEAD_PATH)
+                   or (c.domain, c.op_type) in FUSED_ROTARY_OPS]
         if not readers:
             return None, None
         node = readers[0]
