@@ -158,6 +158,17 @@ def test_mha_with_fewer_kv_heads_is_reported(make_model):
     assert found and all(f.op_type == "com.microsoft.MultiHeadAttention" for f in found)
 
 
+def test_mha_whose_kv_the_graph_does_not_show_expanded_is_said_as_the_policys_claim(make_model, write_policy):
+    """MultiHeadAttention over as many kv heads as q heads in the graph, with a policy of 1 kv head: the finding says
+    the policy declares it, and never that the graph expands K/V."""
+    model = make_model(attention="mha", kv_num_heads=4)
+    assert by_rule(lint_findings(model, select=["gqa-not-fused"]), "gqa-not-fused") == []
+    policy = write_policy("name: p\nmodel: {num_heads: 4, kv_num_heads: 1}\n")
+    found = by_rule(lint_findings(model, policy, select=["gqa-not-fused"]), "gqa-not-fused")
+    assert found and all("the policy declares 4 q heads and 1 kv heads" in f.message for f in found)
+    assert not [f for f in found if "while kv heads < q heads" in f.message]
+
+
 def test_fewer_attention_layers_than_the_policy_declares(make_model, write_policy):
     policy = write_policy("name: p\nmodel:\n  attention_layers: 4\n")
     found = by_rule(lint_findings(make_model(layers=2), policy, select=["attention-layer-count-mismatch"]),

@@ -304,10 +304,18 @@ def _unfused_attention(ctx: RuleContext, graph: Graph):
         elif expect.gqa_expected:
             q_heads, kv_heads = expect.num_heads, expect.kv_num_heads
             assert q_heads is not None and kv_heads is not None  # gqa_expected: both are known
-            yield ((f"computed by {node.key}, which reads K/V at the full query head count, while "
-                    f"{q_heads.describe()} q heads and {kv_heads.describe()} kv heads: if the model has fewer kv "
-                    "heads, K/V are expanded to every query head, where GroupQueryAttention reads each kv head once "
-                    "per group"), node, node.layer, [], None)
+            declared = (f"{_declarer(q_heads)} {q_heads.value} q heads and {kv_heads.value} kv heads"
+                        if q_heads.origin == kv_heads.origin else
+                        f"{_declarer(q_heads)} {q_heads.value} q heads and {_declarer(kv_heads)} {kv_heads.value} kv heads")
+            yield ((f"computed by {node.key}, whose K/V the graph does not show expanded, while {declared}: if the "
+                    "model has fewer kv heads, K/V are expanded to every query head before it, where "
+                    "GroupQueryAttention reads each kv head once per group"), node, node.layer, [], None)
+
+
+def _declarer(expected) -> str:
+    """Who states a head count: the policy, genai_config.json (never the graph: those are read from it)."""
+    return {"policy": "the policy declares", "genai_config": "genai_config.json declares"}.get(
+        expected.origin, "the graph suggests")
 
 
 @rule("OGF003", "fusedmatmul-missing", Severity.WARNING, needs=("optimized",))
