@@ -178,11 +178,11 @@ def test_lint_tells_a_cpu_deployment_on_an_affected_release_about_the_unguarded_
 
 def test_per_block_verification_of_a_normalize_0_export_passes_and_says_what_it_did_not_check(tmp_path,
                                                                                               monkeypatch):
-    """Above the node limit the fusions are proven against the MoE-only stage: that reference gets the keep-alive
-    form too, or ORT's defect in it would fail a correct rewrite."""
-    import ortgate.fix.pipeline as pipeline
+    """When the original's session does not build within the limit, the fusions are proven against the MoE-only
+    stage: that reference gets the keep-alive form too, or ORT's defect in it would fail a correct rewrite."""
+    import ortgate.fix.verify as verify
 
-    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 100)
+    monkeypatch.setattr(verify, "SESSION_BUILD_LIMIT_S", 0.001)
     code, report = fix_json(EXPORTED / "dynamo-qwen2_moe" / "model.onnx", "-o", tmp_path / "out")
     assert code == 0, report.get("failure")
     v = report["verification"]

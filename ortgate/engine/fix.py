@@ -100,8 +100,10 @@ def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | N
             say("measuring original vs fixed on ONNX Runtime CPU")
             assert staged.original is not None
             nodes = result.nodes_before
-            skip = (f"the original ({nodes:,} nodes) is not timed: ORT needs minutes to hours to build a session of an "
-                    f"unrolled graph this large" if result.original_too_large else None)
+            build = result.original_build
+            skip = (f"the original ({nodes:,} nodes) is not timed: ONNX Runtime did not build its session within "
+                    f"{build.limit_s:g} s (a bounded build, stopped at the limit)"
+                    if result.original_too_large and build is not None else None)
             outcome.measurement = measure_pair(staged.original, staged.original_bytes_folder, staged.model_file,
                                                staged.original_graph, skip_original=skip)
         staged.commit()

@@ -441,10 +441,66 @@ class VerificationError(Exception):
 
 # ---- per block: for graphs whose whole-model session ORT cannot build in reasonable time ---------------------------
 
-# ORT's session creation grows faster than linearly with the node count of an unrolled expert loop (seen on 1.31.1
-# CPU: 2,380 nodes 13 s, 4,684 nodes 50 s, 9,352 nodes 230 s). Above this many nodes the original is not run whole:
-# each rewritten block is run on its own, its hidden state synthesised.
-WHOLE_MODEL_MAX_NODES = 3000
+# Whether ORT builds a whole-model session of the original in reasonable time is measured, never guessed from the
+# node count: session creation of an unrolled expert loop grew faster than linearly on 1.31.1 CPU (2,380 nodes 13 s,
+# 9,352 nodes 230 s), while 1.32.0 built a 4,942-node Qwen3-Next export in 0.64 s. The original's session is built
+# once in a child process stopped at this limit; only when it does not finish is each rewritten block run on its
+# own, its hidden state synthesised.
+SESSION_BUILD_LIMIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SessionBuild:
+    """A bounded build of the original's session: how long it took, or that it did not finish within the limit."""
+
+    seconds: float | None  # None: stopped at the limit, or failed
+    limit_s: float
+    failed: str | None = None  # ORT's refusal (the whole-model verification then reports it as such)
+
+    @property
+    def too_slow(self) -> bool:
+        return self.seconds is None and self.failed is None
+
+
+_BUILD_SCRIPT = """
+import sys, time
+import onnxruntime as ort
+options = ort.SessionOptions()
+if sys.argv[2]:
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, sys.argv[2])
+options.log_severity_level = 4
+start = time.perf_counter()
+ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+print(time.perf_counter() - start)
+"""
+
+
+def measure_session_build(model: Path, plan: SessionPlan | None = None,
+                          limit_s: float | None = None) -> SessionBuild:
+    """Build the session of `model` (a file) on ORT CPU in a child process with the plan's optimization level, and
+    stop it at `limit_s` (SESSION_BUILD_LIMIT_S): the measurement that decides whether the original is verified
+    whole. The child is killed on the limit, and on any interrupt of this process."""
+    import subprocess
+    import sys
+
+    limit = SESSION_BUILD_LIMIT_S if limit_s is None else limit_s
+    level = ""
+    if plan is not None and plan.options is not None:
+        level = str(getattr(plan.options().graph_optimization_level, "name", "") or "")
+    try:
+        done = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, str(model), level], capture_output=True,
+                              text=True, timeout=limit, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return SessionBuild(None, limit)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        return SessionBuild(None, limit, failed=tidy(lines[-1]) if lines else f"exit {done.returncode}")
+    try:
+        return SessionBuild(float(done.stdout.strip().splitlines()[-1]), limit)
+    except (ValueError, IndexError):
+        return SessionBuild(None, limit, failed="the build printed no time")
+
+
 PREFIX_MAX_NODES = 2000  # nodes allowed to compute a block's other inputs (shape arithmetic) from the graph inputs
 HIDDEN_SCALE = 1.0  # a normalised hidden state: unit RMS
 

@@ -141,8 +141,13 @@ def render_fix_text(outcome) -> str:
         if m.original is None:
             lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
         else:
-            lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                         f"speedup {m.ratio.describe() if m.ratio is not None else f'{m.speedup:.2f}x'}")
+            # The speedup printed beside the two p50s is their ratio; the per-round median, which the JSON's
+            # `speedup` holds, is said as what it is.
+            plain = m.original.p50_ms / m.fixed.p50_ms if m.fixed.p50_ms > 0 else None
+            ratio = f", speedup {plain:.2f}x (original p50 / fixed p50)" if plain is not None else ""
+            rounds = (f"; median of the per-round ratios {m.ratio.describe()}" if m.ratio is not None else "")
+            lines.append(f"measured ({m.step}): original p50 {m.original.p50_ms:.3f} ms, fixed p50 "
+                         f"{m.fixed.p50_ms:.3f} ms{ratio}{rounds}")
     p = outcome.prediction
     if p is not None:
         speedup = f", speedup {p.speedup:.2f}x" if p.speedup is not None else ""
