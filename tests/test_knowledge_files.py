@@ -20,6 +20,7 @@ from ortgate.knowledge.dims import _DimNamesFile
 from ortgate.knowledge.facts import OrtFacts
 from ortgate.knowledge.families import _FamiliesFile
 from ortgate.knowledge.fusions import OrtFusions
+from ortgate.knowledge.group_router import _GroupRouterFile
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
 from ortgate.knowledge.moe_op import _OrtMoeFile
@@ -42,6 +43,7 @@ SCHEMAS = {
     "producers.json": _ProducersFile,
     "deployment_facts.json": _FactsFile,
     "cache_exports.json": _CacheExportsFile,
+    "ort_group_router.json": _GroupRouterFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}

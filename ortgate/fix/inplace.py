@@ -53,9 +53,9 @@ def needs_keep_alive(release: str | None, provider: str | None) -> KeepDecision:
     status = defect.status(release) if release else "unknown"
     if release is None:
         return KeepDecision(True, None, provider,
-                            "the policy names no onnxruntime release (execution_provider.onnxruntime_version): "
-                            f"written for any release, so for those whose CPU MoE kernel computes it wrongly "
-                            f"(onnxruntime {', '.join(defect.releases_seen_affected)} seen)")
+                            f"kept for the releases whose CPU MoE kernel computes the node wrongly (onnxruntime "
+                            f"{', '.join(defect.releases_seen_affected)} seen); pin the deployment's release with "
+                            "execution_provider.onnxruntime_version in the policy")
     if status != "fixed":
         return KeepDecision(True, release, provider,
                             f"onnxruntime {release} is {status} by the CPU MoE in-place defect "

@@ -53,6 +53,7 @@ from ortgate.fix.weights import (
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
 from ortgate.graph.load import load_model
+from ortgate.knowledge.group_router import group_router_facts
 from ortgate.knowledge.moe_op import moe_op_facts
 from ortgate.rules import match_rules, suggest_rule
 
@@ -349,7 +350,18 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     planned: list[PlannedTensor] = []
     if "moe" in kinds:
         say("matching MoE blocks")
-        rewrites, refusals = plan_moe(graph)
+        rewrites, refusals = plan_moe(graph, request.target_ort)
+        router = group_router_facts()
+        if request.verify and not router.available(result.ort_installed):
+            for r in [r for r in rewrites if r.group is not None]:
+                rewrites.remove(r)
+                refusals.append(MoeRefusal(r.layer, r.anatomy.anchor.display_name,
+                                           f"routing written as com.microsoft.{router.op_type} + MoE for onnxruntime "
+                                           f"{request.target_ort}, but the rewrite could not be proven here: the "
+                                           f"onnxruntime {result.ort_installed or '(none)'} installed here has no "
+                                           f"{router.op_type} ({router.first_release} adds it); run ortgate fix "
+                                           f"where onnxruntime {router.first_release} or later is installed, or "
+                                           "pass --no-verify"))
         if rewrites and result.ort_installed and moe_op_facts().swiglu_gate.affects(result.ort_installed):
             gate = moe_op_facts().swiglu_gate
             for r in [r for r in rewrites if r.attributes.get("activation_type") == "swiglu"]:

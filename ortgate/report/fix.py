@@ -201,6 +201,9 @@ def fix_json(outcome) -> dict:
             "weight_bytes_per_decode_token": {"before": rw.bytes_before, "after": rw.bytes_after},
             "verification": rewrite_verdict(outcome, rw),
             "notes": rw.notes,
+            "group_router": None if rw.group is None else {
+                "n_group": rw.group.n_group, "topk_group": rw.group.topk_group, "group_topk": rw.group.group_topk,
+                "top_k": rw.group.top_k, "expert_bias": rw.group.bias, "routed_scaling_factor": rw.group.scale},
         } for rw in r.rewrites],
         "refusals": [{"layer": ref.layer, "node": ref.node, "reason": ref.reason} for ref in r.refusals],
         "fusions": None if r.fusions is None else {
