@@ -67,6 +67,7 @@ EXPECTED: dict[str, list[tuple]] = {
     "optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "optimum-llama-past/model.onnx": [],
     "optimum-llama-past-o2/model.onnx": [],
+    "transformers-qwen3-past/model.onnx": [],  # transformers' OnnxExporter of a dense Qwen3
     # examples/
     "qwen3-moe-tiny-fused/model.onnx": _layers(2, FUSED),
     "qwen3-moe-tiny-fused-cpu/model.onnx": _layers(2, FUSED),

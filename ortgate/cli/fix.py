@@ -49,6 +49,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
         require_onnxruntime("`ortgate fix` (it verifies the rewrite on ONNX Runtime; --no-verify skips that)")
     target = None
     provider = None
+    dims: dict = {}
     setup = None
     policy_files: tuple = ()
     if args.policy:
@@ -60,10 +61,13 @@ def cmd_fix(args: argparse.Namespace) -> int:
         target = str(value) if value is not None else None
         setup = setup_from_policy(policy)
         provider = setup.provider_name
+        from ortgate.runner.settings import runner_settings
+
+        dims = dict(runner_settings(policy).dims)  # runner.dims: values for symbolic dims the graph cannot name
         policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
                          dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
-                         target_provider=provider,
+                         target_provider=provider, runner_dims=dims,
                          policy=args.policy, session_setup=setup, policy_files=tuple(policy_files),
                          check_output=lambda reads: check_outputs([Output(args.output, "fixed model", folder=True)],
                                                                   reads))

@@ -13,6 +13,7 @@ from ortgate.evidence import Ratio, Stats
 from ortgate.graph.index import Graph
 from ortgate.runner.inputs import (
     dim_role,
+    graph_dim_roles,
     graph_signature,
     head_size,
     resolve_dims,
@@ -59,7 +60,7 @@ def decode_step(graph: Graph, settings: RunnerSettings = DECODE):
     """The step measure_pair times: the graph's inputs, their dims, and the step shape they describe."""
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
-                              policy_file=None)
+                              policy_file=None, roles=graph_dim_roles(graph))
     return signature, dims, step
 
 
@@ -83,7 +84,8 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
         latencies = alternated_rounds(bounds, settings.iterations, deadline, labels=labels)
     del bounds
     stats = [latency_stats([x for r in rounds for x in r]) for rounds in latencies]
-    past = f" after {step.past_sequence_length} cached" if any(dim_role(d) == "past" for d in dims) else ""
+    roles = graph_dim_roles(graph)
+    past = f" after {step.past_sequence_length} cached" if any((roles.get(d) or dim_role(d)) == "past" for d in dims) else ""
     what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {stats[-1].iterations} "
             f"runs{' each, alternated' if len(stats) > 1 else ''}, ORT CPU, ORT_ENABLE_ALL")
     if skip_original:

@@ -84,6 +84,7 @@ class FixRequest:
     force: bool = False
     target_ort: str | None = None  # the ORT release the deployment runs (policy): what fix writes for
     target_provider: str | None = None  # the execution provider the deployment runs (policy)
+    runner_dims: dict[str, int] = field(default_factory=dict)  # the policy's runner.dims: values of symbolic dims
     policy: str | None = None  # read by the caller: OUT must not hold it either
     session_setup: object | None = None  # the policy's SessionSetup: verification runs with its session options
     policy_files: tuple[Path, ...] = ()  # the policy's whole `extends` chain, read by the caller
@@ -424,7 +425,7 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
             plan = session_plan(request.session_setup)
             assert staged.model_file is not None
             result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
-                                          source, plan)
+                                          source, plan, request.runner_dims)
     except OSError as exc:  # a full disk, a quota: said about OUT, not the staging folder
         staged.discard()
         raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
@@ -459,7 +460,7 @@ def _note_kept(result: FixResult) -> None:
 
 def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelProto, fixed_file: Path, graph: Graph,
             result: FixResult, moe_only: onnx.ModelProto, source: WeightSource,
-            plan: SessionPlan | None) -> VerifyResult:
+            plan: SessionPlan | None, dims: dict[str, int] | None = None) -> VerifyResult:
     """Whole model against whole model, both loaded from disk, when ORT can build a session of the original in
     reasonable time; else each MoE rewrite on its own block, and the fusions (if any) against the MoE-only model,
     which is small."""
@@ -468,13 +469,14 @@ def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelPro
     delivered, twin, kept = _as_verified(fixed, fixed_file, result)
     if not result.original_too_large:
         checked = verify(ModelSource(path=original_file), delivered, graph, _probes(graph, twin or fixed, kept),
-                         _routers(result.rewrites), original_model=original, fixed_model=twin or fixed, plan=plan)
+                         _routers(result.rewrites), original_model=original, fixed_model=twin or fixed, plan=plan,
+                         dims=dims)
         _note_twin(checked, result)
         return checked
     blocks = [BlockCheck(r.node_name, r.anatomy.hidden, r.output, r.anatomy.logits, r.anatomy.k or 1,
                          r.anatomy.hidden_size or 0)
               for r in result.rewrites]
-    checked = verify_blocks(original, original_dir, fixed, folder, graph, blocks)
+    checked = verify_blocks(original, original_dir, fixed, folder, graph, blocks, dims=dims)
     checked.notes.append(f"the original graph has {len(original.graph.node):,} nodes, more than ORT builds a session "
                          f"of in reasonable time (over {WHOLE_MODEL_MAX_NODES:,}): each MoE rewrite was run against "
                          "its own block")
@@ -487,7 +489,7 @@ def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelPro
         inner_graph = build_graph(moe_only, str(folder / "moe-only.onnx"))
         whole = verify(ModelSource(data=moe_only.SerializeToString(), folder=folder), delivered,
                        inner_graph, _probes(inner_graph, twin or fixed, kept), [], original_model=moe_only,
-                       fixed_model=twin or fixed, plan=plan)
+                       fixed_model=twin or fixed, plan=plan, dims=dims)
         _note_twin(whole, result)
         checked.steps.extend(whole.steps)
         checked.not_checked.extend(whole.not_checked)
