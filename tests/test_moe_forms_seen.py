@@ -52,6 +52,9 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-qwen3_next/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # quantize_dynamic of dynamo-qwen3_moe: routers and every expert linear are MatMulInteger
     "quantdyn-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # ORT's MatMulNBits quantizer in QDQ format on dynamo-qwen3_moe: INT4 DequantizeLinear weights on every MatMul;
+    # the experts are Gemm there and stay float
+    "qdq4-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
