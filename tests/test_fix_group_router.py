@@ -23,6 +23,7 @@ from tests.conftest import EXPORTED, REPO
 from tests.test_fix import fix_json
 
 COMPARE = REPO / "scripts" / "ort_compare_models.py"
+CHECK = REPO / "scripts" / "ort_group_router_check.py"
 DEEPSEEK = EXPORTED / "dynamo-deepseek_v3" / "model.onnx"  # n_group 2, topk_group 1, bias, scale 2.5
 GLM = EXPORTED / "dynamo-glm4_moe" / "model.onnx"  # n_group 1, bias, no scale
 CPU_132 = "name: t\nexecution_provider: {name: CPUExecutionProvider, onnxruntime_version: '1.32.0'}\n"
@@ -66,6 +67,20 @@ def _assert_equal_on_132(original: Path, fixed: Path) -> None:
     assert {"MoE", "MoEGroupRouter"} <= set(result["ops"])
     for step, seen in result["steps"].items():
         assert seen["max_rel"] < 1e-5 and seen["argmax_equal"], (step, seen)
+
+
+@needs_132
+def test_the_pair_computes_renormalised_sigmoid_weights_and_nothing_else():
+    """What ort_group_router.json (with_moe) claims, run: MoEGroupRouter + MoE weight each picked expert by its
+    sigmoid score over the sum of the picked scores, whatever normalize_routing_weights says; a router that does
+    not renormalise computes another model (why fix refuses it)."""
+    python = _ort132()
+    assert python is not None
+    done = subprocess.run([python, str(CHECK)], capture_output=True, text=True, timeout=300, check=True)
+    errors = json.loads(done.stdout.strip().splitlines()[-1])["errors"]
+    for normalize in (0, 1):
+        assert errors[f"renormalised_n{normalize}"] < 1e-5
+        assert errors[f"not_renormalised_n{normalize}"] > 1e-2
 
 
 @needs_132
