@@ -21,15 +21,15 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-T, E, H, I, K = 6, 8, 16, 8, 2
+T, E, H, INTER, K = 6, 8, 16, 8, 2
 N_GROUP, TOPK_GROUP, GROUP_TOPK = 4, 2, 2
 
 
 def session(normalize: int) -> tuple:
     rng = np.random.default_rng(1)
     bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
-    fc1 = (rng.standard_normal((E, I, H)) * 0.3).astype(np.float32)
-    fc2 = (rng.standard_normal((E, H, I)) * 0.3).astype(np.float32)
+    fc1 = (rng.standard_normal((E, INTER, H)) * 0.3).astype(np.float32)
+    fc2 = (rng.standard_normal((E, H, INTER)) * 0.3).astype(np.float32)
     nodes = [helper.make_node("MoEGroupRouter", ["logits", "bias"], ["probs"], domain="com.microsoft", top_k=K,
                               n_group=N_GROUP, topk_group=TOPK_GROUP, group_topk=GROUP_TOPK),
              helper.make_node("MoE", ["x", "probs", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=K,
