@@ -171,6 +171,11 @@ def _zero_fill(model: onnx.ModelProto) -> None:
     _set_constant(model, _node(model, "node_masked_fill"), 1, np.array(0.0, dtype=np.float32))
 
 
+def _inverted_mask(model: onnx.ModelProto) -> None:
+    where = _node(model, "node_masked_fill")  # -inf in the chosen groups instead of outside them
+    where.input[0] = _node(model, "node_bitwise_not").input[0]
+
+
 def _gathered_biased(model: onnx.ModelProto) -> None:
     gather = _node(model, "node_gather")
     gather.input[0] = _node(model, "node_add_921").output[0]
@@ -185,13 +190,15 @@ def _expert_k(k: int):
 REFUSED = [
     (_no_renormalisation, "not renormalised"),
     (_zero_fill, "not -inf"),
+    (_inverted_mask, "not built from the chosen groups"),
     (_gathered_biased, "bias-corrected scores"),
     (_expert_k(0), "k=0"),
     (_expert_k(5), "k=5 of 4"),
 ]
 
 
-@pytest.mark.parametrize("change,why", REFUSED, ids=["not-renormalised", "zero-fill", "biased-weights", "k0", "k5"])
+@pytest.mark.parametrize("change,why", REFUSED, ids=["not-renormalised", "zero-fill", "inverted-mask", "biased-weights", "k0",
+                                                   "k5"])
 @pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
 def test_what_the_pair_does_not_compute_is_refused_with_the_reason(tmp_path, write_policy, change, why, verify):
     source = _mutated(tmp_path, DEEPSEEK, change)

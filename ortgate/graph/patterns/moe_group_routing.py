@@ -191,18 +191,43 @@ def _group_mask(graph: Graph, where: Node, experts: int) -> tuple[str, tuple[int
 
 
 def _mask_reads(graph: Graph, mask: str, groups: str, depth: int = 10) -> bool:
-    """Whether `mask` is derived from the chosen groups' indices (a ScatterElements of them), through views."""
+    """Whether `mask` is true exactly at the experts outside the chosen groups: ScatterElements(zeros, chosen groups,
+    ones), through views and an odd number of negations (Not, Equal to 0)."""
     value = mask
+    negated = False
     for _ in range(depth):
         node = graph.producer(value)
         if node is None:
             return False
         if node.op_type == "ScatterElements":
-            return node.input(1) == groups
-        if node.op_type not in ("Not", "Cast", "Reshape", "Expand", "Unsqueeze", "Identity", "Equal"):
+            zeros, ones = _fill(graph, node.input(0)), _fill(graph, node.input(2))
+            return node.input(1) == groups and negated and zeros == 0.0 and ones is not None and ones != 0.0
+        if node.op_type == "Not":
+            negated = not negated
+        elif node.op_type == "Equal":
+            other = [i for i in node.inputs if graph.is_constant(i)]
+            if len(other) != 1 or const_floats(graph, other[0]) != (0.0,):
+                return False
+            negated = not negated
+            value = next(i for i in node.inputs if not graph.is_constant(i))
+            continue
+        elif node.op_type not in ("Cast", "Reshape", "Expand", "Unsqueeze", "Identity"):
             return False
         value = node.input(0)
     return False
+
+
+def _fill(graph: Graph, value: str) -> float | None:
+    """The one value a constant, ConstantOfShape or Expand of a scalar fills a tensor with."""
+    node = graph.producer(value)
+    if node is not None and node.op_type == "ConstantOfShape":
+        attr = node.attr("value")
+        values = getattr(attr, "values", None) if attr is not None else (0.0,)
+        return float(values[0]) if values and len(set(values)) == 1 else None
+    if node is not None and node.op_type == "Expand":
+        return _fill(graph, node.input(0))
+    values = const_floats(graph, value)
+    return values[0] if values and len(set(values)) == 1 else None
 
 
 def _scores(graph: Graph, biased: str) -> tuple[Node, str | None]:
@@ -222,7 +247,11 @@ def _scores(graph: Graph, biased: str) -> tuple[Node, str | None]:
     if bias not in graph.initializers:
         raise NotExpressed("the correction bias is not an initializer")
     dims = graph.initializers[bias].dims
-    if len([d for d in dims if d != 1]) > 1:
+    width = 1
+    for d in dims:
+        width *= d
+    experts = graph.shape(biased)
+    if len([d for d in dims if d != 1]) > 1 or (experts and isinstance(experts[-1], int) and width != experts[-1]):
         raise NotExpressed(f"the correction bias has shape {list(dims)}, not one value per expert")
     return sigmoid, bias
 
@@ -232,6 +261,8 @@ def _picked_scores(graph: Graph, topk: Node, scores: str, ranked: str) -> str:
     ranks the sigmoid itself."""
     gathers = [c for c in graph.consumers(topk.outputs[1]) if c.op_type == "GatherElements"]
     for gather in gathers:
+        if not _last_axis(graph, gather, gather.input(0)):
+            raise NotExpressed("the routing weights are gathered along another axis than the experts'")
         source = _skip(graph, gather.input(0))
         if source == scores:
             return gather.outputs[0]
