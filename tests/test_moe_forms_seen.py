@@ -55,6 +55,8 @@ EXPECTED: dict[str, list[tuple]] = {
     # ORT's MatMulNBits quantizer in QDQ format on dynamo-qwen3_moe: INT4 DequantizeLinear weights on every MatMul;
     # the experts are Gemm there and stay float
     "qdq4-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # the same tool on optimum-qwen3_moe-past: its experts' MatMuls read INT4 DequantizeLinear weights too
+    "qdq4-optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
