@@ -352,6 +352,16 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     if "moe" in kinds:
         say("matching MoE blocks")
         rewrites, refusals = plan_moe(graph, request.target_ort)
+        gate = moe_op_facts().swiglu_gate
+        if request.target_ort and gate.affects(request.target_ort):
+            for r in [r for r in rewrites if r.attributes.get("activation_type") == "swiglu"]:
+                rewrites.remove(r)
+                refusals.append(MoeRefusal(r.layer, r.anatomy.anchor.display_name,
+                                           f"the deployment's onnxruntime {request.target_ort} (the policy's "
+                                           "execution_provider.onnxruntime_version) computes MoE SwiGLU with "
+                                           f"GPT-OSS constants whatever the attributes say ({gate.issue}, fixed by "
+                                           f"{gate.fixed_by} in {gate.first_fixed_release}): the node would give "
+                                           "wrong outputs there"))
         router = group_router_facts()
         if request.verify and not router.available(result.ort_installed):
             for r in [r for r in rewrites if r.group is not None]:
@@ -636,5 +646,4 @@ def _ort_gate(result: FixResult, request: FixRequest) -> None:
         result.warnings.append(
             f"the policy's target onnxruntime {request.target_ort} computes MoE SwiGLU with GPT-OSS constants "
             f"whatever the attributes say ({gate.issue}; fixed by {gate.fixed_by} in {gate.first_fixed_release}): "
-            f"a SiLU-gated MoE node written here will give wrong outputs there; deploy onnxruntime >= "
-            f"{gate.first_fixed_release}")
+            f"no SiLU-gated MoE node is written for it; deploy onnxruntime >= {gate.first_fixed_release}")
