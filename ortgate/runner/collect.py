@@ -235,8 +235,7 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
     overrides = {name: (int(s.value), s.location) for name, s in setup.free_dimension_overrides.items()}
     dims, step = ri.resolve_dims(signature, settings, overrides,
                                  window=ri.sliding_window(inputs.model, inputs.genai),
-                                 head=ri.head_size(policy, inputs.genai), policy_file=str(policy.path),
-                                 roles=ri.graph_dim_roles(inputs.model))
+                                 head=ri.head_size(policy, inputs.genai), policy_file=str(policy.path))
     context = inputs.genai.data["model"].get("context_length") if inputs.genai else None
     if isinstance(context, int) and not isinstance(context, bool) and step.total_sequence_length > context:
         loc = settings.where("past_sequence_length") or settings.where("sequence_length")
