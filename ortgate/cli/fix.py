@@ -53,16 +53,15 @@ def cmd_fix(args: argparse.Namespace) -> int:
     setup = None
     policy_files: tuple = ()
     if args.policy:
-        from ortgate.config.deployment import setup_from_policy
+        from ortgate.config.deployment import resolve_release, setup_from_policy
         from ortgate.config.policy import load_policy
-
-        policy = load_policy(args.policy)
-        value = policy.get("execution_provider", "onnxruntime_version")
-        target = str(value) if value is not None else None
-        setup = setup_from_policy(policy)
-        provider = setup.provider_name
         from ortgate.runner.settings import runner_settings
 
+        policy = load_policy(args.policy)
+        release = resolve_release(policy)  # a value that is not a release, or one too old, is bad input
+        target = release.version if release.pinned else None  # none pinned: written for any release
+        setup = setup_from_policy(policy)
+        provider = setup.provider_name
         dims = dict(runner_settings(policy).dims)  # runner.dims: values for symbolic dims the graph cannot name
         policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),

@@ -29,6 +29,7 @@ from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.contracts import input_dtypes, type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
+from ortgate.rules.targets import by_layer, layer_text
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -691,20 +692,12 @@ def index_memcpy_in_graph(ctx: RuleContext):
 # ---- ORT's CPU MoE kernel computing a node wrongly --------------------------------------------------------------
 
 
-def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
-    """The ORT release the deployment runs and where that comes from: the policy's
-    execution_provider.onnxruntime_version, else the onnxruntime installed here (None: neither is known)."""
-    declared = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy is not None else None
-    if declared is not None:
-        return str(declared), "the policy's execution_provider.onnxruntime_version"
-    from importlib import metadata
-
-    for package in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            return metadata.version(package), f"the installed {package}"
-        except metadata.PackageNotFoundError:
-            continue
-    return None, ""
+def target_ort_release(ctx: RuleContext) -> tuple[str, str]:
+    """The ORT release the deployment runs (the one resolution, config.deployment.OrtRelease: --ort-version, the
+    policy's execution_provider.onnxruntime_version, else the release ortgate assumes in every install) and where
+    that comes from, as a finding says it."""
+    ort = ctx.deployment.ort
+    return ort.judged_as, ort.origin
 
 
 @rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider", "moe"))
@@ -718,10 +711,11 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     is not a graph output; with normalize_routing_weights=0 (ORT's default). On the releases recorded in
     ortgate/knowledge/ort_moe.json (`cpu_inplace_defect`: seen on 1.28.0, 1.30.0 and 1.31.1, right from 1.32.0) the
     CPU kernel zeroes its output before it reads its input, so it computes such a node from zeros. The release is the
-    policy's `execution_provider.onnxruntime_version`, else the onnxruntime installed where ortgate runs; with
-    neither, or a release older than any tried, the rule says it did not check. The kernel may only take the buffer
+    policy's `execution_provider.onnxruntime_version` (or `--ort-version`), else the release ortgate assumes in every
+    install (knowledge/ort_releases.json: 1.31.1), which the finding names; for a release older than any tried, the
+    rule says it did not check. The kernel may only take the buffer
     when ORT sees input and output of the same size (static or the same named dims); the rule does not see shapes as
-    ORT's planner does and reports every node in that position.
+    ORT's planner does and reports every node in that position. One finding per decoder layer.
 
     ## Why it costs throughput
     It does not: it costs correctness. The session runs at full speed and returns wrong hidden states (72% max
@@ -786,27 +780,24 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     if status == "fixed":
         return
     if status == "unknown":
-        why = (f"onnxruntime {release} ({source}) is older than any release tried" if release else
-               "neither the policy (execution_provider.onnxruntime_version) nor this machine names an onnxruntime "
-               "release")
+        why = f"onnxruntime {release} ({source}) is older than any release tried"
         yield ctx.undecided(f"{why}, so the release was not checked: ORT's CPU MoE kernel computes {len(hit)} node(s) here wrongly on "
                             f"{', '.join(defect.releases_seen_affected)} (right from {defect.first_seen_fixed})",
                             graph=graph, node=hit[0].node)
         return
-    nodes = [c.node for c in hit]
     seen = "seen affected" if status == "affected" else "between releases seen affected, not tried"
-    yield ctx.finding(
-        f"{len(nodes)} com.microsoft.MoE node(s){_layers_of(nodes)} read an intermediate tensor no later node reads "
-        f"(first: {hit[0].input!r}) with normalize_routing_weights=0: ORT's CPU kernel on onnxruntime {release} "
-        f"({source}; {seen}) may give the output the input's buffer and zeroes it before reading it, so these "
-        f"nodes compute wrong outputs; right from onnxruntime {defect.first_seen_fixed}",
-        node=nodes[0], graph=graph, related=nodes[1:],
-        fix=f"Deploy onnxruntime >= {defect.first_seen_fixed}, or keep each MoE input alive past its node "
-            f"({defect.workaround.form}; `ortgate fix` writes it)",
-        properties={"release": release, "status": status, "nodes": len(nodes)},
-    )
-
-
-def _layers_of(nodes: list[Node]) -> str:
-    text = layers_text(nodes)
-    return f" {text}" if text else ""
+    for (_, layer), group in by_layer(hit, lambda c: c.node, lambda c: c.node.layer):  # one finding per layer
+        nodes = [c.node for c in group]
+        what = "com.microsoft.MoE node" if len(nodes) == 1 else f"{len(nodes)} com.microsoft.MoE nodes"
+        reads = "reads" if len(nodes) == 1 else "read"
+        yield ctx.finding(
+            f"{what} {layer_text(layer)} {reads} an intermediate tensor no later node reads "
+            f"({group[0].input!r}) with normalize_routing_weights=0: ORT's CPU kernel on onnxruntime {release} "
+            f"({source}; {seen}) may give the output the input's buffer and zeroes it before reading it, so "
+            f"{'it computes a wrong output' if len(nodes) == 1 else 'they compute wrong outputs'}; right from "
+            f"onnxruntime {defect.first_seen_fixed}",
+            node=nodes[0], graph=graph, layer=layer, related=nodes[1:],
+            fix=f"Deploy onnxruntime >= {defect.first_seen_fixed}, or keep each MoE input alive past its node "
+                f"({defect.workaround.form}; `ortgate fix` writes it)",
+            properties={"release": release, "status": status, "nodes": len(nodes)},
+        )
