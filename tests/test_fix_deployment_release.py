@@ -136,3 +136,13 @@ def test_keep_decision_reads_release_and_provider():
     assert not needs_keep_alive("1.32.0", "CPUExecutionProvider").keep
     assert not needs_keep_alive("1.33.1", "CPUExecutionProvider").keep
     assert needs_keep_alive("not a version", "CPUExecutionProvider").keep
+
+
+def test_a_release_that_is_not_one_is_bad_input_naming_the_key(tmp_path, write_policy, capsys):
+    from ortgate.cli import main
+
+    policy = write_policy("name: t\nexecution_provider: {name: CPUExecutionProvider, onnxruntime_version: 'banana'}\n")
+    code = main(["fix", str(OLMOE), "-o", str(tmp_path / "out"), "--policy", str(policy)])
+    err = capsys.readouterr().err
+    assert code == 2 and "execution_provider.onnxruntime_version" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
