@@ -244,13 +244,16 @@ def test_swiglu_release_gate_versions():
     assert gate.affects("not a version") is None
 
 
-def test_policy_target_on_an_affected_release_warns(tmp_path, make_model, write_policy):
+def test_policy_target_on_an_affected_release_warns_and_refuses(tmp_path, make_model, write_policy):
     src = make_model(moe="dense_loop")
     policy = write_policy("name: old-ort\nexecution_provider:\n  name: CPUExecutionProvider\n"
                           "  onnxruntime_version: '1.27.1'\n")
     code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused", "--policy", policy)
     assert code == 0
     assert any("1.27.1" in w and "#28738" in w for w in report["warnings"])
+    # written for the deployment: a node its release computes wrongly is not written
+    assert not report["rewrites"] and len(report["refusals"]) == 2 and not report["written"]
+    assert all("deployment's onnxruntime 1.27.1" in r["reason"] for r in report["refusals"])
 
 
 def test_installed_release_with_the_swiglu_bug_refuses_the_rewrite(tmp_path, make_model, monkeypatch):

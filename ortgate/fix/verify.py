@@ -30,9 +30,11 @@ from ortgate.errors import InputError
 from ortgate.evidence import OutputComparison
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.decoder import token_ids_input
+from ortgate.knowledge.dims import dim_role
 from ortgate.runner.compare import compare_one, compare_outputs
 from ortgate.runner.inputs import (
     Feeds,
+    graph_dim_roles,
     graph_signature,
     head_size,
     resolve_dims,
@@ -151,6 +153,16 @@ def _literal_token_dims(graph: Graph) -> tuple[int | None, int | None] | None:
             seq if isinstance(seq, int) and seq > 0 else None)
 
 
+def pinned_steps(graph: Graph, steps: tuple[Step, ...], dims: dict[str, int]) -> tuple[Step, ...]:
+    """The steps with the batch and new-token count the user pinned (runner.dims on a dim of that role)."""
+    roles = graph_dim_roles(graph)
+    pins = {(roles.get(d) or dim_role(d)): v for d, v in dims.items()}
+    if "batch" not in pins and "query" not in pins:
+        return steps
+    return tuple(dict.fromkeys(replace(s, batch=pins.get("batch", s.batch), tokens=pins.get("query", s.tokens))
+                               for s in steps))
+
+
 def accepted_settings(graph: Graph, settings: RunnerSettings) -> RunnerSettings:
     """`settings` with the batch and sequence length of a token input whose dims are literals; unchanged for
     dynamic dims."""
@@ -172,22 +184,27 @@ def accepted_steps(graph: Graph, steps: tuple[Step, ...]) -> tuple[Step, ...]:
 
 def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list[Probe],
            routers: list[tuple[str, int]], *, original_model: onnx.ModelProto, fixed_model: onnx.ModelProto,
-           plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS) -> VerifyResult:
+           plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS,
+           dims: dict[str, int] | None = None) -> VerifyResult:
     """Run both models as delivered on ORT CPU at every step and compare their graph outputs. `probes`: rewritten
     nodes' outputs present in both graphs (the diagnostic run after a mismatch); `routers`: (router logits value, k)
     of each rewritten MoE block, for the tie check. `original_model` / `fixed_model`: the graphs, for the runs with
     added outputs (routing margin, diagnosis)."""
     plan = plan or SessionPlan()
     cache = kv_cache_pairs(graph)
-    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1) for s in accepted_steps(graph, steps)]
+    pinned_dims = dict(dims or {})
+    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1)
+              for s in pinned_steps(graph, accepted_steps(graph, steps), pinned_dims)]
     signature, vocab = graph_signature(graph), token_inputs(graph, None)
     window, head = sliding_window(graph, None), head_size(None, None)
+    roles = graph_dim_roles(graph)
 
     def feeds_for(step: Step, seed: int, *, past: int = 0) -> Feeds:
         settings = RunnerSettings(batch_size=step.batch, sequence_length=1 if past else step.tokens,
-                                  past_sequence_length=past)
-        dims, shape = resolve_dims(signature, settings, {}, window=window, head=head, policy_file=None)
-        return synthesize(signature, dims, shape, vocab, seed=seed)
+                                  past_sequence_length=past, dims=pinned_dims)
+        values, shape = resolve_dims(signature, settings, {}, window=window, head=head, policy_file=None,
+                                     roles=roles)
+        return synthesize(signature, values, shape, vocab, seed=seed)
 
     # Inputs: the seed whose routing is farthest from a tie, read from the original with the router logits exposed.
     chosen: list[tuple[Step, int, float | None, Feeds]] = []
@@ -311,7 +328,8 @@ def kv_cache_pairs(graph: Graph) -> dict[str, str]:
     pairs: dict[str, str] = {}
     pasts = [i.name for i in graph.inputs if i.name.lower().startswith("past")]
     for name in pasts:
-        for candidate in (name.replace("past_key_values", "present", 1), name.replace("past", "present", 1)):
+        for candidate in (name.replace("past_key_values", "present", 1), name.replace("past", "present", 1),
+                          name.replace("past_key_values", "cache", 1)):  # transformers' exporter: cache.layers.N
             if candidate in outputs:
                 pairs[name] = candidate
                 break
@@ -516,14 +534,15 @@ class BlockCheck:
 
 
 def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, fixed_dir: Path,
-                  graph: Graph, blocks: list[BlockCheck], settings: RunnerSettings = VERIFY_SETTINGS) -> VerifyResult:
+                  graph: Graph, blocks: list[BlockCheck], settings: RunnerSettings = VERIFY_SETTINGS,
+                  dims: dict[str, int] | None = None) -> VerifyResult:
     """Each block alone: the original nodes from its hidden state to its routed sum against the rewritten node(s)
     from the same hidden state, on the same synthesised inputs (hidden state, and the graph inputs the block's shape
     arithmetic reads)."""
-    settings = accepted_settings(graph, settings)
+    settings = replace(accepted_settings(graph, settings), dims=dict(dims or {}))
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
-                              policy_file=None)
+                              policy_file=None, roles=graph_dim_roles(graph))
     vocab = token_inputs(graph, None)
     result = VerifyResult(True, mode="per block")
     fixed_graph_producers = {o: n for n in fixed.graph.node for o in n.output}

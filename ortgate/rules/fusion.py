@@ -9,8 +9,10 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
 from ortgate.graph.patterns.common import QDQ_OPS
 from ortgate.graph.patterns.moe import MoeBlock, moe_blocks, moe_misses
-from ortgate.graph.patterns.moe_anatomy import block_verdict
+from ortgate.graph.patterns.moe_anatomy import block_verdict, moe_anatomies
+from ortgate.graph.patterns.moe_group_routing import GroupVerdict, group_verdict
 from ortgate.graph.patterns.projections import decomposed_heads
+from ortgate.knowledge.group_router import group_router_facts
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
@@ -28,6 +30,20 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
     provider, and for a router no com.microsoft.MoE form expresses, that, and what remains."""
     verdict = block_verdict(ctx.model, block) if block.router is not None and block.router.graph is None else None
     builder = builder_advice(ctx.expect.value("family"), ctx.deployment.provider, "it", "moe_fused")
+    grouped = _group_verdict(ctx, block) if verdict is not None and not verdict.rewritable else None
+    if grouped is not None and grouped.anatomy is not None:
+        router = group_router_facts()
+        return (f"Run `{FIX_COMMAND} --policy P`: for the policy's onnxruntime release it rewrites this block into "
+                f"com.microsoft.{router.op_type} (sigmoid scores, correction bias, expert groups) + com.microsoft.MoE, "
+                f"checks the result equals the original on ORT CPU (where the installed onnxruntime has "
+                f"{router.op_type}: {router.first_release} on) and lints it again. {MOE_NO_PASS}")
+    if grouped is not None and grouped.expressible:
+        return (f"No com.microsoft.MoE form expresses this router: {grouped.reason}. With onnxruntime "
+                f"{group_router_facts().first_release} or later pinned in the policy, `ortgate fix` rewrites it; "
+                f"else {WAIVE}.")
+    if grouped is not None:
+        return (f"No com.microsoft.MoE form expresses this router: {grouped.reason}. Neither `ortgate fix` nor a "
+                f"re-export can fuse it; {WAIVE}.")
     if verdict is not None and verdict.rewritable:
         return (f"Run `{FIX_COMMAND}`: it rewrites this block into {MOE_HOW}, checks the result equals the original on "
                 f"ORT CPU and lints it again (`--dry-run` shows the plan). {builder} {MOE_NO_PASS}")
@@ -36,6 +52,15 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
                 f"re-export can fuse it; {WAIVE}.")
     refused = f"`ortgate fix` leaves this block unchanged: {verdict.reason}. " if verdict is not None else ""
     return (f"{refused}Export the layer as {MOE_HOW}. {builder} {MOE_NO_PASS}")
+
+
+def _group_verdict(ctx: RuleContext, block: MoeBlock) -> GroupVerdict | None:
+    """What `ortgate fix` decides for a sigmoid / bias-corrected / group-limited router on the policy's release."""
+    anatomy = next((a for a in moe_anatomies(ctx.model) if a.block is block), None)
+    if anatomy is None:
+        return None
+    release = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy is not None else None
+    return group_verdict(ctx.model, anatomy, str(release) if release is not None else None)
 
 
 @rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price="moe", fix="moe")
