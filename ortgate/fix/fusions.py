@@ -26,9 +26,13 @@ from ortgate.graph.patterns.rotary import decomposed_rotaries
 
 # Fusion kinds ortgate asks onnxscript for, by the rule whose finding each repairs, in the order onnxscript needs them
 # (SkipRMSNorm builds on RMSNorm; the attention rules on SDPA).
+# A function named "ortgate.<name>" is one of ortgate's own rules (ortgate.fix.norms), written with onnxscript's
+# rewriter API for the forms onnxscript's rules do not read.
 FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
+    ("rmsnorm", "layer_norm_no_bias", "ortgate.fuse_layer_norms"),
     ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
-    ("rmsnorm", "skip_rms_normalization", "fuse_skip_rms_normalization"),
+    ("rmsnorm", "rms_norm_forms", "ortgate.fuse_rms_forms"),
+    ("rmsnorm", "skip_rms_normalization", "ortgate.fuse_skip_rms"),
     ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
     ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
     ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
@@ -44,7 +48,7 @@ FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
 )
 FUSED_OPS = {
     "rmsnorm": {("ai.onnx", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
-                ("ai.onnx", "RMSNormalization")},
+                ("ai.onnx", "RMSNormalization"), ("ai.onnx", "LayerNormalization")},
     "rotary": {("com.microsoft", "RotaryEmbedding"), ("ai.onnx", "RotaryEmbedding")},
     "attention": {("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention"),
                   ("com.microsoft", "Attention"), ("ai.onnx", "Attention")},
@@ -55,6 +59,7 @@ FUSED_OPS = {
 class LayerFusions:
     layer: int | None
     applied: dict[str, int] = field(default_factory=dict)  # kind -> fused nodes in this layer after the pass
+    became: dict[str, int] = field(default_factory=dict)  # fused op type -> nodes of it the pass added in this layer
     missed: dict[str, tuple[int, str]] = field(default_factory=dict)  # kind -> (still decomposed, why)
 
 
@@ -124,11 +129,38 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
     if not onnxscript_available():
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
+    before_ops = _fused_ops(build_graph(model, "before"))
     with _quiet():  # onnxscript's and onnx_ir's warnings and logs: never on ortgate's stderr
-        out = _fuse(model, kinds, weights_dir, report)
-    after = _inventory(build_graph(out, "after"))
-    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+        out, ir_model = _fuse(model, kinds, weights_dir, report)
+    after_graph = build_graph(out, "after")
+    after = _inventory(after_graph)
+    misses: dict[int | None, list[str]] = defaultdict(list)
+    if "rmsnorm" in kinds:
+        left = {norm.last.name: norm.layer for norm in decomposed_rmsnorms(after_graph) if norm.last.name}
+        if left:
+            from ortgate.fix.norms import near_misses
+
+            with _quiet():
+                found = near_misses(ir_model, set(left))
+            for name, miss in found.items():
+                misses[left[name]].append(miss.say())
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts,
+                               near=misses)
+    after_ops = _fused_ops(after_graph)
+    for entry in report.layers:
+        grown = after_ops.get(entry.layer, Counter()) - before_ops.get(entry.layer, Counter())
+        entry.became = dict(sorted(grown.items()))
     return out, report
+
+
+def _fused_ops(graph: Graph) -> dict[int | None, Counter]:
+    """layer -> fused op type -> nodes."""
+    fused = {op for ops in FUSED_OPS.values() for op in ops}
+    out: dict[int | None, Counter] = defaultdict(Counter)
+    for node in graph.nodes:
+        if (node.domain, node.op_type) in fused:
+            out[node.layer][node.op_type] += 1
+    return out
 
 
 @contextlib.contextmanager
@@ -141,7 +173,8 @@ def _quiet():
         yield
 
 
-def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport) -> onnx.ModelProto:
+def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport):
+    """The fused model, and the onnx_ir model it was serialised from (asked afterwards why a norm was left)."""
     import onnx_ir as ir
 
     ir_model = ir.serde.deserialize_model(model)
@@ -158,7 +191,7 @@ def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, rep
         if missing is None:
             raise
         raise InputError(f"onnxscript could not read the model's external weights: {missing}", weights_dir) from None
-    return ir.serde.serialize_model(ir_model)
+    return ir.serde.serialize_model(ir_model), ir_model
 
 
 def _file_error(exc: BaseException) -> str | None:
@@ -191,6 +224,11 @@ def _steps(ir_model, kinds, report, common_passes, optimize, _core, shape_optimi
     optimize(ir_model)
     for kind, label, function in FUSION_STEPS:
         if kind not in kinds:
+            continue
+        if function.startswith("ortgate."):
+            from ortgate.fix import norms
+
+            report.counts[label] = int(getattr(norms, function.removeprefix("ortgate."))(ir_model))
             continue
         fuse = getattr(_core, function)
         options = {"apply_shape_inference": True} if label == "sdpa" else {}
@@ -293,7 +331,8 @@ def _has_kv_cache(model: onnx.ModelProto) -> bool:
     return any("past" in i.name.lower() for i in model.graph.input)
 
 
-def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int]) -> list[LayerFusions]:
+def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int],
+               near: dict[int | None, list[str]] | None = None) -> list[LayerFusions]:
     layers = sorted(set(before) | set(after), key=lambda x: (x is None, x or 0))
     out = []
     for layer in layers:
@@ -304,7 +343,10 @@ def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, cou
             if fused > was_fused:
                 entry.applied[kind] = fused - was_fused
             if still:
-                entry.missed[kind] = (still, _why(kind, has_kv_cache, counts))
+                why = _why(kind, has_kv_cache, counts)
+                if kind == "rmsnorm" and near and near.get(layer):
+                    why += "; onnxscript's MatchingTracer: " + "; ".join(dict.fromkeys(near[layer]))
+                entry.missed[kind] = (still, why)
         if entry.applied or entry.missed:
             out.append(entry)
     return out

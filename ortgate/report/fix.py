@@ -97,6 +97,8 @@ def render_fix_text(outcome) -> str:
         for layer in r.fusions.layers:
             name = f"layer {layer.layer}" if layer.layer is not None else "outside the layers"
             applied = ", ".join(f"{k} x{n}" for k, n in layer.applied.items()) or "nothing"
+            if layer.became:
+                applied += " (" + ", ".join(f"{op} x{n}" for op, n in layer.became.items()) + ")"
             lines.append(f"  {name}: fused {applied}")
             for kind, (count, why) in layer.missed.items():
                 lines.append(f"    {kind}: {count} still decomposed: {why}")
@@ -188,7 +190,7 @@ def fix_json(outcome) -> dict:
         "fusions": None if r.fusions is None else {
             "kinds": list(r.fusions.kinds),
             "counts": r.fusions.counts,
-            "layers": [{"layer": layer.layer, "applied": layer.applied,
+            "layers": [{"layer": layer.layer, "applied": layer.applied, "became": layer.became,
                         "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
                        for layer in r.fusions.layers],
         },
