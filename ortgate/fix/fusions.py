@@ -26,16 +26,17 @@ from ortgate.graph.patterns.rotary import decomposed_rotaries
 
 # Fusion kinds ortgate asks onnxscript for, by the rule whose finding each repairs, in the order onnxscript needs them
 # (SkipRMSNorm builds on RMSNorm; the attention rules on SDPA).
-# A function named "ortgate.<name>" is one of ortgate's own rules (ortgate.fix.norms), written with onnxscript's
-# rewriter API for the forms onnxscript's rules do not read.
+# A function named "ortgate.<module>.<name>" is one of ortgate's own rules (ortgate.fix.norms,
+# ortgate.fix.attention), written with onnxscript's rewriter API for the forms onnxscript's rules do not read.
 FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
-    ("rmsnorm", "layer_norm_no_bias", "ortgate.fuse_layer_norms"),
+    ("rmsnorm", "layer_norm_no_bias", "ortgate.norms.fuse_layer_norms"),
     ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
-    ("rmsnorm", "rms_norm_forms", "ortgate.fuse_rms_forms"),
-    ("rmsnorm", "skip_rms_normalization", "ortgate.fuse_skip_rms"),
+    ("rmsnorm", "rms_norm_forms", "ortgate.norms.fuse_rms_forms"),
+    ("rmsnorm", "skip_rms_normalization", "ortgate.norms.fuse_skip_rms"),
     ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
     ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
     ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
+    ("attention", "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
     ("attention", "sdpa", "fuse_sdpa"),
     ("attention", "gqa", "fuse_gqa"),
     ("attention", "packed_qkv_for_gqa", "fuse_qkv_gqa"),
@@ -70,6 +71,8 @@ class FusionReport:
     layers: list[LayerFusions] = field(default_factory=list)
     available: bool = True
     note: str | None = None
+    attention_near_miss: str | None = None  # why ortgate's GroupQueryAttention rule stopped where it came closest
+    options: dict = field(default_factory=dict)  # for ortgate's own steps: context_length in; notes out
 
     def total(self, kind: str) -> int:
         return sum(layer.applied.get(kind, 0) for layer in self.layers)
@@ -84,12 +87,12 @@ def onnxscript_available() -> bool:
 
 
 def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, *,
-                model_path: Path | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+                model_path: Path | None = None, context_length: int | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report.
     A model onnx_ir cannot take (a recursive local function, a tensor it cannot read) is an InputError naming
     `model_path` and onnx_ir's reason."""
     try:
-        return _run_fusions(model, kinds, weights_dir)
+        return _run_fusions(model, kinds, weights_dir, context_length)
     except InputError:
         raise
     except Exception as exc:
@@ -116,8 +119,10 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
+def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path,
+                 context_length: int | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport(kinds)
+    report.options["context_length"] = context_length
     if not kinds:
         return model, report
     before = _inventory(build_graph(model, "before"))
@@ -144,8 +149,16 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
                 found = near_misses(ir_model, set(left))
             for name, miss in found.items():
                 misses[left[name]].append(miss.say())
+    if "attention" in kinds and _has_kv_cache(out) and any(k.get("attention", (0, 0))[0] for k in after.values()):
+        from ortgate.fix.attention import near_miss
+
+        with _quiet():
+            why = near_miss(ir_model)
+        if why:
+            report.attention_near_miss = why
     report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts,
-                               near=misses)
+                               near=misses, attention_why=report.attention_near_miss,
+                               rotary_why="; ".join(report.options.get("notes", [])) or None)
     after_ops = _fused_ops(after_graph)
     for entry in report.layers:
         grown = after_ops.get(entry.layer, Counter()) - before_ops.get(entry.layer, Counter())
@@ -226,9 +239,11 @@ def _steps(ir_model, kinds, report, common_passes, optimize, _core, shape_optimi
         if kind not in kinds:
             continue
         if function.startswith("ortgate."):
-            from ortgate.fix import norms
+            from ortgate.fix import attention, norms
 
-            report.counts[label] = int(getattr(norms, function.removeprefix("ortgate."))(ir_model))
+            module, name = function.removeprefix("ortgate.").split(".")
+            step = getattr({"norms": norms, "attention": attention}[module], name)
+            report.counts[label] = int(step(ir_model, report.options) if module == "attention" else step(ir_model))
             continue
         fuse = getattr(_core, function)
         options = {"apply_shape_inference": True} if label == "sdpa" else {}
@@ -332,7 +347,8 @@ def _has_kv_cache(model: onnx.ModelProto) -> bool:
 
 
 def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int],
-               near: dict[int | None, list[str]] | None = None) -> list[LayerFusions]:
+               near: dict[int | None, list[str]] | None = None, attention_why: str | None = None,
+               rotary_why: str | None = None) -> list[LayerFusions]:
     layers = sorted(set(before) | set(after), key=lambda x: (x is None, x or 0))
     out = []
     for layer in layers:
@@ -344,6 +360,10 @@ def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, cou
                 entry.applied[kind] = fused - was_fused
             if still:
                 why = _why(kind, has_kv_cache, counts)
+                if kind == "attention" and attention_why:
+                    why += f"; {attention_why}"
+                if kind == "rotary" and rotary_why:
+                    why = rotary_why
                 if kind == "rmsnorm" and near and near.get(layer):
                     why += "; onnxscript's MatchingTracer: " + "; ".join(dict.fromkeys(near[layer]))
                 entry.missed[kind] = (still, why)

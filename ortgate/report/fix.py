@@ -125,6 +125,7 @@ def render_fix_text(outcome) -> str:
             lines.append(f"  {c.output} [{c.dtype}]: max abs {shown}"
                          f", max rel {v.max_rel_diff.get(c.output, 0.0):.3g}, {c.mismatched}/{c.total} outside "
                          f"rtol {c.rtol:g} atol {c.atol:g}")
+    lines.extend(_token_lines(r))
     before, after = Counter(f.rule for f in outcome.findings_before), Counter(f.rule for f in outcome.findings_after)
     if before or after:
         rules = sorted(set(before) | set(after))
@@ -194,6 +195,16 @@ def fix_json(outcome) -> dict:
                         "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
                        for layer in r.fusions.layers],
         },
+        "tokens": None if r.tokens is None else {
+            "passed": r.tokens.passed,
+            "original": r.tokens.original_mode,
+            "fixed": r.tokens.fixed_mode,
+            "batches": [{"batch": b.batch, "prompt_length": b.prompt_length, "steps": b.steps, "max_abs": b.max_abs,
+                         "max_rel": b.max_rel, "ids_equal": b.ids_equal, "divergence": b.divergence, "ids": b.ids}
+                        for b in r.tokens.batches],
+        },
+        "attention_kept": r.attention_kept,
+        "genai_config": r.genai_config,
         "verification": None if v is None else {
             "passed": v.passed,
             "mode": v.mode,
@@ -237,3 +248,23 @@ def fix_json(outcome) -> dict:
 
 def render_fix_json(outcome) -> str:
     return json.dumps(fix_json(outcome), allow_nan=False, indent=2, sort_keys=False) + "\n"
+
+
+def _token_lines(r) -> list[str]:
+    lines = []
+    if r.attention_kept:
+        lines.append(f"attention kept as exported: the GroupQueryAttention rewrite could not be proven ({r.attention_kept})"
+                     "; the other repairs stand")
+    if r.genai_config:
+        lines.append(f"genai_config.json: {r.genai_config}")
+    t = r.tokens
+    if t is not None:
+        batches = ", ".join(str(b.batch) for b in t.batches)
+        verdict = ("identical ids, logits within tolerance at every step" if t.passed else f"DIVERGED: {t.why}")
+        steps = max((b.steps for b in t.batches), default=0)
+        worst = max((b.max_abs for b in t.batches), default=0.0)
+        lines.append(f"tokens: {steps} greedy steps from fixed prompts at batch {batches}, the original ({t.original_mode}) "
+                     f"against the written folder loaded from disk ({t.fixed_mode}): {verdict}; logits max abs diff "
+                     f"{worst:.3g}")
+    return lines
+
