@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+PACK_BUDGET = 1 << 30  # packed QKV weights are built in memory: beyond this, q, k and v stay separate
 _DATA_PATH = {"Reshape", "Transpose", "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization",
               "Add", "Mul", "Cast", "Identity", "Squeeze", "Unsqueeze", "Concat", "Slice", "Neg"}
 
@@ -52,6 +53,9 @@ class AttentionPass:
     misses: list[str] = field(default_factory=list)
     context_length: int | None = None  # rows of the cos/sin caches: the rotary is folded only when it is known
     rotary_notes: list[str] = field(default_factory=list)  # why a rotary stayed beside its node
+    tables: dict = field(default_factory=dict)  # id(cos value) -> (cos, sin) numbers, computed once for all layers
+    caches: dict = field(default_factory=dict)  # id(cos value) -> (cos_cache, sin_cache) initializers, shared
+    packed_bytes: int = 0  # packed QKV weights built in memory so far
 
 
 def _projection_width(value, depth: int = 24) -> int | None:
@@ -332,7 +336,10 @@ def _rules(state: AttentionPass):
                                           "GroupQueryAttention's cos/sin caches) to fold it in")
                 return None
             try:
-                tables = position_tables(model, [rq.cos, rq.sin], state.context_length, kv_heads, head)
+                tables = state.tables.get(id(rq.cos))
+                if tables is None:
+                    tables = position_tables(model, [rq.cos, rq.sin], state.context_length, kv_heads, head)
+                    state.tables[id(rq.cos)] = tables
             except Exception as exc:  # the subgraph does not run alone: the rotary stays beside
                 state.rotary_notes.append(f"the cos/sin tables could not be computed alone ({type(exc).__name__}): "
                                           "the rotary stays beside the node")
@@ -350,7 +357,7 @@ def _rules(state: AttentionPass):
                 state.rotary_notes.append("the cos/sin tables are not one row per position with duplicated halves: "
                                           "the rotary stays beside the node")
                 return None
-            return rq.x, rk.x, cos[:, :half].copy(), sin[:, :half].copy()
+            return rq.x, rk.x, cos[:, :half].copy(), sin[:, :half].copy(), id(rq.cos)
 
         def rewrite(self, op, q, k, v, past_key, past_value, present_k, present_v, **_):
             heads, kv_heads, head, scale, mask_input = self._found
@@ -369,11 +376,20 @@ def _rules(state: AttentionPass):
             extra = []
             packed = None
             if rotary is not None:
-                q, k, cos, sin = rotary
-                extra = [op.initializer(ir.tensor(cos, name=f"{past_key.name}.cos_cache")),
-                         op.initializer(ir.tensor(sin, name=f"{past_key.name}.sin_cache"))]
+                q, k, cos, sin, table = rotary
+                if table not in state.caches:  # one cos/sin cache pair for every layer rotated by these tables
+                    index = len(state.caches)
+                    state.caches[table] = (op.initializer(ir.tensor(cos, name=f"rotary.{index}.cos_cache")),
+                                           op.initializer(ir.tensor(sin, name=f"rotary.{index}.sin_cache")))
+                extra = list(state.caches[table])
                 attributes |= {"do_rotary": 1, "rotary_interleaved": 0}
                 packed = packable(q, k, v)
+                size = sum(w.const_value.nbytes for w in packed[1]) if packed is not None else 0
+                if packed is not None and state.packed_bytes + size > PACK_BUDGET:
+                    state.rotary_notes.append(f"q, k and v stay separate MatMuls past {PACK_BUDGET >> 20} MiB of "
+                                              "packed weights built in memory")
+                    packed = None
+                state.packed_bytes += size if packed is not None else 0
             if packed is not None:
                 # q, k and v of one input, nothing between projection and attention: one MatMul, packed QKV
                 x, weights = packed
