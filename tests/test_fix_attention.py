@@ -203,3 +203,52 @@ def test_q_k_norms_keep_separate_projections(tmp_path):
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
         assert node.input[1] and node.input[2]
+
+
+CACHE_LESS = ["dynamo-qwen3_moe", "dynamo-mixtral", "dynamo-olmoe"]
+
+
+@pytest.mark.parametrize("folder", CACHE_LESS)
+def test_a_cache_less_export_gains_a_kv_cache_proven_by_its_tokens(tmp_path, folder):
+    """torch.onnx (dynamo) exports without a cache: with the rotary folded in, each attention becomes
+    GroupQueryAttention over new past_key_values.N.key/value inputs and present.N.key/value outputs, as
+    onnxruntime-genai's builder names them; the original, recomputing its sequence each step, and the fixed model,
+    fed its own presents, generate the same 32 greedy tokens at batch 1 and 2."""
+    source = EXPORTED / folder / "model.onnx"
+    out = tmp_path / "out"
+    code, report = fix_json(source, "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    tokens = report["tokens"]
+    assert tokens["passed"] and tokens["original"].startswith("recomputing") and tokens["fixed"] == "its own KV cache"
+    assert all(b["steps"] >= 32 for b in tokens["batches"])
+    inputs, outputs = io_names(out / "model.onnx")
+    layers = sum(name.endswith(".key") for name in inputs)
+    assert layers >= 2
+    assert inputs[:2] == io_names(source)[0][:2]
+    assert [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")] == inputs[2:]
+    assert outputs == ["logits"] + [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    fixed = lint_findings(out / "model.onnx")
+    assert not [f for f in fixed if f.rule in ("decoder-without-kv-cache", "gqa-not-fused", "rotary-not-fused",
+                                               "rmsnorm-not-fused", "skip-rmsnorm-not-fused", "moe-not-fused")]
+
+
+def test_a_cache_less_export_without_a_context_length_stays_cache_less(tmp_path):
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-qwen3_moe", "-o", out)
+    assert code == 0 and report["tokens"] is None
+    inputs, _ = io_names(out / "model.onnx")
+    assert not any(name.startswith("past_key_values.") for name in inputs)
+
+
+def test_a_new_cache_that_cannot_be_proven_is_not_delivered(tmp_path, monkeypatch):
+    """Above WHOLE_MODEL_MAX_NODES the original is not run whole, so no tokens prove a new KV cache: the fix lands
+    with the export's own (cache-less) attention and says why."""
+    import ortgate.fix.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 100)
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-qwen3_moe", "-o", out, "--context-length", "64")
+    assert code == 0 and report["verification"]["passed"]
+    assert report["attention_kept"] and report["tokens"] is None
+    inputs, _ = io_names(out / "model.onnx")
+    assert not any(name.startswith("past_key_values.") for name in inputs)

@@ -56,6 +56,7 @@ class AttentionPass:
     tables: dict = field(default_factory=dict)  # id(cos value) -> (cos, sin) numbers, computed once for all layers
     caches: dict = field(default_factory=dict)  # id(cos value) -> (cos_cache, sin_cache) initializers, shared
     packed_bytes: int = 0  # packed QKV weights built in memory so far
+    gained_cache: int = 0  # layers of a cache-less export given past / present
 
 
 def _projection_width(value, depth: int = 24) -> int | None:
@@ -249,15 +250,23 @@ def _rules(state: AttentionPass):
         def __init__(self, name: str):
             super().__init__(name, remove_nodes=False)
             self.pending: list[tuple[object, object, object, object]] = []
+            self.gained: list[tuple] = []  # (layer, past_key, past_value, present_key, present_value): new cache
+            self.own_shapes: set[int] = set()  # Shape(attention_mask) values the rewrite made
 
         def pattern(self, op, q, k, v, past_key, past_value, mask, qs, ks, ss, zero):
             present_k = op.Concat(past_key, k, _outputs=["present_k"])
             present_v = op.Concat(past_value, v, _outputs=["present_v"])
-            k_rep = op.Reshape(op.Expand(op.Unsqueeze(present_k, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
-            v_rep = op.Reshape(op.Expand(op.Unsqueeze(present_v, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
-            k_all = pattern.OrValue([k_rep, present_k], tag_var="repeat_kv", tag_values=[True, False])
-            v_all = pattern.OrValue([v_rep, present_v])
-            k_t = op.Transpose(k_all, perm=[0, 1, 3, 2])
+            # a cache-less export attends over this step's k and v only
+            k_seq = pattern.OrValue([present_k, k], tag_var="has_cache", tag_values=[True, False])
+            v_seq = pattern.OrValue([present_v, v])
+            k_rep = op.Reshape(op.Expand(op.Unsqueeze(k_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
+            v_rep = op.Reshape(op.Expand(op.Unsqueeze(v_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
+            k_all = pattern.OrValue([k_rep, k_seq], tag_var="repeat_kv", tag_values=[True, False])
+            v_all = pattern.OrValue([v_rep, v_seq])
+            # K^T directly, or through 3D as torch.onnx (dynamo) writes it: [B*H, S, D] -> [B*H, D, S] -> 4D
+            k_t = pattern.OrValue([op.Transpose(k_all, perm=[0, 1, 3, 2]),
+                                   op.Reshape(op.Transpose(op.Reshape(k_all, pattern.ANY_VALUE), perm=[0, 2, 1]),
+                                              pattern.ANY_VALUE)])
             q_s = pattern.OrValue([op.Mul(q, qs), op.Div(q, qs), q], tag_var="q_scaling",
                                   tag_values=["Mul", "Div", "None"])
             k_s = pattern.OrValue([op.Mul(k_t, ks), op.Div(k_t, ks), k_t], tag_var="k_scaling",
@@ -271,19 +280,23 @@ def _rules(state: AttentionPass):
             out = op.Transpose(op.MatMul(weights, v_all), perm=[0, 2, 1, 3])
             return op.Reshape(out, pattern.ANY_VALUE, _outputs=["attention"])
 
-        def check(self, context, q, k, v, past_key, past_value, mask, present_k, present_v, zero, attention,
-                  **tags):
+        def check(self, context, q, k, v, past_key, past_value, mask, zero, attention, present_k=None,
+                  present_v=None, **tags):
             result = pattern.MatchResult()
             graph = context.graph_or_function
             inputs = {value.name: value for value in graph.inputs}
-            for concat in (present_k.producer(), present_v.producer()):
-                if concat.attributes.get_int("axis", 0) not in (-2, 2):
-                    return result.fail("the cache is not concatenated on the sequence axis", concat)
-            if past_key.producer() is not None or past_value.producer() is not None:
-                return result.fail("past key / value are not graph inputs", past_key)
-            outputs = list(graph.outputs)
-            if present_k not in outputs or present_v not in outputs:
-                return result.fail("present key / value are not graph outputs", present_k)
+            has_cache = bool(tags.get("has_cache", True)) and present_k is not None
+            if has_cache:
+                for concat in (present_k.producer(), present_v.producer()):
+                    if concat.attributes.get_int("axis", 0) not in (-2, 2):
+                        return result.fail("the cache is not concatenated on the sequence axis", concat)
+                if past_key.producer() is not None or past_value.producer() is not None:
+                    return result.fail("past key / value are not graph inputs", past_key)
+                outputs = list(graph.outputs)
+                if present_k not in outputs or present_v not in outputs:
+                    return result.fail("present key / value are not graph outputs", present_k)
+            elif any(name.startswith("past_key_values.") for name in inputs):
+                return result.fail("an attention without a cache in a graph whose other layers have one", k)
             if zero is not None and scalar(zero) != 0.0:
                 return result.fail("Where(IsNaN) does not write 0", zero)
             mask_input = inputs.get("attention_mask")
@@ -291,10 +304,15 @@ def _rules(state: AttentionPass):
                 return result.fail("the graph has no attention_mask input to give GroupQueryAttention seqlens_k")
             if not _reaches(mask, "attention_mask"):
                 return result.fail("the additive mask is not computed from attention_mask", mask)
-            head = past_key.shape[3] if past_key.shape is not None and past_key.shape.rank() == 4 else None
-            kv_heads_cache = past_key.shape[1] if head is not None else None
+            if has_cache:
+                head = past_key.shape[3] if past_key.shape is not None and past_key.shape.rank() == 4 else None
+                kv_heads_cache = past_key.shape[1] if head is not None else None
+            else:
+                head = next((x.shape[-1] for x in (k, q) if x.shape is not None and x.shape.rank() == 4
+                             and isinstance(x.shape[-1], int)), None)
+                kv_heads_cache = None
             if not isinstance(head, int):
-                return result.fail("the head size (past_key's last dim) is not a number", past_key)
+                return result.fail("the head size (past_key's or k's last dim) is not a number", k)
             q_width, k_width, v_width = _projection_width(q), _projection_width(k), _projection_width(v)
             if q_width is None or k_width is None or v_width is None:
                 return result.fail("q, k or v is not read back to a linear projection with a constant weight", q)
@@ -318,6 +336,10 @@ def _rules(state: AttentionPass):
                     return result.fail(f"the {tag.replace('_', ' ')} is not a constant scalar")
                 scale *= got if kind == "Mul" else 1.0 / got
             self._rotary = self._fold_rotary(context.model, q, k, kv_heads, head)
+            if not has_cache and self._rotary is None:
+                why = state.rotary_notes[-1] if state.rotary_notes else "it has no rotary GroupQueryAttention can fold"
+                return result.fail("a cache-less attention gains a KV cache only with its rotary folded into "
+                                   f"GroupQueryAttention, whose positions then continue from the cache: {why}", q)
             self._found = (heads, kv_heads, head, scale, mask_input)
             return result
 
@@ -359,8 +381,17 @@ def _rules(state: AttentionPass):
                 return None
             return rq.x, rk.x, cos[:, :half].copy(), sin[:, :half].copy(), id(rq.cos)
 
-        def rewrite(self, op, q, k, v, past_key, past_value, present_k, present_v, **_):
+        def rewrite(self, op, q, k, v, past_key, past_value, present_k=None, present_v=None, **_):
             heads, kv_heads, head, scale, mask_input = self._found
+            gained = None
+            if present_k is None:  # a cache-less export: it gains past / present, as onnxruntime-genai names them
+                index = len(self.gained)
+                dtype = q.dtype if q.dtype is not None else ir.DataType.FLOAT
+                past_key, past_value = (
+                    ir.Value(name=f"past_key_values.{index}.{kind}", type=ir.TensorType(dtype),
+                             shape=ir.Shape(["batch_size", kv_heads, "past_sequence_length", head]))
+                    for kind in ("key", "value"))
+                gained = (index, past_key, past_value)
             flat = op.Constant(value_ints=[0, 0, -1])
 
             def bsd(x):
@@ -368,7 +399,9 @@ def _rules(state: AttentionPass):
 
             lengths = op.ReduceSum(mask_input, op.Constant(value_ints=[1]), keepdims=0)
             seqlens_k = op.Cast(op.Sub(lengths, op.Constant(value_int=1)), to=ir.DataType.INT32)
-            total = op.Cast(op.Gather(op.Shape(mask_input), op.Constant(value_int=1), axis=0), to=ir.DataType.INT32)
+            mask_shape = op.Shape(mask_input)
+            self.own_shapes.add(id(mask_shape))
+            total = op.Cast(op.Gather(mask_shape, op.Constant(value_int=1), axis=0), to=ir.DataType.INT32)
             attributes = {"num_heads": heads, "kv_num_heads": kv_heads}
             if not math.isclose(scale, 1.0 / math.sqrt(head), rel_tol=1e-6):
                 attributes["scale"] = scale
@@ -403,7 +436,10 @@ def _rules(state: AttentionPass):
             out, new_k, new_v = op.GroupQueryAttention(
                 query, key, value, past_key, past_value, seqlens_k, total, *extra,
                 _domain="com.microsoft", _outputs=3, **attributes)
-            self.pending.append((present_k, new_k, present_v, new_v))
+            if gained is None:
+                self.pending.append((present_k, new_k, present_v, new_v))
+            else:
+                self.gained.append((*gained, new_k, new_v))
             state.rewrites.append(AttentionRewrite("", past_key.name or "", heads, kv_heads, head, scale,
                                                    rotary is not None, packed is not None))
             return out
@@ -415,6 +451,7 @@ def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
     """Rewrite each decomposed attention with a KV cache into GroupQueryAttention; the cache outputs move to the new
     nodes under their names. With `context_length`, a half-split rotary of q and k is folded in (cos/sin caches of
     that many rows, computed by the graph's own subgraph)."""
+    import onnx_ir as ir
     from onnxscript.rewriter import pattern
 
     state = AttentionPass(context_length=context_length)
@@ -430,9 +467,26 @@ def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
             old.replace_all_uses_with(new, replace_graph_outputs=True)
             old.name = f"{name}_unfused"
             new.name = name
-    for rewrite, (_, new_k, _, _) in zip(state.rewrites, instance.pending):
-        node = new_k.producer()
-        rewrite.node = node.name or ""
+    for index, past_key, past_value, new_k, new_v in instance.gained:
+        ir_model.graph.inputs.extend([past_key, past_value])
+        for value, kind in ((new_k, "key"), (new_v, "value")):
+            value.name = f"present.{index}.{kind}"
+            value.shape = ir.Shape(["batch_size", past_key.shape[1], "total_sequence_length", past_key.shape[3]])
+            value.type = past_key.type
+            ir_model.graph.outputs.append(value)
+    state.gained_cache = len(instance.gained)
+    if instance.gained:
+        # A cache-less export's attention_mask is [batch, sequence] like input_ids, and the graph may read the
+        # sequence length off it (torch.onnx does). With a cache it is [batch, past + sequence]: every other Shape of
+        # it reads input_ids instead, whose shape it stood for.
+        inputs = {value.name: value for value in ir_model.graph.inputs}
+        mask, ids = inputs.get("attention_mask"), inputs.get("input_ids")
+        if mask is not None and ids is not None:
+            for node in list(ir_model.graph):
+                if node.op_type == "Shape" and node.inputs[0] is mask and id(node.outputs[0]) not in instance.own_shapes:
+                    node.replace_input_with(0, ids)
+    for rewrite in state.rewrites:
+        rewrite.node = ""
     return state
 
 
@@ -441,6 +495,7 @@ def fuse_gqa_with_cache(ir_model, options: dict) -> int:
     rotary; `options["notes"]` gets why a rotary stayed beside)."""
     state = fuse_gqa(ir_model, options.get("context_length"))
     options.setdefault("notes", []).extend(dict.fromkeys(state.rotary_notes))
+    options["gained_cache"] = options.get("gained_cache", 0) + state.gained_cache
     return len(state.rewrites)
 
 

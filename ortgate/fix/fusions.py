@@ -33,10 +33,11 @@ FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
     ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
     ("rmsnorm", "rms_norm_forms", "ortgate.norms.fuse_rms_forms"),
     ("rmsnorm", "skip_rms_normalization", "ortgate.norms.fuse_skip_rms"),
+    # before onnxscript's rotary rules: ortgate's GroupQueryAttention rule reads the rotation as the graph has it
+    ("attention", "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
     ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
     ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
     ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
-    ("attention", "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
     ("attention", "sdpa", "fuse_sdpa"),
     ("attention", "gqa", "fuse_gqa"),
     ("attention", "packed_qkv_for_gqa", "fuse_qkv_gqa"),
@@ -149,7 +150,7 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
                 found = near_misses(ir_model, set(left))
             for name, miss in found.items():
                 misses[left[name]].append(miss.say())
-    if "attention" in kinds and _has_kv_cache(out) and any(k.get("attention", (0, 0))[0] for k in after.values()):
+    if "attention" in kinds and any(k.get("attention", (0, 0))[0] for k in after.values()):
         from ortgate.fix.attention import near_miss
 
         with _quiet():
@@ -377,8 +378,9 @@ def _why(kind: str, has_kv_cache: bool, counts: dict[str, int]) -> str:
         return ("onnxscript matched the rotation (rotary_embedding) but not the cos/sin computation feeding it "
                 "(cos_sin_cache), so no RotaryEmbedding node could be built and the rotation stays decomposed")
     if kind == "attention" and not has_kv_cache:
-        return ("no onnxscript attention rule matched; its GroupQueryAttention rule needs a graph with a KV cache "
-                "(past_key_values inputs), which this export has not")
+        return ("no attention rule matched; onnxscript's GroupQueryAttention rule needs a graph with a KV cache "
+                "(past_key_values inputs), and ortgate's gives a cache-less export one only with --context-length "
+                "and a rotary it can fold in")
     return f"no onnxscript {kind} rule matched this form"
 
 
