@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+MASK_CHECK_LENGTH = 1024  # prompt tokens the mask is computed for (a sliding window shorter than this is seen)
 PACK_BUDGET = 1 << 30  # packed QKV weights are built in memory: beyond this, q, k and v stay separate
 _DATA_PATH = {"Reshape", "Transpose", "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization",
               "Add", "Mul", "Cast", "Identity", "Squeeze", "Unsqueeze", "Concat", "Slice", "Neg"}
@@ -335,6 +336,9 @@ def _rules(state: AttentionPass):
                 if got is None or got == 0.0:
                     return result.fail(f"the {tag.replace('_', ' ')} is not a constant scalar")
                 scale *= got if kind == "Mul" else 1.0 / got
+            causal = self._plain_causal(context.model, mask, kv_heads, head)
+            if causal is not None:
+                return result.fail(causal, mask)
             self._rotary = self._fold_rotary(context.model, q, k, kv_heads, head)
             if not has_cache and self._rotary is None:
                 why = state.rotary_notes[-1] if state.rotary_notes else "it has no rotary GroupQueryAttention can fold"
@@ -342,6 +346,34 @@ def _rules(state: AttentionPass):
                                    f"GroupQueryAttention, whose positions then continue from the cache: {why}", q)
             self._found = (heads, kv_heads, head, scale, mask_input)
             return result
+
+        def _plain_causal(self, model, mask, kv_heads: int, head: int) -> str | None:
+            """None where the additive mask, computed by the graph's own subgraph for a prompt of MASK_CHECK_LENGTH
+            tokens (attention_mask all ones), is the plain causal mask GroupQueryAttention applies: 0 at and below
+            the diagonal, a large negative number above it. Otherwise why not (a sliding window, a prefix...)."""
+            import numpy as np
+
+            length = min(state.context_length or MASK_CHECK_LENGTH, MASK_CHECK_LENGTH)
+            key = ("mask", id(mask))
+            if key not in state.tables:
+                try:
+                    state.tables[key] = position_tables(model, [mask], length, kv_heads, head)
+                except Exception as exc:
+                    state.tables[key] = f"it could not be computed alone ({type(exc).__name__})"
+            got = state.tables[key]
+            if got is None or isinstance(got, str):
+                return f"the additive mask is not proven causal: {got or 'it depends on more than the prompt'}"
+            values = np.asarray(got[0], np.float64)
+            if values.shape[-2:] != (length, length):
+                return f"the additive mask for a {length}-token prompt has shape {list(values.shape)}"
+            values = values.reshape(-1, length, length)
+            below = np.tril(np.ones((length, length), bool))
+            if not (values[:, below] == 0).all():
+                return (f"the additive mask hides positions at or below the diagonal of a {length}-token prompt (a "
+                        "sliding window or another mask GroupQueryAttention's causal mask is not)")
+            if not (values[:, ~below] <= -1e4).all():
+                return f"the additive mask lets positions above the diagonal of a {length}-token prompt through"
+            return None
 
         def _fold_rotary(self, model, q, k, kv_heads: int, head: int):
             """(q before the rotation, k before it, cos_cache, sin_cache) where the rotary can be folded in."""
