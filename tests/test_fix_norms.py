@@ -139,3 +139,23 @@ def test_torchscript_exports_norms_all_fused_q_k_head_norms_included(tmp_path, f
         for op, n in layer["became"].items():
             became[op] = became.get(op, 0) + n
     assert became.get("SkipSimplifiedLayerNormalization", 0) >= 3, became
+
+
+@pytest.mark.parametrize("normalize", NORMALIZES)
+def test_a_norm_without_gamma_becomes_simplified_layer_normalization_scaled_by_ones(tmp_path, normalize):
+    """Llama-4's q/k L2 norm: the RMS chain with no scale Mul after it."""
+    model = rmsnorm_model("pow", normalize)
+    del model.graph.node[-1]  # the gamma Mul
+    model.graph.output[0].name = "n"
+    code, report, path = fixed(tmp_path, model)
+    assert code == 0 and report["verification"]["passed"], report
+    out = onnx.load(str(path))
+    assert [n.op_type for n in out.graph.node if n.op_type != "Constant"] == ["SimplifiedLayerNormalization"]
+    assert not lint_findings(path, select=NORM_RULES)
+
+
+def test_the_real_llama4_export_s_unscaled_q_k_norms_are_fused(tmp_path):
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-llama4", "-o", out)
+    assert code == 0 and report["verification"]["passed"]
+    assert not lint_findings(out / "model.onnx", select=["rmsnorm-not-fused"])

@@ -136,9 +136,53 @@ def _rules():
             # ORT's SimplifiedLayerNormalization lives in the ONNX domain (as onnxscript writes it)
             return op.SimplifiedLayerNormalization(x, scale, axis=-1, epsilon=self._eps, stash_type=int(self._stash))
 
+    class NoScale(pattern.RewriteRuleClassBase):
+        """An RMSNorm with no gamma (Llama-4's q/k L2 norm): the same chain, ending at the normalised value."""
+
+        def __init__(self, name: str, form: str):
+            super().__init__(name)
+            self._form = form  # the last node: Div(x, rms) | Mul(x, 1/rms) | Mul(1/rms, x)
+
+        def pattern(self, op, x, epsilon, axes, one, half, compute_dtype):
+            d = pattern.OrValue([op.Cast(x, to=compute_dtype), x])
+            square = pattern.OrValue([op.Pow(d, 2.0), op.Mul(d, d)])
+            mean_square = op.ReduceMean(square, axes, _outputs=["mean_square"])
+            variance = pattern.OrValue([op.Add(mean_square, epsilon), op.Add(epsilon, mean_square)])
+            rms = op.Sqrt(variance)
+            if self._form == "div":
+                return op.Div(d, rms)
+            inverse = pattern.OrValue([op.Reciprocal(rms), op.Div(one, rms), op.Pow(variance, half)])
+            return op.Mul(d, inverse) if self._form == "x_first" else op.Mul(inverse, d)
+
+        def check(self, context, x, epsilon, axes, one, half, compute_dtype, mean_square, **_):
+            result = pattern.MatchResult()
+            eps = _ir_utils.get_singleton_value(epsilon)
+            if not isinstance(eps, float):
+                return result.fail("epsilon is not a constant float scalar", epsilon)
+            if one is not None and _ir_utils.get_singleton_value(one) != 1.0:
+                return result.fail("Div(c, Sqrt(.)) with c != 1 is not a reciprocal", one)
+            if half is not None and _ir_utils.get_singleton_value(half) != -0.5:
+                return result.fail("Pow(v, p) with p != -0.5 is not 1/sqrt", half)
+            if x.dtype not in compute_types or compute_dtype is not None:
+                return result.fail("an unscaled norm is fused only in float or double, without Casts", x)
+            if not last_axis(axes, x) or not reduce_ok(mean_square.producer()):
+                return result.fail("the mean of squares is not over the last axis with keepdims=1", mean_square)
+            width = x.shape[-1] if x.shape is not None and x.shape.rank() else None
+            if not isinstance(width, int):
+                return result.fail("the normalised width (the input's last dim) is not known", x)
+            self._eps, self._width, self._dtype = eps, width, x.dtype
+            return result
+
+        def rewrite(self, op, x, **_):
+            import numpy as np
+
+            ones = op.Constant(value=ir.tensor(np.ones(self._width, self._dtype.numpy())))
+            return op.SimplifiedLayerNormalization(x, ones, axis=-1, epsilon=self._eps, stash_type=int(self._dtype))
+
     layer_norm = [NormForm.rule(f"LayerNormNoBias{i}", centered=True, gamma_first=g) for i, g in enumerate((True, False))]
     rms = [NormForm.rule(f"RmsNormForms{i}", centered=False, gamma_first=g) for i, g in enumerate((True, False))]
-    return pattern.RewriteRuleSet(layer_norm), pattern.RewriteRuleSet(rms)
+    return pattern.RewriteRuleSet(layer_norm), pattern.RewriteRuleSet(rms), pattern.RewriteRuleSet(
+        [NoScale.rule(f"RmsNormNoScale_{form}", form) for form in ("div", "x_first", "inverse_first")])
 
 
 def fuse_layer_norms(ir_model) -> int:
@@ -148,8 +192,10 @@ def fuse_layer_norms(ir_model) -> int:
 
 
 def fuse_rms_forms(ir_model) -> int:
-    """Every RMSNorm spelling above -> SimplifiedLayerNormalization. Returns the nodes written."""
-    return int(_rules()[1].apply_to_model(ir_model) or 0)
+    """Every RMSNorm spelling above -> SimplifiedLayerNormalization; then, in a pass of its own (a scaled norm's
+    chain must not be taken without its gamma), one with no gamma, scaled by ones. Returns the nodes written."""
+    rules = _rules()
+    return int(rules[1].apply_to_model(ir_model) or 0) + int(rules[2].apply_to_model(ir_model) or 0)
 
 
 def near_misses(ir_model, node_names: set[str]) -> dict[str, NearMiss]:
@@ -159,8 +205,8 @@ def near_misses(ir_model, node_names: set[str]) -> dict[str, NearMiss]:
     from onnxscript.rewriter import _basics
     from onnxscript.rewriter.ort_fusions.rms_normalization import rms_normalization_rules
 
-    layer_norm, rms = _rules()
-    rules = [*layer_norm.rules, *rms.rules, *rms_normalization_rules]
+    layer_norm, rms, unscaled = _rules()
+    rules = [*layer_norm.rules, *rms.rules, *unscaled.rules, *rms_normalization_rules]
     out: dict[str, NearMiss] = {}
     for node in ir_model.graph:
         if node.name not in node_names:
