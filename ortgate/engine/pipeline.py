@@ -45,6 +45,7 @@ class LintRequest:
     optimized: str | None = None
     config: str | None = None
     cost: CostOverrides | None = None  # `ortgate estimate`'s device / batch / context flags
+    ort_version: str | None = None  # --ort-version: judge the deployment on this ONNX Runtime release
 
 
 def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
@@ -70,7 +71,7 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
         if mismatch is not None:
             raise InputError(f"not an optimization of {files.model}: {mismatch}", request.optimized)
     note("matching MoE and attention patterns")
-    deployment = build_deployment(policy, genai)
+    deployment = build_deployment(policy, genai, request.ort_version)
     expect = resolve_expectations(policy, genai, model)
     read = [files.model, *_external_data(model), files.genai_config, Path(config_path) if config_path else None,
             *(policy.chain if policy else ())]

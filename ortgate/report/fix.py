@@ -71,11 +71,25 @@ def _lint_moe(outcome) -> str:
             "read, which stay as they are")
 
 
+def _written_for(r) -> str | None:
+    """The deployment the MoE nodes were written for (the policy's release and provider), and what that decided."""
+    d = getattr(r, "keep_decision", None)
+    if d is None or not r.rewrites:
+        return None
+    release = f"onnxruntime {d.release}" if d.release else "any onnxruntime release (the policy names none)"
+    provider = f" on {d.provider}" if d.provider else ""
+    form = "MoE inputs kept alive past the node" if d.keep else "no in-place workaround"
+    return f"{release}{provider}: {form}: {d.reason}"
+
+
 def render_fix_text(outcome) -> str:
     r = outcome.result
     lines = [f"ortgate fix {r.model} -> {r.output}" + (" (dry run: nothing written)" if r.dry_run else "")]
     lines.append(f"repairs: {', '.join(r.kinds) or 'none'}; onnxruntime {r.ort_installed or 'not installed'}"
                  + (f", policy target {r.ort_target}" if r.ort_target else ""))
+    written_for = _written_for(r)
+    if written_for:
+        lines.append(f"written for: {written_for}")
     for w in r.warnings:
         lines.append(f"warning: {w}")
     if "moe" in r.kinds:
@@ -148,8 +162,13 @@ def render_fix_text(outcome) -> str:
         if m.original is None:
             lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
         else:
-            lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                         f"speedup {m.ratio.describe() if m.ratio is not None else f'{m.speedup:.2f}x'}")
+            # The speedup printed beside the two p50s is their ratio; the per-round median, which the JSON's
+            # `speedup` holds, is said as what it is.
+            plain = m.original.p50_ms / m.fixed.p50_ms if m.fixed.p50_ms > 0 else None
+            ratio = f", speedup {plain:.2f}x (original p50 / fixed p50)" if plain is not None else ""
+            rounds = (f"; median of the per-round ratios {m.ratio.describe()}" if m.ratio is not None else "")
+            lines.append(f"measured ({m.step}): original p50 {m.original.p50_ms:.3f} ms, fixed p50 "
+                         f"{m.fixed.p50_ms:.3f} ms{ratio}{rounds}")
     p = outcome.prediction
     if p is not None:
         speedup = f", speedup {p.speedup:.2f}x" if p.speedup is not None else ""
@@ -180,7 +199,11 @@ def fix_json(outcome) -> dict:
         "written": r.written,
         "dry_run": r.dry_run,
         "repairs": list(r.kinds),
-        "onnxruntime": {"installed": r.ort_installed, "target": r.ort_target},
+        "onnxruntime": {"installed": r.ort_installed, "target": r.ort_target,
+                        "written_for": None if r.keep_decision is None else {
+                            "release": r.keep_decision.release, "provider": r.keep_decision.provider,
+                            "inplace_workaround": r.keep_decision.keep, "reason": r.keep_decision.reason},
+                        "verified_with_keep_alive": r.verified_with_keep_alive},
         "warnings": r.warnings,
         "nodes": {"before": r.nodes_before, "after": r.nodes_after},
         "rewrites": [{
@@ -198,6 +221,9 @@ def fix_json(outcome) -> dict:
             "weight_bytes_per_decode_token": {"before": rw.bytes_before, "after": rw.bytes_after},
             "verification": rewrite_verdict(outcome, rw),
             "notes": rw.notes,
+            "group_router": None if rw.group is None else {
+                "n_group": rw.group.n_group, "topk_group": rw.group.topk_group, "group_topk": rw.group.group_topk,
+                "top_k": rw.group.top_k, "expert_bias": rw.group.bias, "routed_scaling_factor": rw.group.scale},
         } for rw in r.rewrites],
         "refusals": [{"layer": ref.layer, "node": ref.node, "reason": ref.reason} for ref in r.refusals],
         "fusions": None if r.fusions is None else {
