@@ -241,11 +241,11 @@ def test_a_cache_less_export_without_a_context_length_stays_cache_less(tmp_path)
 
 
 def test_a_new_cache_that_cannot_be_proven_is_not_delivered(tmp_path, monkeypatch):
-    """Above WHOLE_MODEL_MAX_NODES the original is not run whole, so no tokens prove a new KV cache: the fix lands
-    with the export's own (cache-less) attention and says why."""
-    import ortgate.fix.pipeline as pipeline
+    """When ORT does not build a session of the original within the limit, the original is not run whole, so no
+    tokens prove a new KV cache: the fix lands with the export's own (cache-less) attention and says why."""
+    import ortgate.fix.verify as verify
 
-    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 100)
+    monkeypatch.setattr(verify, "SESSION_BUILD_LIMIT_S", 0.001)  # no child process starts this fast
     out = tmp_path / "out"
     code, report = fix_json(EXPORTED / "dynamo-qwen3_moe", "-o", out, "--context-length", "64")
     assert code == 0 and report["verification"]["passed"]
