@@ -88,7 +88,7 @@ def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | N
                                f"{sorted({f.layer for f in outcome.unrepaired}, key=str)}: nothing written")
             staged.discard()
             return outcome
-        if measure and request.verify:
+        if measure and request.verify and not result.gained_cache:  # a cache-gaining fix: no common step to time
             from dataclasses import replace
 
             from ortgate.fix.measure import DECODE, decode_step, measure_pair

@@ -20,6 +20,8 @@ import onnx
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.errors import InputError
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
+from ortgate.fix.genai_config import GenaiSettings, write_or_keep
+from ortgate.fix.generate import TokenProof, prove_tokens
 from ortgate.fix.inplace import KEEP_SUFFIX, KeepDecision, KeptInput, keep_inputs_alive, needs_keep_alive
 from ortgate.fix.moe import (
     MoeRefusal,
@@ -92,6 +94,7 @@ class FixRequest:
     policy_files: tuple[Path, ...] = ()  # the policy's whole `extends` chain, read by the caller
     # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
     check_output: Callable[[list[Path]], None] | None = None
+    genai: GenaiSettings | None = None  # what genai_config.json needs that the graph cannot tell
 
 
 @dataclass
@@ -116,6 +119,10 @@ class FixResult:
     kept_inputs: list[KeptInput] = field(default_factory=list)  # MoE inputs kept alive past the node (ORT defect)
     keep_decision: KeepDecision | None = None  # whether the deployment needs them kept alive, and why
     verified_with_keep_alive: bool = False  # the installed ORT has the defect the deployment's has not: see _verify
+    tokens: TokenProof | None = None  # greedy generation, original against the delivered folder
+    attention_kept: str | None = None  # why the attention rewrite was dropped (it could not be proven)
+    genai_config: str | None = None  # genai_config.json in OUT: written, kept from the input, or why not written
+    gained_cache: int = 0  # layers of a cache-less export given a KV cache (past / present) by the rewrite
 
     @property
     def changed(self) -> bool:
@@ -327,9 +334,40 @@ def check_output_folder(output: str, inputs: list[Path], *, force: bool) -> Path
 
 
 def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) -> StagedFix:
+    """Stage the fix; where the attention rewrite cannot be proven (the whole-model verification or the token proof
+    fails with GroupQueryAttention written), stage it again with the model's own attention, saying why."""
+    staged = _stage_fix(request, note)
+    why = _attention_unproven(staged)
+    if why is None:
+        return staged
+    staged.discard()
+    (note or (lambda _m: None))(f"attention rewrite not proven ({why}): staging again with the original attention")
+    again = _stage_fix(request, note, keep_attention=True)
+    again.result.attention_kept = why
+    return again
+
+
+def _attention_unproven(staged: StagedFix) -> str | None:
+    result = staged.result
+    fusions = result.fusions
+    if staged.folder is None or fusions is None or not fusions.counts.get("gqa_with_cache"):
+        return None
+    v = result.verification
+    if v is not None and not v.passed:
+        if result.tokens is not None and not result.tokens.passed:
+            return f"the greedy tokens diverge: {result.tokens.why}"
+        first = v.first_divergent
+        return "the whole-model verification failed" + (f" (first divergent: {first.node})" if first else "")
+    return None
+
+
+def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *,
+               keep_attention: bool = False) -> StagedFix:
     say = note or (lambda _m: None)
     files = resolve_model_path(request.model)
     kinds = fix_kinds(request.select, request.ignore)
+    if keep_attention:
+        kinds = tuple(k for k in kinds if k != "attention")
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
@@ -402,7 +440,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         source.check_external()
         source.check_all([t.name for t in fixed.graph.initializer if t.name in source.tensors])
         say("running onnxscript's norm, rotary and attention fusions")
-        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model)
+        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model,
+                                            context_length=(request.genai or GenaiSettings()).context_length)
+        result.gained_cache = int(result.fusions.options.get("gained_cache", 0))
     decision = needs_keep_alive(request.target_ort, request.target_provider)
     result.keep_decision = decision
     if result.rewrites and decision.keep:
@@ -434,14 +474,26 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         _write(fixed, planned, source, staged)
         if files.genai_config:
             shutil.copyfile(files.genai_config, folder / files.genai_config.name)
+        result.genai_config = write_or_keep(fixed, folder, files.model.name, request.genai or GenaiSettings(),
+                                            files.genai_config).note
         result.files = sorted(p.name for p in folder.iterdir() if p.name != STAGING_MARKER)
         if request.verify:
             say("verifying on ONNX Runtime CPU")
             after_write(staged)
             plan = session_plan(request.session_setup)
             assert staged.model_file is not None
-            result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
-                                          source, plan, request.runner_dims)
+            if result.gained_cache:
+                # past / present the original has not: no step feeds both alike; the tokens are the proof
+                why = (f"the fixed model gained a KV cache ({result.gained_cache} layers): the original, recomputing "
+                       "its whole sequence each step, and the fixed model, fed its own presents, are compared as "
+                       "greedy tokens")
+                unchecked = ("the outputs of single steps of both models on one input (their inputs differ: the "
+                             "fixed model takes a cache)")
+                result.verification = VerifyResult(True, mode="as tokens", notes=[why], not_checked=[unchecked])
+            else:
+                result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result,
+                                              moe_only, source, plan, request.runner_dims)
+            _prove_tokens(result, files.model, staged.model_file, say)
     except OSError as exc:  # a full disk, a quota: said about OUT, not the staging folder
         staged.discard()
         raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
@@ -449,6 +501,27 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         staged.discard()
         raise
     return staged
+
+
+def _prove_tokens(result: FixResult, original: Path, fixed: Path, say: Callable[[str], None]) -> None:
+    """Where attention became GroupQueryAttention, the delivered folder must generate the original's greedy tokens
+    (ortgate.fix.generate); a divergence fails the verification."""
+    v = result.verification
+    if v is None or not v.passed:
+        return
+    if not (result.fusions and result.fusions.counts.get("gqa_with_cache")):
+        return
+    if not result.original_too_large:
+        say("generating greedy tokens with the original and the fixed model")
+        result.tokens = prove_tokens(original, fixed)
+    if result.tokens is not None and not result.tokens.passed:
+        v.passed = False
+        v.notes.append(f"the greedy tokens diverge: {result.tokens.why}")
+    elif result.tokens is None and result.gained_cache:
+        # a cache-gaining rewrite has no other proof: unproven is failed
+        v.passed = False
+        v.notes.append("the tokens could not be generated with both models (the original is too large for a whole "
+                       "session, or not a decoder with input_ids and logits): the new KV cache is not proven")
 
 
 def after_write(staged: StagedFix) -> None:

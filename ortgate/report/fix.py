@@ -119,6 +119,8 @@ def render_fix_text(outcome) -> str:
         for layer in r.fusions.layers:
             name = f"layer {layer.layer}" if layer.layer is not None else "outside the layers"
             applied = ", ".join(f"{k} x{n}" for k, n in layer.applied.items()) or "nothing"
+            if layer.became:
+                applied += " (" + ", ".join(f"{op} x{n}" for op, n in layer.became.items()) + ")"
             lines.append(f"  {name}: fused {applied}")
             for kind, (count, why) in layer.missed.items():
                 lines.append(f"    {kind}: {count} still decomposed: {why}")
@@ -129,8 +131,12 @@ def render_fix_text(outcome) -> str:
         lines.append(f"verification: not run{why}")
     else:
         margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
-        lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
-                     f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        if v.mode == "as tokens":  # no common step: the tokens line below is the comparison
+            lines.append(f"verification on ORT CPU, as tokens: {'PASSED' if v.passed else 'FAILED'}")
+        else:
+            lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
+                         f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff "
+                         f"{v.max_rel:.3g}")
         if v.mode != "per block" and v.session:
             lines.append(f"  the written folder loaded from disk against the original, in plain sessions with "
                          f"{v.session}")
@@ -145,6 +151,7 @@ def render_fix_text(outcome) -> str:
             lines.append(f"  {c.output} [{c.dtype}]: max abs {shown}"
                          f", max rel {v.max_rel_diff.get(c.output, 0.0):.3g}, {c.mismatched}/{c.total} outside "
                          f"rtol {c.rtol:g} atol {c.atol:g}")
+    lines.extend(_token_lines(r))
     before, after = Counter(f.rule for f in outcome.findings_before), Counter(f.rule for f in outcome.findings_after)
     if before or after:
         rules = sorted(set(before) | set(after))
@@ -222,10 +229,20 @@ def fix_json(outcome) -> dict:
         "fusions": None if r.fusions is None else {
             "kinds": list(r.fusions.kinds),
             "counts": r.fusions.counts,
-            "layers": [{"layer": layer.layer, "applied": layer.applied,
+            "layers": [{"layer": layer.layer, "applied": layer.applied, "became": layer.became,
                         "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
                        for layer in r.fusions.layers],
         },
+        "tokens": None if r.tokens is None else {
+            "passed": r.tokens.passed,
+            "original": r.tokens.original_mode,
+            "fixed": r.tokens.fixed_mode,
+            "batches": [{"batch": b.batch, "prompt_length": b.prompt_length, "steps": b.steps, "max_abs": b.max_abs,
+                         "max_rel": b.max_rel, "ids_equal": b.ids_equal, "divergence": b.divergence, "ids": b.ids}
+                        for b in r.tokens.batches],
+        },
+        "attention_kept": r.attention_kept,
+        "genai_config": r.genai_config,
         "verification": None if v is None else {
             "passed": v.passed,
             "mode": v.mode,
@@ -269,3 +286,23 @@ def fix_json(outcome) -> dict:
 
 def render_fix_json(outcome) -> str:
     return json.dumps(fix_json(outcome), allow_nan=False, indent=2, sort_keys=False) + "\n"
+
+
+def _token_lines(r) -> list[str]:
+    lines = []
+    if r.attention_kept:
+        lines.append(f"attention kept as exported: the GroupQueryAttention rewrite could not be proven ({r.attention_kept})"
+                     "; the other repairs stand")
+    if r.genai_config:
+        lines.append(f"genai_config.json: {r.genai_config}")
+    t = r.tokens
+    if t is not None:
+        batches = ", ".join(str(b.batch) for b in t.batches)
+        verdict = ("identical ids, logits within tolerance at every step" if t.passed else f"DIVERGED: {t.why}")
+        steps = max((b.steps for b in t.batches), default=0)
+        worst = max((b.max_abs for b in t.batches), default=0.0)
+        lines.append(f"tokens: {steps} greedy steps from fixed prompts at batch {batches}, the original ({t.original_mode}) "
+                     f"against the written folder loaded from disk ({t.fixed_mode}): {verdict}; logits max abs diff "
+                     f"{worst:.3g}")
+    return lines
+
