@@ -53,12 +53,13 @@ def cmd_fix(args: argparse.Namespace) -> int:
     if args.policy:
         from ortgate.config.deployment import setup_from_policy
         from ortgate.config.policy import load_policy
+        from ortgate.config.reads import policy_reads
 
         policy = load_policy(args.policy)
         value = policy.get("execution_provider", "onnxruntime_version")
         target = str(value) if value is not None else None
         setup = setup_from_policy(policy)
-        policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
+        policy_files = tuple(policy_reads(policy))  # the policy, its bases, its calibration: OUT may neither be nor hold one
     request = FixRequest(args.model, args.output, select=split_list(args.select), ignore=split_list(args.ignore),
                          dry_run=args.dry_run, verify=not args.no_verify, force=args.force, target_ort=target,
                          policy=args.policy, session_setup=setup, policy_files=tuple(policy_files),

@@ -16,6 +16,7 @@ from ortgate.config.expectations import Expectations, decoder_layer_count, resol
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
+from ortgate.config.reads import model_reads, policy_reads
 from ortgate.engine.gate import GateConfig, Verdict, apply_gate, decide, selected_rules, stale_baseline_findings
 from ortgate.engine.pricing import estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
@@ -68,11 +69,10 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai)
     expect = resolve_expectations(policy, genai, model)
-    read = [files.model, *_external_data(model), files.genai_config, Path(config_path) if config_path else None,
-            *(policy.chain if policy else ())]
+    files_read = [*model_reads(files.model, model.external_data_files, files.genai_config,
+                               Path(config_path) if config_path else None), *policy_reads(policy)]
     if optimized is not None:
-        read += [Path(optimized.path), *_external_data(optimized)]
-    files_read = [p for p in read if p is not None]
+        files_read += model_reads(Path(optimized.path), optimized.external_data_files)
     return build_inputs(model, optimized, deployment, expect, policy, genai, files_read, request.cost)
 
 
@@ -85,21 +85,12 @@ def build_inputs(model: Graph, optimized: Graph | None, deployment: Deployment, 
     throughput, setup, gap = (resolve_cost(policy, deployment, optimized=optimized is not None, overrides=cost)
                               if priced else (None, None, None))
     read = list(files_read)
-    if throughput is not None and throughput.calibration is not None and throughput.calibration.path is not None:
-        read.append(throughput.calibration.path)
     overrides = cost or CostOverrides()
     prompt = overrides.prompt or (throughput.prompt_length if throughput is not None else None)
     batches = overrides.batches or (throughput.batch_sizes if throughput is not None else ())
     return LintInputs(model, optimized, deployment, expect, policy, genai, files_read=tuple(dict.fromkeys(read)),
                       cost=setup, throughput=throughput, prompt_length=prompt, batch_sizes=tuple(batches),
                       cost_gap=gap)
-
-
-def _external_data(graph) -> list[Path]:
-    """The weight files a model names (never opened): they are the user's files all the same. Beside the model
-    as named and, for a symlinked model, beside the file it points to."""
-    folders = dict.fromkeys((Path(graph.path).parent, Path(graph.path).resolve().parent))
-    return [folder / location for folder in folders for location in graph.external_data_files]
 
 
 def run_rules(inputs: LintInputs, rules: Iterable[Rule],
