@@ -234,9 +234,8 @@ def _check_inlined_size(model: onnx.ModelProto, chosen: dict, path: Path) -> Non
 
     total = graph_size(model.graph.node)
     if total > MAX_INLINED_NODES:
-        calls = {key: size for key, size in sizes.items()}
-        largest = max(calls, key=lambda k: calls[k]) if calls else None
-        named = f" (the largest, {largest[1]!r}, expands to {calls[largest]:,})" if largest else ""
+        largest = max(sizes, key=lambda k: sizes[k]) if sizes else None
+        named = f" (the largest, {largest[1]!r}, expands to {sizes[largest]:,})" if largest else ""
         raise InputError(f"its local functions expand to more than {MAX_INLINED_NODES:,} nodes when inlined"
                          f"{named}; ortgate does not build a graph that large", path)
 
