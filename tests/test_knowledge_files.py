@@ -22,6 +22,7 @@ from ortgate.knowledge.families import _FamiliesFile
 from ortgate.knowledge.fusions import OrtFusions
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.model_format import _ModelFormatFile
 from ortgate.knowledge.moe_op import _OrtMoeFile
 from ortgate.knowledge.producers import _ProducersFile
 from ortgate.knowledge.providers import _ProviderOptionsFile
@@ -42,6 +43,7 @@ SCHEMAS = {
     "producers.json": _ProducersFile,
     "deployment_facts.json": _FactsFile,
     "cache_exports.json": _CacheExportsFile,
+    "model_format.json": _ModelFormatFile,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
 GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}

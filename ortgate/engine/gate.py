@@ -8,7 +8,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ortgate.config.policy import Policy, Waiver
-from ortgate.engine.baseline import BASELINE_VERSION, GATE_FAMILY, LEGACY_VERSION, V2_VERSION, Baseline, baselineable
+from ortgate.engine.baseline import (
+    BASELINE_VERSION,
+    GATE_FAMILY,
+    LEGACY_VERSION,
+    V2_VERSION,
+    V3_VERSION,
+    Baseline,
+    baselineable,
+)
 from ortgate.errors import InputError
 from ortgate.findings import Finding, Location, Severity
 from ortgate.rules import Rule, all_rules, find_rule, match_rules, resolve_rule, suggest_rule
@@ -185,6 +193,17 @@ def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Findin
             fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), from the "
                 "directory the gate runs in.",
             properties=(("baseline_version", V2_VERSION),)))
+    if baseline.modelless:
+        out.append(Finding(
+            code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
+            message=(f"{baseline.modelless} entr{'y' if baseline.modelless == 1 else 'ies'} of this baseline "
+                     f"(version {V3_VERSION}) name no model: an entry about a file several models share (the "
+                     "policy's model.moe_layers, genai_config.json) accepts its finding in every model linted with "
+                     f"that file; version {BASELINE_VERSION} names the model each entry was written for"),
+            location=Location(baseline.path or "", None, "version"),
+            fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), linting the "
+                "models it was written for.",
+            properties=(("baseline_version", V3_VERSION),)))
     for i in baseline.stale(files, ran):
         entry = baseline.entries[i]
         what = ", ".join(f"{k} {entry.data[k]}" for k in ("rule", "file", "layer", "node", "key_path")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ortgate.config.deployment import Deployment, build_deployment
@@ -24,6 +24,7 @@ from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
+from ortgate.graph.index import ort_load_refusal
 from ortgate.graph.load import read_model_indexed
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
@@ -55,6 +56,10 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
     model = build_graph(proto, str(files.model), role="model", initializers=weights)
     del proto, weights
+    release = policy.get("execution_provider", "onnxruntime_version") if policy is not None else None
+    refusal = ort_load_refusal(model, str(release) if release is not None else None)
+    if refusal is not None:
+        raise InputError(refusal, files.model)
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
@@ -112,6 +117,10 @@ def run_rules(inputs: LintInputs, rules: Iterable[Rule],
             if strict:
                 raise
             findings.append(ctx.internal_error(exc))
+    model = getattr(inputs.model, "path", None)  # None: policy validation, which lints no model
+    if model:
+        about_policy = {r.code for r in rules if r.policy_only}
+        findings = [f if f.code in about_policy else replace(f, model=model) for f in findings]
     return findings
 
 

@@ -51,7 +51,7 @@ from ortgate.fix.weights import (
     set_external,
 )
 from ortgate.graph import build_graph
-from ortgate.graph.index import Graph
+from ortgate.graph.index import Graph, ort_load_refusal
 from ortgate.graph.load import load_model
 from ortgate.knowledge.moe_op import moe_op_facts
 from ortgate.rules import match_rules, suggest_rule
@@ -415,6 +415,9 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
+    refusal = ort_load_refusal(graph, request.target_ort)
+    if refusal is not None:
+        raise InputError(refusal, files.model)
     source = WeightSource(original, files.model)
     inputs = model_reads(files.model, graph.external_data_files, files.genai_config)
     if request.policy:
