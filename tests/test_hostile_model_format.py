@@ -102,3 +102,19 @@ def test_onnx_checker_agrees_the_refused_models_are_invalid(tmp_path):
     """Not ORT's word, a second opinion: onnx's own checker refuses IR 99 too."""
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(onnx.load(_model(tmp_path / "m.onnx", ir=99)))
+
+
+def test_of_duplicate_initializers_ortgate_reads_the_last_as_ort_does(tmp_path):
+    """ORT loads duplicate initializer names, warns, and keeps the last one: the index keeps the same."""
+    from ortgate.graph import build_graph
+    from ortgate.graph.load import read_model_indexed
+
+    path = tmp_path / "dup.onnx"
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "w"),
+                               numpy_helper.from_array(np.zeros((2, 4), np.float32), "w")])
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    proto, weights = read_model_indexed(path)
+    assert build_graph(proto, str(path), initializers=weights).initializers["w"].dims == (2, 4)
