@@ -59,7 +59,7 @@ class BaselineEntry:
     model: str | None = None  # the model it was written for (model_key); None: any (about the policy, or older)
 
     def accepts_model(self, finding: Finding) -> bool:
-        return self.model is None or (finding.model is not None and model_key(finding.model) == self.model)
+        return self.model is None or any(model_key(m) == self.model for m in finding.models)
 
 
 @dataclass
@@ -110,12 +110,17 @@ def baselineable(finding: Finding) -> bool:
     return not finding.code.startswith(GATE_FAMILY)
 
 
+def entries_for(finding: Finding) -> list[dict]:
+    """The baseline entries for `finding`: one per model it was found in (one naming no model for a finding about
+    the policy alone)."""
+    entry = entry_for(finding)
+    return [{**entry, "model": model_key(m)} for m in dict.fromkeys(finding.models)] or [entry]
+
+
 def entry_for(finding: Finding) -> dict:
-    """A baseline entry for `finding`: its fingerprint, and what a reader needs to recognise it."""
+    """A baseline entry for `finding`, naming no model: its fingerprint, and what a reader needs to recognise it."""
     entry: dict[str, Any] = {"fingerprint": finding.identity(), "code": finding.code, "rule": finding.rule,
                              "file": model_key(finding.location.file)}
-    if finding.model:
-        entry["model"] = model_key(finding.model)
     if finding.layer is not None:
         entry["layer"] = finding.layer
     if finding.node:
@@ -135,8 +140,9 @@ def _document(entries: Iterable[dict]) -> str:
 
 def baseline_text(findings: list[Finding]) -> str:
     """The baseline accepting every finding not covered by a waiver (deterministic: sorted, no timestamps)."""
-    return _document(entry_for(f) for f in findings
-                     if baselineable(f) and (f.suppressed is None or f.suppressed.kind == "baseline"))
+    return _document(e for f in findings
+                     if baselineable(f) and (f.suppressed is None or f.suppressed.kind == "baseline")
+                     for e in entries_for(f))
 
 
 def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str], rules: Iterable[str]) -> str:
@@ -151,7 +157,7 @@ def pruned_text(baseline: Baseline, findings: list[Finding], files: Iterable[str
         kept.append({**e.data, ENTRY_SCHEME_KEY: e.scheme} if e.scheme in (V2_VERSION, V3_VERSION) else e.data)
     for f in findings:
         if baselineable(f) and f.suppressed is not None and f.suppressed.kind == "baseline":
-            kept.append(entry_for(f))
+            kept.extend(entries_for(f))
     return _document(kept)
 
 

@@ -120,7 +120,7 @@ def run_rules(inputs: LintInputs, rules: Iterable[Rule],
     model = getattr(inputs.model, "path", None)  # None: policy validation, which lints no model
     if model:
         about_policy = {r.code for r in rules if r.policy_only}
-        findings = [f if f.code in about_policy else replace(f, model=model) for f in findings]
+        findings = [f if f.code in about_policy else replace(f, models=(model,)) for f in findings]
     return findings
 
 
@@ -142,17 +142,21 @@ def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,
     rules = selected_rules(config)
     many = inputs if isinstance(inputs, list) else [inputs]
     raw: list[Finding] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for one in many:
         found = run_rules(one, rules, progress)
         if one.estimate is not None and progress is not None:
             progress("pricing the findings")
         for f in price_findings(found, one):
-            # The same fact about a shared file (the policy, a base it extends) is reported once, not per model.
-            key = repr(f)
+            # The same fact about a shared file (the policy, a base it extends) is reported once, not per model;
+            # it remembers every model it was found in.
+            key = repr(replace(f, models=()))
             if key not in seen:
-                seen.add(key)
+                seen[key] = len(raw)
                 raw.append(f)
+            else:
+                first = raw[seen[key]]
+                raw[seen[key]] = replace(first, models=tuple(dict.fromkeys((*first.models, *f.models))))
     return judge(raw, inputs, config, rules)
 
 

@@ -158,6 +158,7 @@ class StagedFix:
                 with contextlib.suppress(OSError):
                     _rename_noreplace(old, out)
             raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
+        _OWN_STAGING.discard(self.folder)  # moved into place: nothing of ours is left there
         self.folder = None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -166,6 +167,7 @@ class StagedFix:
     def discard(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+            _OWN_STAGING.discard(self.folder)
             self.folder = None
 
 
