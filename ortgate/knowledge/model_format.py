@@ -49,8 +49,11 @@ def model_format_refusal(ir_version: int, opsets: Mapping[str, int], used_domain
                          release: str | None) -> str | None:
     """Why ONNX Runtime refuses to create a session of a model with this IR version and these opset imports
     (canonical domains: "ai.onnx" for the default one), or None. `used_domains`: the domains the graph's nodes use.
-    `release` is the deployment's ORT release: judged against the newest release measured at or below it; None, or
-    a release newer than any measured, is judged against the newest measured (the most permissive) and said so."""
+
+    `release` is the deployment's ORT release. A release loads no newer IR or opset than a later one, so it is
+    judged against the oldest release measured at or after it: what that one refuses, `release` refuses too. A
+    release newer than any measured, or none named, is judged against the newest measured, and the message says so.
+    """
     facts = model_format()
     for domain, lowest in facts.min_opset.items():
         version = opsets.get(domain)
@@ -58,16 +61,17 @@ def model_format_refusal(ir_version: int, opsets: Mapping[str, int], used_domain
             return (f"opset_import {domain} {version}: no ONNX Runtime release registers an op below version "
                     f"{lowest}, so the session will fail (\"No Op registered\") on every one")
     known = sorted(facts.releases, key=_version_key)
-    at_or_below = [r for r in known if release is not None and _version_key(r) <= _version_key(release)]
-    judged = at_or_below[-1] if at_or_below else known[-1]
-    newest = release is None or _version_key(release) > _version_key(known[-1])
-    if release is not None and not at_or_below:
-        newest = True
+    later = [r for r in known if release is not None and _version_key(r) >= _version_key(release)]
+    judged = later[0] if later else known[-1]
+    if release is not None and later and later[0] == release:
+        which, hint = f"onnxruntime {judged} loads", ""
+    elif later:
+        which, hint = f"onnxruntime {judged}, the nearest release measured from {release} on, loads", ""
+    else:
+        which = f"onnxruntime {judged}, the newest release ortgate has measured, loads"
+        hint = ("; if the deployment runs a newer release, name it as the policy's "
+                "execution_provider.onnxruntime_version")
     bounds = facts.releases[judged]
-    which = (f"onnxruntime {judged}, the newest release ortgate has measured, loads" if newest else
-             f"onnxruntime {judged} loads")
-    hint = ("; if the deployment runs a newer release, name it as the policy's execution_provider.onnxruntime_version"
-            if newest else "")
     if ir_version > bounds.max_ir_version:
         return (f"ir_version {ir_version}: the session will fail ({which} IR versions up to "
                 f"{bounds.max_ir_version}){hint}")
