@@ -132,3 +132,16 @@ def test_policy_commands_print_a_forged_file_name_on_one_line(tmp_path, monkeypa
     code, out, err = run_cli("policy", command, policy.name)
     assert "::error::" in out, (code, out, err)
     assert_unforged("text", out)
+
+
+def test_run_text_report_prints_the_models_path_on_one_line(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from tests.conftest import POLICIES
+
+    model = tmp_path / FORGED_PATH
+    shutil.copytree(UNFUSED, model)
+    code, out, err = run_cli("run", model, "--policy", POLICIES / "tiny-moe-cpu.yaml", "--allow-cpu",
+                             "--iterations", "2", "--warmup", "1")
+    assert code in (0, 1), err
+    assert_unforged("text", out)
+    assert "o\\n::error::FORGED-OUT[bold]" in out
