@@ -329,7 +329,7 @@ def _resolved(paths: list[Path]) -> list[Path]:
     return out
 
 
-def remove_stale_staging(out: Path, inputs: list[Path] = ()) -> list[Path]:  # type: ignore[assignment]
+def remove_stale_staging(out: Path, inputs: tuple[Path, ...] | list[Path] = ()) -> list[Path]:
     """Remove the staging folders beside `out` that a fix to `out` left when it was killed (SIGKILL, a power cut):
     only what _is_stale_staging proves this program created, never an input or a folder that holds one. Returns
     what it removed."""
@@ -339,8 +339,9 @@ def remove_stale_staging(out: Path, inputs: list[Path] = ()) -> list[Path]:  # t
         entries = [p for p in parent.iterdir() if ".ortgate-tmp-" in p.name]
     except OSError:
         return removed
+    read = list(inputs)
     for folder in entries:
-        if _is_stale_staging(folder, out, list(inputs)):
+        if _is_stale_staging(folder, out, read):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
