@@ -1,6 +1,6 @@
-"""Regenerate what is generated: the README's command-output blocks (every `<!-- EXAMPLE-OUTPUT: ... -->` block is
-the command run from the repository root) and rules table, and the rule catalog `ortgate rules` / `ortgate explain`
-read (ortgate/rules/catalog.json).
+"""Regenerate what is generated: the README's and docs/compare.md's command-output blocks (every
+`<!-- EXAMPLE-OUTPUT: ... -->` block is the command run from the repository root), the README's rules table, and the
+rule catalog `ortgate rules` / `ortgate explain` read (ortgate/rules/catalog.json).
 
     python scripts/update_readme.py              # rewrite README.md and ortgate/rules/catalog.json
     python scripts/update_readme.py --remeasure  # ... and the measured blocks (`ortgate run`) with new timings
@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# Pages beside the README whose command-output blocks are generated the same way.
+DOCS = ("docs/compare.md",)
 EXAMPLE_COMMAND = "ortgate lint examples/qwen3-moe-tiny-unfused --policy policies/tiny-moe-cpu.yaml"
 # A command-output block of the README: `<!-- EXAMPLE-OUTPUT: COMMAND -->` (its output exactly), or
 # `<!-- EXAMPLE-OUTPUT measured: COMMAND -->` (a measurement: timings, the machine's CPU and memory differ from run
@@ -103,6 +105,7 @@ def main() -> int:
     args = parser.parse_args()
     readme = REPO / "README.md"
     outputs = [(readme, render(readme.read_text(), keep_measured=not args.remeasure)), (CATALOG_PATH, catalog_text())]
+    outputs += [(REPO / doc, render((REPO / doc).read_text(), keep_measured=not args.remeasure)) for doc in DOCS]
     stale = [path for path, fresh in outputs if not path.is_file() or path.read_text(encoding="utf-8") != fresh]
     if args.check:
         for path in stale:

@@ -115,6 +115,8 @@ class RuleInputs:
     genai_config: dict | str | None = None  # a JSON object, or a committed file relative to the repository
     evidence: dict | None = None
     baseline: dict | None = None  # a findings baseline document
+    base_text: str | None = None  # the base model (`--compare BASE_MODEL`) in ONNX textual syntax
+    base_spec: dict | None = None  # ... or a ModelSpec
     select: list[str] = field(default_factory=list)  # rules to run beside the one under test
     cache: Path | None = None  # where models built from a ModelSpec are kept between examples
 
@@ -162,6 +164,11 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     """The gated findings of rule `code` (and of the rules `given.select` adds) on these inputs."""
     request, run = given.write(folder)
     inputs = load_inputs(request)
+    base = _base_model(given, folder)
+    if base is not None:
+        from dataclasses import replace
+
+        inputs = replace(inputs, base=load_inputs(LintRequest(str(base), request.policy)))
     if run is not None:
         inputs = inputs.with_evidence(EVIDENCE_KEY, run)
     baseline = None
@@ -174,6 +181,18 @@ def lint_rule(code: str, given: RuleInputs, folder: Path) -> list[Finding]:
     result = lint(inputs, config)
     check_needs(code, inputs)
     return [f for f in result.findings if f.code == code]
+
+
+def _base_model(given: RuleInputs, folder: Path) -> Path | None:
+    """The base model file of a case or example that compares (`--compare BASE_MODEL`), in its own folder."""
+    if given.base_text is None and given.base_spec is None:
+        return None
+    if given.base_spec is not None:
+        return spec_model(given.base_spec, given.cache or folder / "base")
+    path = folder / "base" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model_from_text(given.base_text or ""), path)
+    return path
 
 
 def check_needs(code: str, inputs) -> None:

@@ -60,7 +60,9 @@ def read_github_output(path: Path) -> dict[str, str]:
     return out
 
 
-def run_action(inputs: dict[str, str], workspace: Path, tmp: Path) -> ActionRun:
+def run_action(inputs: dict[str, str], workspace: Path, tmp: Path, github: dict[str, str] | None = None) -> ActionRun:
+    """`github`: the github context's values the workflow run has (base_ref: a pull request's base branch; a push
+    has none, so the expressions of those left out are empty)."""
     action = yaml.safe_load(ACTION.read_text())
     assert action["runs"]["using"] == "composite"
     declared = action["inputs"]
@@ -68,7 +70,6 @@ def run_action(inputs: dict[str, str], workspace: Path, tmp: Path) -> ActionRun:
     assert not unknown, f"not inputs of action.yml: {unknown}"
     missing = [name for name, spec in declared.items() if spec.get("required") and name not in inputs]
     assert not missing, f"required inputs missing: {missing}"
-    values = {name: inputs.get(name, str(spec.get("default", ""))) for name, spec in declared.items()}
     runner_temp = tmp / "runner-temp"
     runner_temp.mkdir(parents=True)
     summary = tmp / "step-summary.md"
@@ -85,12 +86,17 @@ def run_action(inputs: dict[str, str], workspace: Path, tmp: Path) -> ActionRun:
             return str(workspace)
         if expression == "runner.temp":
             return str(runner_temp)
+        if parts[0] == "github" and len(parts) == 2 and parts[1] in ("base_ref", "head_ref", "event_name"):
+            return (github or {}).get(parts[1], "")
         if parts[0] == "steps" and len(parts) == 4 and parts[2] == "outputs":
             return steps_outputs.get(parts[1], {}).get(parts[3], "")
         raise AssertionError(f"this simulation does not know the expression ${{{{ {expression} }}}}")
 
     def substitute(text: str) -> str:
         return EXPRESSION.sub(lambda m: evaluate(m.group(1)), text)
+
+    # An input's default may be an expression of the github context (compare-ref's is the pull request's base).
+    values = {name: inputs.get(name, substitute(str(spec.get("default", "")))) for name, spec in declared.items()}
 
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "ORTGATE_"))}
     base_env.update(GITHUB_ACTIONS="true", CI="true", GITHUB_WORKSPACE=str(workspace), RUNNER_TEMP=str(runner_temp),

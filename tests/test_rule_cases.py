@@ -16,6 +16,7 @@ Case file format:
         genai_config: {...}                # optional: a genai_config.json object, or a committed file
         evidence: {...}                    # optional: ortgate.evidence.RunEvidence as data
         baseline: {...}                    # optional: a findings baseline document
+        base: {spec: {...}}                # optional: the base model it is compared with (--compare), as model
         select: [moe-not-fused]            # optional: rules to run beside this one (a waiver's rule)
         findings: 2                        # how many findings of this rule (violations and undecided)
 """
@@ -37,7 +38,8 @@ from tests.rule_inputs import RuleInputs, lint_rule
 CASES = REPO / "tests" / "rule_cases"
 SNAPSHOTS = CASES / "snapshots"
 UPDATE = os.environ.get("ORTGATE_UPDATE_SNAPSHOTS") == "1"
-CASE_KEYS = {"name", "model", "optimized", "policy", "genai_config", "evidence", "baseline", "select", "findings"}
+CASE_KEYS = {"name", "model", "optimized", "policy", "genai_config", "evidence", "baseline", "base", "select",
+             "findings"}
 
 
 def load_cases(code: str) -> dict:
@@ -52,7 +54,8 @@ def inputs_of(case: dict, cache: Path) -> RuleInputs:
         model_text=model.get("onnx"), model_spec=model.get("spec"), model_file=model.get("file"),
         optimized_text=optimized.get("onnx"), optimized_file=optimized.get("file"),
         policy=case.get("policy"), genai_config=case.get("genai_config"), evidence=case.get("evidence"),
-        baseline=case.get("baseline"), select=list(case.get("select") or []), cache=cache)
+        baseline=case.get("baseline"), select=list(case.get("select") or []), cache=cache,
+        base_text=(case.get("base") or {}).get("onnx"), base_spec=(case.get("base") or {}).get("spec"))
 
 
 def render(findings: list[Finding], redact: list[Path]) -> str:

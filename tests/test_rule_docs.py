@@ -15,7 +15,7 @@ from ortgate.rules.base import Example, doc_examples
 from tests.rule_inputs import RuleInputs, lint_rule
 
 RULES = all_rules()
-EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline"}
+EXECUTED = {"model", "optimized", "policy", "genai_config", "evidence", "baseline", "base"}
 
 
 def examples(rule, section: str) -> list[Example]:
@@ -35,6 +35,7 @@ def inputs_of(found: list[Example]) -> RuleInputs:
         genai_config=yaml.safe_load(by_kind["genai_config"]) if "genai_config" in by_kind else None,
         evidence=yaml.safe_load(by_kind["evidence"]) if "evidence" in by_kind else None,
         baseline=baseline,
+        base_text=by_kind.get("base"),
         select=waived + accepted,
     )
 

@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                    help="measure this machine's CPU for the cpu device (without it, the cpu device needs a "
                         "calibration; needs ONNX Runtime)")
     p.add_argument("--list-devices", action="store_true", help="list the device catalog and exit")
+    p.add_argument("--compare", metavar="BASE_MODEL",
+                   help="also estimate the model this one changes, on the same device and step, and show the change "
+                        "per component and layer group")
 
 
 def _positive(text: str) -> int:
@@ -67,7 +70,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from ortgate.engine.throughput import CostOverrides
 
     outputs = [Output(args.output, "estimate")] if args.output else []
-    check_outputs(outputs, [args.model, args.policy, args.optimized, args.config])
+    if args.compare and args.optimized:
+        raise InputError("--compare compares two models as exported; drop --optimized to compare them")
+    check_outputs(outputs, [args.model, args.policy, args.optimized, args.config, args.compare])
     request = LintRequest(args.model, args.policy, args.optimized, args.config,
                           CostOverrides(args.device, args.batch[0] if args.batch else None, args.context, args.prompt,
                                         tuple(args.batch) if args.batch and len(args.batch) > 1 else (),
@@ -82,8 +87,32 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
         raise InputError("estimate: no device to estimate for: pass --device NAME or a policy with throughput.device "
                          f"(devices: {', '.join(device_names())})")
-    write(render_json(est, inputs) if args.format == "json" else render_text(est, inputs), args.output)
+    compared = _compared(args, inputs, request.cost, outputs)
+    text = render_json(est, inputs, compared) if args.format == "json" else render_text(est, inputs)
+    if compared is not None and args.format == "text":
+        text += compared_text(*compared)
+    write(text, args.output)
     return EXIT_PASS
+
+
+def _compared(args: argparse.Namespace, inputs, cost, outputs: list[Output]):
+    """(the base's path, the estimate comparison) for --compare BASE_MODEL; None without it."""
+    if not args.compare:
+        return None
+    from ortgate.engine.compare import estimate_comparison, load_base
+
+    base = load_base(args.compare, inputs, args.policy, cost=cost)
+    check_outputs(outputs, base.files_read)
+    comparison = estimate_comparison(base, inputs)
+    if comparison is None:
+        raise InputError(f"--compare: the base is not priced: {base.cost_gap or 'no device'}", args.compare)
+    return base.model.path, comparison
+
+
+def compared_text(base: str, comparison) -> str:
+    from ortgate.report.comparison import estimate_text_lines
+
+    return "\n" + "\n".join([f"compared with {base}", *estimate_text_lines(comparison)]) + "\n"
 
 
 # ---- text ---------------------------------------------------------------------------------------------------------
@@ -347,8 +376,10 @@ def _OneLineConsole(**kwargs):
 # ---- json ---------------------------------------------------------------------------------------------------------
 
 
-def render_json(est, inputs) -> str:
+def render_json(est, inputs, compared=None) -> str:
     data = est.to_dict()
+    if compared is not None:
+        data["comparison"] = {"base": compared[0], **compared[1].to_dict()}
     data["model"] = inputs.executed.path
     data["layer_groups"] = [
         {"layers": g.layers, "form": g.forms,

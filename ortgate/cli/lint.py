@@ -56,6 +56,7 @@ def add_parser(sub) -> None:
     lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
     lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
+    add_compare_argument(lint)
     lint.add_argument("--expand", action="store_true",
                       help="text and markdown: list every finding on its own, in full, instead of one entry per "
                            "group of identical findings across layers")
@@ -84,7 +85,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
     outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
     outputs += baseline_outputs(args)
-    given = [*models, args.policy, args.optimized, args.config, args.baseline]
+    check_compare(args, models)
+    given = [*models, args.policy, args.optimized, args.config, args.baseline, args.compare]
     check_outputs(outputs, given)  # before loading: a mistyped command fails at once
     baseline = load_baseline(args.baseline) if args.baseline else None
     # One short-lived pass that allocates a large, acyclic index: the cyclic collector would only rescan it.
@@ -94,13 +96,27 @@ def cmd_lint(args: argparse.Namespace) -> int:
             one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config), note)
             if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):
                 inputs.append(one)  # a model named twice (its folder and its file, two globs) is linted once
+        base = None
+        if args.compare:
+            from dataclasses import replace
+
+            from ortgate.engine.compare import load_base
+
+            base = load_base(args.compare, inputs[0], args.policy, note)
+            base.model.label = args.compare_label
+            inputs[0] = replace(inputs[0], base=base)
         # every file read, now that all are known
-        check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline])
+        check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline,
+                                *(base.files_read if base is not None else ())])
         config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
                                   cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
                                   baseline_path=args.baseline)
         result = lint(inputs, config, note)
     result = write_baselines(args, result, inputs, config)
+    if base is not None:
+        from ortgate.engine.compare import compare, with_comparison
+
+        result = with_comparison(result, compare(result, inputs[0], base, config))
     for fmt, path in reports:
         write(render(fmt, result, **terminal_options(path), expand=args.expand), path)
     if KEPT_UNTIL_EXIT is not None:
@@ -108,6 +124,26 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
+
+
+def add_compare_argument(parser) -> None:
+    parser.add_argument("--compare", metavar="BASE_MODEL",
+                        help="compare with the model this one changes (an .onnx file or model folder, as MODEL): "
+                             "findings that appeared and disappeared, the estimate's change; the policy's "
+                             "throughput.max_regression gates on it")
+    # What reports call the base (the Action: "main:models/qwen/model.onnx" for a base it read with git).
+    parser.add_argument("--compare-label", help=argparse.SUPPRESS)
+
+
+def check_compare(args: argparse.Namespace, models: list[str]) -> None:
+    """--compare compares one model, as exported, with its base."""
+    if not getattr(args, "compare", None):
+        return
+    if len(models) > 1:
+        raise InputError(f"--compare compares one model with its base; lint the {len(models)} models one at a time "
+                         "to compare each")
+    if args.optimized:
+        raise InputError("--compare compares two models as exported; drop --optimized to compare them")
 
 
 def add_baseline_arguments(parser) -> None:

@@ -10,6 +10,7 @@
       prompt_length: 2048            # prompt tokens per sequence: the prefill (time to first token) estimate
       max_ttft_ms: 400               # time to first token, at most (needs prompt_length)
       max_memory_share: 0.9          # warn above this share of the device's memory (default 0.9)
+      max_regression: 0.05           # fail when tokens/s as exported drops by more than 5% against --compare BASE
       calibration: h100-calibration.yaml   # figures measured by `ortgate run --write-calibration`
       # or inline: calibration: {memory_efficiency: 0.55, kernel_us: 4.0}
       max_p50_latency_ms: 9          # measured by `ortgate run` only (also p90 / p99, min_speedup_vs_default)
@@ -102,6 +103,7 @@ class ThroughputPolicy:
     prompt_length: int | None = None
     memory_share: float = DEFAULT_MEMORY_SHARE
     memory_share_given: bool = False
+    max_regression: float | None = None  # the share of tokens/s a change may lose against its base (--compare)
 
     @property
     def static_targets(self) -> dict[str, float]:
@@ -179,7 +181,12 @@ def throughput_policy(policy: Policy | None) -> ThroughputPolicy | None:
                           locations, batch, new_tokens, context, calibration, block.get("match"),
                           policy.where("throughput"), tuple(int(b) for b in block.get("batch_sizes") or ()),
                           int(prompt) if prompt is not None else None,
-                          float(share) if share is not None else DEFAULT_MEMORY_SHARE, share is not None)
+                          float(share) if share is not None else DEFAULT_MEMORY_SHARE, share is not None,
+                          float(block["max_regression"]) if block.get("max_regression") is not None else None)
+    if tp.max_regression is not None and device is None:
+        where = policy.where("throughput", "max_regression")
+        raise InputError(f"throughput.max_regression: a regression gate needs throughput.device, the device the "
+                         f"estimates are for (one of {', '.join(device_names())})", where.file, line=where.line)
     checked = tp.device_with_figures()
     if share is not None and checked is not None and checked.memory_gib.value is None:
         where = policy.where("throughput", "max_memory_share")

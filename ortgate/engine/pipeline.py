@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ortgate.config.deployment import Deployment, build_deployment
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
@@ -29,6 +30,9 @@ from ortgate.graph.load import read_model_indexed
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, RuleContext
 from ortgate.rules.needs import unmet
+
+if TYPE_CHECKING:
+    from ortgate.engine.compare import Comparison
 
 # Set in the test suite so that a rule's bug fails the test instead of becoming an info finding.
 STRICT_ENV = "ORTGATE_STRICT"
@@ -133,6 +137,7 @@ class LintResult:
     summary: dict
     rules: list[Rule]
     raw: list[Finding] = field(default_factory=list)  # the rules' findings before the gate
+    comparison: Comparison | None = None  # against a base model (`--compare`, ortgate.engine.compare)
 
 
 def lint(inputs: LintInputs | list[LintInputs], config: GateConfig,

@@ -56,6 +56,7 @@ def report_dict(result: LintResult) -> dict:
             "suppressed_by": v.suppressed_by,
         },
         "findings": [finding_dict(f) for f in result.findings],
+        **({"comparison": result.comparison.to_dict(finding_dict)} if result.comparison is not None else {}),
     }
 
 

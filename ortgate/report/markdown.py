@@ -32,6 +32,10 @@ def render(result: LintResult, *, expand: bool = False) -> str:
     out.append("")
     out += _inputs_table(result.summary)
     out += _not_checked(result.summary)
+    if result.comparison is not None:
+        from ortgate.report.comparison import markdown_lines
+
+        out += markdown_lines(result.comparison)
     if active:
         out += _fix_first(active, result.summary.get("estimate"))
         out += _by_layer(active)

@@ -8,6 +8,8 @@
 - `partialFingerprints` hash the finding's identity (rule + the file's path relative to the working directory +
   layer + structural signature or key), never a line.
 - Findings covered by a waiver or the baseline carry `suppressions` with the justification.
+- Compared with a base model (`--compare`): each result carries `baselineState` new or unchanged, and the base's
+  findings the model no longer has are results of their own with `baselineState` absent (kind pass, level none).
 - Deterministic: no timestamps, no absolute paths of the checkout, findings in a stable order.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from ortgate import __version__
@@ -23,6 +26,9 @@ from ortgate.engine.pipeline import LintResult
 from ortgate.findings import Finding, Location, Severity
 from ortgate.report import display_path, layer_label, target
 from ortgate.rules import Rule, find_rule
+
+if TYPE_CHECKING:
+    from ortgate.engine.compare import Comparison
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -39,7 +45,7 @@ def sarif_log(result: LintResult) -> dict:
     rules = _rules(result)
     index = {r.code: i for i, r in enumerate(rules)}
     v = result.verdict
-    run = {
+    run: dict = {
         "tool": {"driver": {
             "name": "ortgate",
             "version": __version__,
@@ -48,7 +54,7 @@ def sarif_log(result: LintResult) -> dict:
         }},
         # No originalUriBaseIds: the checkout's absolute path differs per machine; GitHub resolves %SRCROOT%
         # against the repository root.
-        "results": [_result(f, index) for f in result.findings],
+        "results": [_result(f, index, result.comparison) for f in result.findings] + _absent(result, index),
         "properties": {
             "verdict": {"passed": v.passed, "failOn": v.fail_on.label, "counts": v.counts,
                         "suppressed": v.suppressed},
@@ -60,7 +66,31 @@ def sarif_log(result: LintResult) -> dict:
             **({"notChecked": result.summary["not_checked"]} if result.summary.get("not_checked") else {}),
         },
     }
+    c = result.comparison
+    if c is not None:
+        compared: dict = {"base": c.base_name, "appeared": len(c.appeared), "disappeared": len(c.disappeared),
+                          "unchanged": len(c.unchanged)}
+        if c.estimate is not None:
+            compared["estimate"] = c.estimate.to_dict()["as_exported"]
+        run["properties"]["comparison"] = compared
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
+
+
+def _absent(result: LintResult, index: dict[str, int]) -> list[dict]:
+    """The base's findings the model no longer has (`--compare`): results with baselineState absent, of kind
+    pass and level none (nothing to fix), so that a viewer can show what the change fixed."""
+    comparison = result.comparison
+    if comparison is None:
+        return []
+    out = []
+    for f in comparison.disappeared:
+        if f.code not in index:
+            continue
+        entry = _result(f, index)
+        entry.update(kind="pass", level="none", baselineState="absent")
+        entry.pop("suppressions", None)
+        out.append(entry)
+    return out
 
 
 def _rules(result: LintResult) -> list[Rule]:
@@ -96,7 +126,7 @@ def _message(finding: Finding) -> str:
     return f"{', '.join(where)}: {finding.message}" if where else finding.message
 
 
-def _result(finding: Finding, index: dict[str, int]) -> dict:
+def _result(finding: Finding, index: dict[str, int], comparison: Comparison | None = None) -> dict:
     out: dict = {
         "ruleId": finding.code,
         "ruleIndex": index[finding.code],
@@ -105,6 +135,8 @@ def _result(finding: Finding, index: dict[str, int]) -> dict:
         "locations": [_location(finding)],
         "partialFingerprints": {FINGERPRINT_KEY: fingerprint(finding)},
     }
+    if comparison is not None and comparison.state(finding) is not None:
+        out["baselineState"] = comparison.state(finding)
     if finding.related_nodes:
         out["relatedLocations"] = [
             {"id": i, "message": {"text": "related node"},

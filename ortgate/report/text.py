@@ -103,6 +103,11 @@ def write(console: Any, result: LintResult, options: TextOptions, kit: _Kit) -> 
     if active:
         console.print()
         console.print(table)
+    if result.comparison is not None:
+        from ortgate.report.comparison import text_lines
+
+        for line in text_lines(result.comparison):
+            console.print(Text(line))
     _write_verdict(console, kit, result, active, options)
 
 

@@ -20,6 +20,7 @@ one or more fenced blocks whose info string says what the block is:
     ```json               genai_config.json
     ```yaml evidence      what `ortgate run` saw: ortgate.evidence.RunEvidence as YAML
     ```json baseline      the findings baseline (`--baseline FILE`)
+    ```onnx base          the base model the model is compared with (`--compare BASE_MODEL`)
     ```text               prose, not executed (beside an executed block)
 
 A section without a model lints examples/qwen3-moe-tiny-fused/model.onnx (float16, two decoder layers with
@@ -84,7 +85,7 @@ class Example:
 
 # Info string of a fenced block -> what the block is.
 EXAMPLE_KINDS = {"onnx": "model", "onnx optimized": "optimized", "yaml": "policy", "json": "genai_config",
-                 "yaml evidence": "evidence", "json baseline": "baseline", "text": "text"}
+                 "yaml evidence": "evidence", "json baseline": "baseline", "onnx base": "base", "text": "text"}
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
 
 

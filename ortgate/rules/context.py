@@ -57,6 +57,9 @@ class LintInputs:
     # Why a named device is not priced (the `cpu` device without figures: a lint never measures the machine it
     # runs on, so that its report is a function of its inputs). None: priced, or no device named.
     cost_gap: str | None = None
+    # The base model this one changes (`--compare BASE_MODEL`), loaded with the same policy: the regression gate
+    # (throughput.max_regression) judges the model's estimate against the base's. None: no comparison.
+    base: LintInputs | None = None
 
     @property
     def prefill(self) -> Estimate | None:

@@ -29,6 +29,7 @@ NEEDS = {
     "attention": "an attention in a graph: a fused attention node (GroupQueryAttention, MultiHeadAttention, Attention, "
                  "...) or a Softmax a decomposed one is built on",
     "kv_cache": "a KV cache in the model: a graph output that holds one, or an input carrying state between steps",
+    "base": "a base model to compare with (--compare BASE_MODEL, the Action's compare-ref)",
 }
 
 # The needs a lint can be given (a policy, genai_config.json): a family of rules that all lack one is named on the
@@ -61,6 +62,8 @@ def has(need: str, inputs: LintInputs) -> bool:
         return any(_has_moe(g) for g in inputs.graphs)
     if need == "attention":
         return any(_has_attention(g) for g in inputs.graphs)
+    if need == "base":
+        return inputs.base is not None
     if need == "kv_cache":
         return any(_has_kv_cache(g) for g in inputs.graphs)
     raise ValueError(f"unknown need {need!r}")

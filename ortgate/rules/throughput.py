@@ -189,7 +189,8 @@ def throughput_not_judged(ctx: RuleContext):
     ## What it checks
     Every key of the `throughput:` block is judged or said not to be: latency percentiles
     (`max_p50_latency_ms`, `max_p90_latency_ms`, `max_p99_latency_ms`) and `min_speedup_vs_default` can only be
-    measured (`ortgate run` on the device), a block without `device` names no device to estimate for, the `cpu`
+    measured (`ortgate run` on the device), `max_regression` needs a base model to compare with (`--compare`), a
+    block without `device` names no device to estimate for, the `cpu`
     device without a calibration has no figures to estimate with (a lint never measures the machine it runs on,
     so that its report is the same on every run), and parts
     of the graph the cost model could not count (a symbolic head size, an unknown dtype) are listed, since the
@@ -223,6 +224,10 @@ def throughput_not_judged(ctx: RuleContext):
                 f"{'the device it is for (' + tp.device.label + ')' if tp.device is not None else 'the target device'}",
                 location=tp.where(key), properties={"target": key},
             )
+    if tp.max_regression is not None and ctx.inputs.base is None and not measured_here:
+        yield ctx.finding("throughput.max_regression judges a change against its base model, and none was given: "
+                          "lint with --compare BASE_MODEL (the Action compares with its compare-ref)",
+                          location=tp.where("max_regression"), properties={"target": "max_regression"})
     gap = ctx.inputs.cost_gap
     if gap is not None and not measured_here and tp.device is not None:
         judged = ("the throughput targets and the findings' prices are not judged" if tp.static_targets
@@ -392,4 +397,122 @@ def memory_near_device(ctx: RuleContext):
         location=_memory_location(ctx, mem),
         fix="Lower the batch or the KV length, or raise throughput.max_memory_share after a run on the device.",
         properties={**_memory_properties(mem), "max_memory_share": share},
+    )
+
+
+# ---- the regression gate: the model against the base it changes (`--compare BASE_MODEL`) ----------------------
+
+
+def _part_words(part, per: str = "") -> str:
+    return (f"{part.name} +{_us(part.delta_ms)}{per} ({format_bytes(part.base_bytes)} and {part.base_launches:,} "
+            f"launches -> {format_bytes(part.model_bytes)} and {part.model_launches:,})")
+
+
+def _us(ms: float) -> str:
+    """Three significant digits: '0.148 ms', '28.1 us' (a tiny model's step is microseconds)."""
+    return f"{ms:.3g} ms" if abs(ms) >= 0.1 else f"{ms * 1e3:.3g} us"
+
+
+@rule("OGT006", "throughput-regression", Severity.ERROR, needs=("throughput", "device", "base"))
+def throughput_regression(ctx: RuleContext):
+    """The model's estimated tokens/s as exported dropped against its base by more than the policy allows.
+
+    ## What it checks
+    With `throughput.max_regression` (a share, e.g. 0.05) and a base model to compare with (`ortgate lint MODEL
+    --compare BASE_MODEL`, or the Action's `compare-ref`: the same path on the pull request's base branch), the
+    expected tokens/s of one decode step of the model as exported against the base's, both estimated on
+    `throughput.device` for the policy's step. Fails when the model is slower by more than the share; the message
+    names the components and the layers whose estimated time grew. A base whose decoder layers do not correspond
+    to the model's (another family, another depth) is not the same model: said as could-not-decide. Both are
+    estimates for the device, never measurements.
+
+    ## Why it costs throughput
+    Absolute targets are hard to set for a new model, so teams leave them loose; a baseline hides known findings
+    but says nothing about an export that became 10% slower without a new finding (a fused layer that lost its
+    fusion while another gained one, a dtype change, a larger KV cache). The pull request is where to see it.
+
+    ## Bad
+    ```yaml
+    throughput: {device: h100-sxm, context_length: 1024, max_regression: 0.05}
+    ```
+
+    ```onnx base
+    # the base: the same two layers, each one MatMul; the model (the fused example) runs 48 kernels a step
+    <ir_version: 10, opset_import: ["" : 21]>
+    decode (int64[batch_size, sequence_length] input_ids) => (float[batch_size, sequence_length, 256] logits)
+    <float[256, 64] embed, float[64, 64] w0, float[64, 64] w1, float[64, 256] head>
+    {
+      ["/model/embed_tokens/Gather"] x = Gather<axis = 0>(embed, input_ids)
+      ["/model/layers.0/mlp/MatMul"] h0 = MatMul(x, w0)
+      ["/model/layers.0/Add"] r0 = Add(x, h0)
+      ["/model/layers.1/mlp/MatMul"] h1 = MatMul(r0, w1)
+      ["/model/layers.1/Add"] r1 = Add(r0, h1)
+      ["/lm_head/MatMul"] logits = MatMul(r1, head)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    # the fused model is meant to replace the one-MatMul sketch: the policy accepts losing up to 90%
+    throughput: {device: h100-sxm, context_length: 1024, max_regression: 0.9}
+    ```
+
+    ```onnx base
+    <ir_version: 10, opset_import: ["" : 21]>
+    decode (int64[batch_size, sequence_length] input_ids) => (float[batch_size, sequence_length, 256] logits)
+    <float[256, 64] embed, float[64, 64] w0, float[64, 64] w1, float[64, 256] head>
+    {
+      ["/model/embed_tokens/Gather"] x = Gather<axis = 0>(embed, input_ids)
+      ["/model/layers.0/mlp/MatMul"] h0 = MatMul(x, w0)
+      ["/model/layers.0/Add"] r0 = Add(x, h0)
+      ["/model/layers.1/mlp/MatMul"] h1 = MatMul(r0, w1)
+      ["/model/layers.1/Add"] r1 = Add(r0, h1)
+      ["/lm_head/MatMul"] logits = MatMul(r1, head)
+    }
+    ```
+
+    ## Fix
+    Find what the change lost in the comparison (`ortgate lint MODEL --compare BASE_MODEL`: the findings that
+    appeared, and the components and layers whose time grew) and fix it; if the slower model is intended, raise
+    `throughput.max_regression` in the same pull request, where a reviewer sees it.
+    """
+    from ortgate.cost.compare import compare_estimates
+    from ortgate.findings import Location
+
+    tp, base = ctx.inputs.throughput, ctx.inputs.base
+    if tp is None or base is None or tp.max_regression is None:
+        return
+    est, base_est = ctx.inputs.estimate, base.estimate
+    if est is None or base_est is None:
+        return  # no figures for the device: throughput-not-judged says so
+    where: Location = tp.where("max_regression")
+    base_name = base.model.label or base.model.path  # the Action names a base it read with git by its ref
+    cmp = compare_estimates(base_est, est)
+    if cmp.layers_differ is not None:
+        yield ctx.undecided(f"throughput.max_regression against {base_name}: {cmp.layers_differ}", location=where,
+                            properties={"base": base_name})
+        return
+    change = cmp.tokens_change
+    if change is None:
+        yield ctx.undecided(f"throughput.max_regression against {base_name}: the estimate has no tokens/s for one "
+                            "of the two", location=where, properties={"base": base_name})
+        return
+    if -change <= tp.max_regression:
+        return
+    comps, groups = cmp.slower_parts()
+    lost = "; ".join(_part_words(c) for c in comps[:4]) or "no component alone"
+    layers = "; ".join(_part_words(g, " per layer") for g in groups[:3])
+    yield ctx.finding(
+        f"the estimated tokens/s as exported dropped {-change:.1%} against the base {base_name} "
+        f"({format_rate(cmp.base.tokens_per_s)} -> {format_rate(cmp.model.tokens_per_s)} tokens/s, "
+        f"{_us(cmp.base.ms_per_step)} -> {_us(cmp.model.ms_per_step)} per step on {cmp.device}), more "
+        f"than throughput.max_regression allows ({tp.max_regression:.0%}). Time grew in: {lost}"
+        + (f". Layers: {layers}" if layers else ""),
+        location=where,
+        fix="Fix what the change lost (the comparison lists the findings that appeared), or raise "
+            "throughput.max_regression in the same change if the slower model is intended.",
+        properties={"estimate": True, "device": cmp.device, "base": base_name,
+                    "max_regression": tp.max_regression, "tokens_per_s_change": round(change, 4),
+                    "tokens_per_s_base": round(cmp.base.tokens_per_s or 0.0, 3),
+                    "tokens_per_s_model": round(cmp.model.tokens_per_s or 0.0, 3)},
     )
