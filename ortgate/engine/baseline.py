@@ -79,8 +79,10 @@ class Baseline:
 
     @property
     def modelless(self) -> int:
-        """How many entries of a version-3 file (or kept from one) name no model."""
-        return sum(1 for e in self.entries if e.scheme == V3_VERSION and e.model is None)
+        """How many entries of a version-3 file (or kept from one) name no model although their finding is in a file
+        several models share (the policy, genai_config.json: not an .onnx file, which names its model itself)."""
+        return sum(1 for e in self.entries if e.scheme == V3_VERSION and e.model is None
+                   and not (e.file or "").endswith(".onnx"))
 
     @property
     def older_schemes(self) -> list[int]:

@@ -187,7 +187,7 @@ def stale_baseline_findings(config: GateConfig, files: list[str]) -> list[Findin
             code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
             message=(f"this baseline's entries are version {V2_VERSION} fingerprints, which name a model by its file "
                      "name alone: an entry accepts the same finding in every model of that name (a/model.onnx and "
-                     f"b/model.onnx alike); version {BASELINE_VERSION} names it by its path relative to the working "
+                     f"b/model.onnx alike); version {V3_VERSION} names it by its path relative to the working "
                      "directory"),
             location=Location(baseline.path or "", None, "version"),
             fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), from the "
