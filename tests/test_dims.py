@@ -37,8 +37,17 @@ EXPECTED = {
     "sequence_length * num_attention_heads": None,
     "sequence_length * num_key_value_heads": None,
     "2*batch_size*sequence_length": None,
+    "4*batch_size*sequence_length": None,  # Llama-4: the tokens repeated once per expert
     "sequence_length + 1": None,  # not past + new tokens: a length derived from the query
+    # transformers' own exporter (tfexp-*) names its dims after torch.export's symbols: no role in the name
+    "s53": None,  # attention_mask's sequence
+    "s70": None,  # input_ids' sequence
+    "2*s70": None,
 }
+
+# Models whose dims no name decides (transformers' exporter's s53 / s70): the runner asks for runner.dims until it
+# reads each dim's role from the graph (which input, which cache, the attention mask).
+DIMS_NOT_NAMED = {"tfexp-qwen3_moe-cpu", "tfexp-qwen3_moe-cuda"}
 
 
 def _dim_names(graph: onnx.GraphProto, out: set[str]) -> None:
@@ -86,6 +95,10 @@ def test_every_committed_dim_name_has_its_role():
     for name, where in sorted(committed_dim_names().items()):
         if re.fullmatch(r"unk__\d+", name):
             # onnx shape inference's name for a dim it relates to no other (quantize_dynamic keeps its value_info)
+            assert dim_role(name) is None, (name, where[0])
+            continue
+        if re.fullmatch(r"u\d+( \+ u\d+)*", name):
+            # torch.export's unbacked (data-dependent) sizes and their sums: JetMoE's tokens per expert
             assert dim_role(name) is None, (name, where[0])
             continue
         assert name in EXPECTED, f"dim {name!r} (in {where[0]}) is new: state its role in EXPECTED"
@@ -230,7 +243,9 @@ def test_expression_with_an_unknown_term_is_an_input_error(tmp_path, write_polic
     assert "runner.dims.past_sequence_length + chunk" in err.value.problem
 
 
-@pytest.mark.parametrize("model", [m for m in MODELS if "corpus" not in m.parts], ids=lambda m: m.parent.name)
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(
+    reason="dims named after torch.export's symbols (s53, s70): no role read from the graph yet", raises=InputError))
+    if m.parent.name in DIMS_NOT_NAMED else m for m in MODELS if "corpus" not in m.parts], ids=lambda m: m.parent.name)
 def test_every_committed_model_s_inputs_get_consistent_values(model, write_policy):
     """Every input dim of every committed model resolves, and each one a role or an expression decides has the
     value that role or expression gives (past 3, 2 new tokens, batch 2)."""

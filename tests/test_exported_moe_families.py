@@ -83,13 +83,82 @@ EXPECTED: dict[str, dict[str, list]] = {
     "dynamo-phimoe": {  # LayerNorm, not RMSNorm: no norm findings
         "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
     },
+    # quantize_static QDQ of dynamo-mixtral: Q -> DQ around every quantized op (routers, experts, q/k/v/o, the score
+    # and context MatMuls, the rotary's Muls, the norms' ops) changes nothing that is found, nor where
+    "quantqdq-mixtral": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
+    # JetMoE: the MoE MLP (tokens sorted by expert, one linear per expert slice) in each layer; its mixture of
+    # attention heads (routed q / o projections) is moe-not-fused's undecided finding, and q/k/v packing undecided
+    "dynamo-jetmoe": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+        "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
+    },
+    # Cohere2-MoE: LayerNorm without bias (x - mean(x), then the RMS chain): rmsnorm-not-fused names it a LayerNorm
+    # whose fusion is LayerNormalization, and no residual Add + RMSNorm pair is reported for it; both layers full
+    # attention, which Cohere2 computes without rotary
+    "dynamo-cohere2_moe": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT], "qkv-not-packed": [0, 1],
+    },
+    # LongCat-Flash: one decoder layer of two sub-layers (two MLA attentions, two dense MLPs, one MoE with 2
+    # zero-computation experts beside its 4 routed ones: no expert-count finding); MLA: q/k/v packing undecided
+    "dynamo-longcat_flash": {
+        "moe-not-fused": [0], "gqa-not-fused": [0], "rmsnorm-not-fused": [0, OUT], "skip-rmsnorm-not-fused": [0, OUT],
+        "rotary-not-fused": [0],
+    },
+    # Llama-4 text: its MoE scales each expert's input (read, refused by the rewrite); q/k L2 norms without weight
+    "dynamo-llama4": {
+        "moe-not-fused": [0, 1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT], "skip-rmsnorm-not-fused": [0, 1, OUT],
+        "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1],
+    },
 }
+
+# transformers' own exporter (make_transformers_exporter_fixtures.py), a KV cache returned but not taken: fixture ->
+# rule -> (violations per layer, undecided findings per layer)
+TRANSFORMERS_EXPORTER = {
+    # ort_fusions="cuda": GroupQueryAttention is not written (MultiHeadAttention with kv heads < q heads), the MoE is
+    # fused with fc1 / fc3 apart and activation_type=silu: one finding per layer, gate-up-not-merged's only
+    "tfexp-qwen3_moe-cuda": {"gqa-not-fused": ([0, 1], []), "gate-up-not-merged": ([0, 1], [])},
+    # ort_fusions="cpu": GroupQueryAttention and the norms fused; its grouped_mm translation (tokens sorted by expert)
+    # read as an unfused MoE layer
+    "tfexp-qwen3_moe-cpu": {"kv-cache-not-fed-back": ([OUT], []), "moe-not-fused": ([0, 1], [])},
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(TRANSFORMERS_EXPORTER))
+def test_transformers_exporter_findings_per_layer(fixture, findings):
+    found = findings(fixture)
+    got = {}
+    for rule in GRAPH_RULES:
+        undecided = sorted(f.layer for f in found if f.rule == rule and f.kind is Kind.UNDECIDED)
+        if _layers(found, rule) or undecided:
+            got[rule] = (_layers(found, rule), undecided)
+    assert got == TRANSFORMERS_EXPORTER[fixture]
+
+
+def test_transformers_exporter_cuda_moe_fails_on_ort_cpu_as_built():
+    """What the build recorded, and what ORT CPU does here: the session is created, the first run fails in the MoE
+    (fc3 is not implemented by the CPU kernel)."""
+    import numpy as np
+
+    info = json.loads((EXPORTED / "tfexp-qwen3_moe-cuda" / "BUILD_INFO.json").read_text())
+    assert "FC3 is not implemented for CPU MoE" in info["cpu_run"]["run_error"]
+    sess = ort.InferenceSession(str(EXPORTED / "tfexp-qwen3_moe-cuda" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[1, 5, 9, 17]], dtype=np.int64)
+    with pytest.raises(Exception, match="FC3"):
+        sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
 
 # fixture -> what every unfused MoE layer of it computes (read from the family's modeling code):
 # (experts, k, routing form, expert form, routed experts, routed projections, shared experts, shared projections,
 #  shared-expert gates)
 MOE_SHAPE = {
     "dynamo-mixtral": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),  # 4 x (gate_up Gemm on Gather(W, e), down)
+    "quantqdq-mixtral": (4, 2, "softmax_topk", "dense", 4, 8, 0, 0, 0),  # the same, every op read through Q -> DQ
+    # tokens sorted by expert, one linear per expert slice (input_linear gate|up, output_linear)
+    "dynamo-jetmoe": (4, 2, "topk_softmax", "gather", 4, 8, 0, 0, 0),
+    "tfexp-qwen3_moe-cpu": (4, 2, "softmax_topk", "gather", 4, 8, 0, 0, 0),
     "dynamo-qwen2_moe": (4, 2, "softmax_topk", "dense", 4, 8, 1, 3, 1),  # + shared gate/up/down, sigmoid gate
     "dynamo-olmoe": (8, 2, "softmax_topk", "batched", 8, 2, 0, 0, 0),  # one batched MatMul per GatherND stack
     "dynamo-phimoe": (4, 2, "sparsemixer", "dense", 4, 8, 0, 0, 0),
@@ -109,7 +178,7 @@ MOE_SHAPE = {
 @pytest.mark.parametrize("fixture", sorted(MOE_SHAPE))
 def test_moe_finding_counts_what_it_names(fixture, findings):
     experts, k, routing, form, routed, projections, shared, shared_projections, gates = MOE_SHAPE[fixture]
-    moe = [f for f in findings(fixture) if f.rule == "moe-not-fused"]
+    moe = [f for f in findings(fixture) if f.rule == "moe-not-fused" and f.kind is Kind.VIOLATION]
     assert moe
     for f in moe:
         props = dict(f.properties)
@@ -185,6 +254,9 @@ def test_fixture_runs_on_ort_cpu_as_built(fixture):
 ROTARY_PAIRING = {
     "dynamo-mixtral": "half", "dynamo-qwen2_moe": "half", "dynamo-olmoe": "half", "dynamo-phimoe": "half",
     "dynamo-gpt_oss": "half", "dynamo-gpt_oss_batched": "half", "dynamo-dbrx": "half", "dynamo-deepseek_v3": "interleaved", "olive-mixtral": "half",
+    "dynamo-longcat_flash": "interleaved", "quantqdq-mixtral": "half",
+    # Llama-4's complex rotary in real numbers: Reshape to [..., d/2, 2], Gather 0 / 1, x[2i] * cos - x[2i+1] * sin
+    "dynamo-llama4": "interleaved",
 }
 
 
@@ -196,6 +268,17 @@ def test_rotary_finding_says_which_components_pair(fixture, findings):
     for f in rotary:
         assert dict(f.properties)["pairing"] == pairing
         assert f"rotary_interleaved={int(pairing == 'interleaved')}" in f.message
+
+
+def test_layernorm_without_bias_is_named_a_layernorm(findings):
+    """Cohere's LayerNorm has no bias: x - ReduceMean(x), then x * rsqrt(mean(x^2) + eps) * w. It is a LayerNorm
+    (its fusion LayerNormalization), never reported as an RMSNorm that SimplifiedLayerNormalization would fuse."""
+    norms = [f for f in findings("dynamo-cohere2_moe") if f.rule == "rmsnorm-not-fused"]
+    assert len(norms) == 3
+    for f in norms:
+        assert "LayerNorm without bias" in f.message and "instead of LayerNormalization" in f.message
+        assert "RMSNorm" not in f.message.split("[")[0]
+        assert dict(f.properties)["layer_norms"] == 1 and dict(f.properties)["ort_fuses"] is False
 
 
 # fixture -> (hidden-state, per-head, projection-width) RMSNorms in each decoder layer
@@ -216,3 +299,30 @@ def test_norm_findings_count_each_kind_of_norm(fixture, findings):
         props = dict(f.properties)
         assert (props["hidden_norms"], props["per_head_norms"], props["projection_norms"]) == (hidden, head, projection)
         assert ("per-head" in f.message.replace("not per-head", "")) == bool(head)
+
+
+def test_qdq_attention_is_counted(write_policy):
+    """Attention whose score and context MatMuls read DequantizeLinear outputs is attention: the declared count holds,
+    never "none found"."""
+    policy = write_policy("name: p\nmodel: {attention_layers: 2, moe_layers: 2}\n")
+    found = lint_findings(EXPORTED / "quantqdq-mixtral" / "model.onnx", policy,
+                          select=["attention-layer-count-mismatch", "moe-layer-count-mismatch"])
+    assert found == []
+
+
+def test_qdq_attention_in_orts_dump_is_counted(write_policy, tmp_path):
+    """ORT's dump of the QDQ graph turns the score and context MatMuls into QLinearMatMul (and the rotary's Muls into
+    QLinearMul): attention is still found in every layer, and the rotary it cannot read is said as undecided."""
+    dump = tmp_path / "model.optimized.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(dump)
+    model = EXPORTED / "quantqdq-mixtral" / "model.onnx"
+    ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    policy = write_policy("name: p\nmodel: {attention_layers: 2}\n")
+    found = lint_findings(model, policy, optimized=dump,
+                          select=["attention-layer-count-mismatch", "gqa-not-fused", "rotary-not-fused"])
+    assert not [f for f in found if f.rule == "attention-layer-count-mismatch"]
+    assert _layers(found, "gqa-not-fused") == [0, 1]
+    assert all(f.kind is not Kind.VIOLATION or f.layer in (0, 1) for f in found if f.rule == "rotary-not-fused")
+    assert {f.layer for f in found if f.rule == "rotary-not-fused"} == {0, 1}

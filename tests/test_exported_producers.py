@@ -199,13 +199,33 @@ def test_run_names_an_export_that_cannot_decode_one_token():
 
 
 def test_a_fix_that_recognises_no_moe_says_so(tmp_path):
-    """quantize_dynamic's int8 Qwen3-MoE: no MoE block is recognised; the report must not read as "MoE done"."""
+    """A router whose top-k weights no expert: no MoE block is read; the report must not read as "MoE done", and
+    names each router not read with the reason (what lint's moe-not-fused said of it)."""
+    from tests.helpers import run_cli
+    from tests.models.qwen_moe import ModelSpec, build_model
+    from tests.test_moe_reading import _with_a_bare_router
+
+    model = _with_a_bare_router(build_model(ModelSpec(moe="dense")))  # a dense MLP model with one bare router
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    code, out, err = run_cli("fix", path, "-o", tmp_path / "out", "--dry-run", "--no-verify")
+    assert code in (0, 1), err
+    line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
+    assert "no MoE block recognised" in line and "could not read 1 router-like structure" in line
+    assert "weights no expert output" in line and "unfused MoE layers (moe-not-fused)" not in line
+
+
+def test_a_fix_of_quantize_dynamic_experts_says_each_block_it_leaves(tmp_path):
+    """quantize_dynamic's int8 Qwen3-MoE: its MatMulInteger expert loops are read, and each one fix leaves is named."""
     from tests.helpers import run_cli
 
     code, out, err = run_cli("fix", QUANTDYN, "-o", tmp_path / "out", "--dry-run", "--no-verify")
     assert code in (0, 1), err
-    line = next(x for x in out.splitlines() if x.startswith("MoE rewrites:"))
-    assert "no MoE block recognised" in line and "moe-not-fused" in line
+    lines = out.splitlines()
+    first = next(i for i, x in enumerate(lines) if x.startswith("MoE rewrites:"))
+    assert lines[first] == "MoE rewrites: 0 block(s) -> com.microsoft.MoE, 2 left unchanged"
+    assert [x.split(" (")[0].strip() for x in lines[first + 1:first + 3]] == ["layer 0", "layer 1"]
+    assert all("left unchanged: " in x for x in lines[first + 1:first + 3])
 
 
 # ---- words that fit the model ----------------------------------------------------------------------------------

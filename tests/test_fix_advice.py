@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from ortgate.findings import Kind
 from ortgate.fix.moe import plan_moe
 from ortgate.graph import build_graph
 from ortgate.graph.load import load_model
@@ -35,7 +36,8 @@ def _planned(folder):
 
 @pytest.mark.parametrize("folder", EXPORTS, ids=lambda p: p.name)
 def test_moe_advice_matches_what_fix_plans(folder, tmp_path):
-    found = rule_findings(folder / "model.onnx", "moe-not-fused", policy=_policy(tmp_path, "cpu"))
+    found = [f for f in rule_findings(folder / "model.onnx", "moe-not-fused", policy=_policy(tmp_path, "cpu"))
+             if f.kind is Kind.VIOLATION]  # a router not read (undecided) has nothing for fix to plan
     planned = _planned(folder)
     assert {f.layer for f in found} <= set(planned)
     for f in found:

@@ -85,3 +85,52 @@ def test_rotary_inside_an_if_branch_is_found(tmp_path):
     found = findings(path)
     assert len(found) == 1 and found[0].graph == "branch/then_branch"
     assert "cached cos/sin tables" in found[0].message
+
+
+def _ort_dump(model, tmp_path):
+    """ORT's own optimized dump (ORT_ENABLE_ALL, CPU) of a committed export, written where a test can read it."""
+    path = tmp_path / "model.optimized.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(path)
+    ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    return path
+
+
+def test_llama4_complex_rotary_is_interleaved_in_the_export_and_in_ort_dump(tmp_path):
+    """Llama-4's rotary in real numbers: x viewed as pairs [..., d/2, 2], Gather 0 / 1 (ORT's dump: Split in two,
+    Squeeze), x[2i] * cos - x[2i+1] * sin: interleaved pairs, whose fused op needs rotary_interleaved=1."""
+    model = EXPORTED / "dynamo-llama4" / "model.onnx"
+    for found in (findings(model), findings(model, optimized=_ort_dump(model, tmp_path))):
+        assert [f.layer for f in found] == [0, 1]
+        assert all(dict(f.properties)["pairing"] == "interleaved" for f in found)
+        assert all("rotary_interleaved=1" in f.message and "rotate_half" not in f.message for f in found)
+
+
+def test_a_rotary_no_form_reads_is_undecided_never_silent(tmp_path):
+    """Sin / Cos tables applied to q through a pair swap written as a Gather of a permutation (no Neg, no halves):
+    no rotary form reads it; the rule says so with the Mul and its table, never nothing."""
+    from onnx import parser
+
+    from ortgate.findings import Kind
+
+    model = parser.parse_model("""
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (float[1, 4, 8] q, float[1, 4, 1] pos) => (float[1, 4, 8] y)
+    <float[1, 1, 8] inv = {1.0, 1.0, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001}, int64[8] perm = {1, 0, 3, 2, 5, 4, 7, 6}>
+    {
+      freqs = Mul(pos, inv)
+      cos = Cos(freqs)
+      sin = Sin(freqs)
+      swapped = Gather<axis = -1>(q, perm)
+      a = Mul(q, cos)
+      b = Mul(swapped, sin)
+      y = Add(a, b)
+    }
+    """)
+    path = tmp_path / "rotary.onnx"
+    onnx.save(model, str(path))
+    found = by_rule(lint_findings(path, select=[ROTARY]), ROTARY)
+    assert [f.kind for f in found] == [Kind.UNDECIDED]
+    assert found[0].message.startswith("could not decide:") and "Cos" in found[0].message
+    assert dict(found[0].properties)["table_products"] == 2

@@ -16,7 +16,7 @@ from ortgate.config.policy import Policy
 from ortgate.findings import Location
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.attention import gqa_nodes, linear_attention_layers, token_mixer_layers
-from ortgate.graph.patterns.moe import moe_blocks
+from ortgate.graph.patterns.moe import moe_blocks, moe_misses
 
 GRAPH = "graph"
 POLICY = "policy"
@@ -140,7 +140,7 @@ def _infer_from_graph(exp: Expectations, graph: Graph) -> None:
         count = len(mixers["fused"] | mixers["decomposed"])
         if count:
             exp.attention_layers = Expected(count, GRAPH)
-    if exp.moe_layers is None and blocks:
+    if exp.moe_layers is None and blocks and not moe_misses(graph):  # a count only when every router was read
         exp.moe_layers = Expected(len(blocks), GRAPH)
     if exp.experts is None:
         experts = sorted({b.experts for b in blocks if b.experts})

@@ -33,7 +33,7 @@ from ortgate.graph.patterns.attention import (
 )
 from ortgate.graph.patterns.common import cached, linear_nodes
 from ortgate.graph.patterns.decoder import cacheless_decoder
-from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, moe_blocks
+from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, moe_blocks, moe_misses
 from ortgate.graph.patterns.norms import FUSED_RMSNORM_OPS, decomposed_rmsnorms
 from ortgate.graph.patterns.projections import gated_mlps, projection_dims, qkv_projections
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, decomposed_rotaries
@@ -662,6 +662,9 @@ def _moe(graph: Graph, model: StepModel, known: set[str]) -> None:
             model.moe_forms.append(_fused_moe(graph, model, block, known, tokens))
         elif block.router is not None:
             model.moe_forms.append(_unfused_moe(graph, model, block, tokens))
+    for miss in moe_misses(graph):  # a router no form read: its ops are priced as they are, not as an MoE layer
+        model.uncounted.append(Uncounted("moe", f"MoE layer not read at {miss.node.display_name}: {miss.reason}; its "
+                                         "nodes are priced as standard ops, without the expert reads of an MoE layer"))
 
 
 def _fused_moe(graph: Graph, model: StepModel, block: MoeBlock, known: set[str], tokens: int) -> MoeLayerForm:
@@ -727,7 +730,8 @@ def _unfused_moe(graph: Graph, model: StepModel, block: MoeBlock, tokens: int) -
     router = block.router
     assert router is not None
     nodes = [n for n in moe_block_nodes(graph, block) if n is not router]
-    experts = block.experts or 0
+    # the experts with weights: zero-computation (identity) experts take router columns but read no weight
+    experts = max((block.experts or 0) - len(block.zero), 0)
     k = block.k or 0
     costs = model.costs
     known = host_known(graph)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from ortgate.findings import Kind
 from ortgate.report import clean, unforgeable
 
 FIX_REPORT_VERSION = 1
@@ -57,7 +58,13 @@ def _figures(source: str) -> str:
 
 def _lint_moe(outcome) -> str:
     """What lint says of the input's MoE, for a fix that recognised no block (so it is not read as "MoE done")."""
-    unfused = sum(1 for f in outcome.findings_before if f.rule == "moe-not-fused")
+    moe = [f for f in outcome.findings_before if f.rule == "moe-not-fused"]
+    unread = [f for f in moe if f.kind is Kind.UNDECIDED]
+    unfused = len(moe) - len(unread)
+    if unread:  # routers no form read: named with the reason, never "no MoE"
+        why = "; ".join(f.message.removeprefix("could not decide: ") for f in unread)
+        return (f"lint reads {unfused} unfused MoE layer{'s' if unfused != 1 else ''} and could not read "
+                f"{len(unread)} router-like structure{'s' if len(unread) != 1 else ''}, left as they are: {why}")
     if unfused:
         return (f"lint reports {unfused} unfused MoE layer{'s' if unfused != 1 else ''} (moe-not-fused), left as "
                 "they are")

@@ -597,7 +597,8 @@ def moe_expert_count_mismatch(ctx: RuleContext):
 
     ## What it checks
     Every unfused MoE block: the routed experts the graph computes (per-expert FFNs weighted by the routing, or
-    the depth of a gathered weight stack) against the router's width E. Legacy traced exports keep only the
+    the depth of a gathered weight stack) and its zero-computation experts (a routing column that weights the
+    hidden state itself, no projection: LongCat-Flash's identity experts) against the router's width E. Legacy traced exports keep only the
     experts the example input routed to (7 of 8 for Mixtral, 4 of 8 for Qwen2-MoE were seen): tokens routed to
     a missing expert are dropped or the run fails. Reported whatever else is wrong with the block.
 
@@ -682,18 +683,21 @@ def moe_expert_count_mismatch(ctx: RuleContext):
         if block.fused is not None or block.router is None or not block.experts:
             continue
         found = block.routed_experts_found
-        if found == block.experts:
+        zero = len(block.zero)  # zero-computation (identity) experts take router columns too (LongCat-Flash)
+        if found + zero == block.experts:
             continue
-        indices = sorted(e.index for e in block.routed if e.index is not None)
-        missing = sorted(set(range(block.experts)) - set(indices)) if len(indices) == found else []
+        indices = sorted(i for i in [*(e.index for e in block.routed), *block.zero] if i is not None)
+        missing = sorted(set(range(block.experts)) - set(indices)) if len(indices) == found + zero else []
         which = f" (missing: {', '.join(map(str, missing))})" if missing else ""
+        identity = f" and {zero} zero-computation expert{'s' if zero != 1 else ''}" if zero else ""
         yield ctx.finding(
             f"MoE router {block.router.display_name} has {block.experts} experts but the graph computes {found} "
-            f"routed expert{'s' if found != 1 else ''}{which}",
+            f"routed expert{'s' if found != 1 else ''}{identity}{which}",
             node=block.router, graph=graph, layer=block.layer,
             related=block.routed_linears,
             fix="Re-export with every expert: a traced export keeps only the experts its example input routed to.",
-            properties={"router_width": block.experts, "routed_experts": found, "missing": missing},
+            properties={"router_width": block.experts, "routed_experts": found, "zero_computation_experts": zero,
+                        "missing": missing},
         )
 
 

@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
-from ortgate.graph.patterns.moe import MoeBlock, moe_blocks
+from ortgate.graph.patterns.common import QDQ_OPS
+from ortgate.graph.patterns.moe import MoeBlock, moe_blocks, moe_misses
 from ortgate.graph.patterns.moe_anatomy import block_verdict
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
 from ortgate.rules.base import rule
@@ -44,8 +45,10 @@ def moe_not_fused(ctx: RuleContext):
     Every MoE layer of the exported model: a router projection whose expert logits feed TopK / Softmax
     routing (Gather, Scatter, Where, NonZero) and per-expert MatMul/Gemm groups, or a dense loop that runs
     every expert on every token, instead of one `com.microsoft.MoE` (or `QMoE`) node. One finding per layer,
-    naming the router and the routing and expert nodes. How many MoE layers the graph has against the
-    policy's `model.moe_layers` is moe-layer-count-mismatch's to say.
+    naming the router and the routing and expert nodes. A router-like structure (a TopK / ArgMax over a
+    projection's logits) that no expert form reads is reported as undecided, naming its node and why it was not
+    read. How many MoE layers the graph has against the policy's `model.moe_layers` is moe-layer-count-mismatch's
+    to say.
 
     ## Why it costs throughput
     ORT has no optimizer pass that fuses MoE: whatever the exporter wrote is what runs. A per-expert loop
@@ -130,12 +133,21 @@ def moe_not_fused(ctx: RuleContext):
                 "shared_expert_projections": len(block.shared_linears), "shared_expert_gates": len(block.shared_gates),
             },
         )
+    for miss in moe_misses(graph):  # a router-like structure no form read: said, never passed over in silence
+        yield ctx.undecided(
+            f"whether {miss.node.display_name} routes an MoE layer computed with standard ops: {miss.reason}",
+            node=miss.node, graph=graph,
+            properties={"selection": miss.selection.name if miss.selection is not None else None,
+                        "reason": miss.reason},
+        )
 
 
 def moe_structure(block: MoeBlock) -> str:
     """What an unfused MoE block computes, each kind of node counted on its own."""
-    ops = Counter(n.op_type for n in block.routing_nodes)
-    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items()))
+    ops = Counter(n.op_type for n in block.routing_nodes if n.op_type not in QDQ_OPS)
+    qdq = sum(1 for n in block.routing_nodes if n.op_type == "QuantizeLinear")
+    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items())) + (
+        f"; through {qdq} QuantizeLinear -> DequantizeLinear" if qdq else "")
     form = block.routing_form.words
     k = f", k={block.k}" if block.k else ""
     extras = [w for w, on in (("renormalised", block.normalized), (f"scaled by {block.scaled:g}" if block.scaled else "",
@@ -144,8 +156,13 @@ def moe_structure(block: MoeBlock) -> str:
         f" ({', '.join(extras)})" if extras else "") + f" [{listed}]"
     found = block.routed_experts_found
     loop = block.expert_form.words
-    routed = f"{found} routed expert{'s' if found != 1 else ''} ({loop}; {len(block.routed_linears)} projections)"
+    weighting = ", the routing scaling each expert's input" if block.weighting == "input" else ""
+    routed = (f"{found} routed expert{'s' if found != 1 else ''} ({loop}{weighting}; {len(block.routed_linears)} "
+              "projections)")
     parts = [routing, routed]
+    if block.zero:
+        parts.append(f"{len(block.zero)} zero-computation expert{'s' if len(block.zero) != 1 else ''} (x times its "
+                     "routing weight, no projection)")
     if block.shared:
         parts.append(f"{len(block.shared)} shared expert{'s' if len(block.shared) != 1 else ''} "
                      f"({len(block.shared_linears)} projections)")

@@ -9,7 +9,7 @@ from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node, ValueInfo, op_key, parse_op_key
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
 from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state, token_ids_input
-from ortgate.graph.patterns.moe import moe_blocks
+from ortgate.graph.patterns.moe import moe_blocks, moe_misses
 from ortgate.knowledge.cache_exports import cache_export, cache_export_otherwise
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
@@ -39,6 +39,9 @@ def moe_layer_count_mismatch(ctx: RuleContext):
     MoE layers in the exported model, fused com.microsoft MoE / QMoE nodes and MoE blocks computed with standard
     ops alike, against the policy's `model.moe_layers`. The finding says both numbers and how the graph's count
     splits up. A layer the graph has but computes with standard ops is moe-not-fused's; here the count differs.
+    The count is a fact only when every router-like structure (a TopK / ArgMax over a projection's logits) was read
+    as an MoE layer: when one was not, and the count read differs, the finding says "could not decide", naming each
+    structure not read and why, never a count that contradicts the graph.
 
     ## Why it costs throughput
     Either the export lost or duplicated layers (a different model, whose speed means nothing), or the policy
@@ -59,10 +62,25 @@ def moe_layer_count_mismatch(ctx: RuleContext):
     Correct `model.moe_layers` when the policy describes another model (a tiny test export, another checkpoint);
     re-export when MoE layers are missing from the graph.
     """
-    blocks = moe_blocks(ctx.model)
+    blocks, misses = moe_blocks(ctx.model), moe_misses(ctx.model)
     fused = sum(1 for b in blocks if b.fused is not None)
     detail = f"{fused} fused as com.microsoft MoE/QMoE, {len(blocks) - fused} computed with standard ops"
-    yield from _count_mismatch(ctx, "moe_layers", "MoE layers", ctx.model, len(blocks), detail)
+    mismatch = list(_count_mismatch(ctx, "moe_layers", "MoE layers", ctx.model, len(blocks), detail))
+    if mismatch and misses:
+        # a count is a fact only when every router-like structure was read: say what was not, and why
+        expected = ctx.expect.declared("moe_layers")
+        where = expected.location.key_path if expected and expected.location and expected.location.key_path else \
+            "model.moe_layers"
+        yield ctx.undecided(
+            f"whether the graph has the {expected.value if expected else '?'} MoE layers {where} declares: "
+            f"{len(blocks)} read ({detail}), {len(misses)} router-like structure{'s' if len(misses) != 1 else ''} "
+            f"not read: " + "; ".join(m.describe() for m in misses),
+            node=misses[0].node, graph=ctx.model,
+            properties={"read": len(blocks), "not_read": [m.node.name for m in misses],
+                        "reasons": [m.reason for m in misses]},
+        )
+        return
+    yield from mismatch
 
 
 @rule("OGM009", "attention-layer-count-mismatch", Severity.ERROR, price="attention")

@@ -117,8 +117,12 @@ def rmsnorm_groups(ctx: RuleContext) -> list[RmsnormGroup]:
     out = []
     for (_, layer), group in by_layer(decomposed_rmsnorms(graph), lambda m: m.last, lambda m: m.layer):
         forms = sorted({m.form for m in group})
-        repaired = not is_dump and all(rmsnorm_form_fused(m.form, tgt.provider, tgt.level) for m in group)
-        if is_dump:
+        repaired = not is_dump and all(rmsnorm_form_fused(m.form, tgt.provider, tgt.level) and not m.centred
+                                       for m in group)
+        if any(m.centred for m in group):
+            why = ("a LayerNorm's fusion is LayerNormalization (no bias), not SimplifiedLayerNormalization; ORT's "
+                   "SimplifiedLayerNormFusion does not take the mean subtraction, and no recorded ORT pass fuses this form")
+        elif is_dump:
             why = f"still decomposed in ORT's optimized dump (ORT fused nothing here: form {', '.join(forms)})"
         else:
             fused_elsewhere = set.intersection(*(set(rmsnorm_form_providers(m.form)) for m in group))
@@ -152,14 +156,21 @@ def _rmsnorm_finding(ctx: RuleContext, found: RmsnormGroup):
     forms = sorted({m.form for m in group})
     chain = " -> ".join(n.op_type for n in group[0].nodes)
     what = "; ".join(_FORM_TEXT.get(f, f) for f in forms)
+    centred = sum(1 for m in group if m.centred)
+    rms = len(group) - centred
+    names = [f"{rms} RMSNorm{'s' if rms != 1 else ''}"] if rms else []
+    names += [f"{centred} LayerNorm{'s' if centred != 1 else ''} without bias (x - mean(x), then the RMS chain)"] \
+        if centred else []
+    instead = " and ".join(n for n, on in (("SimplifiedLayerNormalization", rms), ("LayerNormalization", centred))
+                           if on)
     return ctx.finding(
-        f"{len(group)} RMSNorm{'s' if len(group) > 1 else ''} {layer_text(found.layer)} computed with standard ops "
-        f"({', '.join(roles)}): {chain} [{what}] instead of SimplifiedLayerNormalization; {found.why}",
+        f"{' and '.join(names)} {layer_text(found.layer)} computed with standard ops "
+        f"({', '.join(roles)}): {chain} [{what}] instead of {instead}; {found.why}",
         node=group[0].last, graph=found.graph, layer=found.layer,
         related=[n for m in group for n in m.nodes], fix=rmsnorm_fix(ctx),
         properties={"norms": len(group), "head_norms": heads, "hidden_norms": counts["hidden"],
                     "per_head_norms": counts["head"], "projection_norms": counts["projection"],
-                    "forms": ",".join(forms), "ort_fuses": found.ort_fuses},
+                    "forms": ",".join(forms), "ort_fuses": found.ort_fuses, "layer_norms": centred},
     )
 
 

@@ -29,6 +29,7 @@ from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.contracts import input_dtypes, type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
+from ortgate.rules.targets import by_layer, layer_text
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -721,7 +722,7 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     policy's `execution_provider.onnxruntime_version`, else the onnxruntime installed where ortgate runs; with
     neither, or a release older than any tried, the rule says it did not check. The kernel may only take the buffer
     when ORT sees input and output of the same size (static or the same named dims); the rule does not see shapes as
-    ORT's planner does and reports every node in that position.
+    ORT's planner does and reports every node in that position. One finding per decoder layer.
 
     ## Why it costs throughput
     It does not: it costs correctness. The session runs at full speed and returns wrong hidden states (72% max
@@ -793,20 +794,19 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
                             f"{', '.join(defect.releases_seen_affected)} (right from {defect.first_seen_fixed})",
                             graph=graph, node=hit[0].node)
         return
-    nodes = [c.node for c in hit]
     seen = "seen affected" if status == "affected" else "between releases seen affected, not tried"
-    yield ctx.finding(
-        f"{len(nodes)} com.microsoft.MoE node(s){_layers_of(nodes)} read an intermediate tensor no later node reads "
-        f"(first: {hit[0].input!r}) with normalize_routing_weights=0: ORT's CPU kernel on onnxruntime {release} "
-        f"({source}; {seen}) may give the output the input's buffer and zeroes it before reading it, so these "
-        f"nodes compute wrong outputs; right from onnxruntime {defect.first_seen_fixed}",
-        node=nodes[0], graph=graph, related=nodes[1:],
-        fix=f"Deploy onnxruntime >= {defect.first_seen_fixed}, or keep each MoE input alive past its node "
-            f"({defect.workaround.form}; `ortgate fix` writes it)",
-        properties={"release": release, "status": status, "nodes": len(nodes)},
-    )
-
-
-def _layers_of(nodes: list[Node]) -> str:
-    text = layers_text(nodes)
-    return f" {text}" if text else ""
+    for (_, layer), group in by_layer(hit, lambda c: c.node, lambda c: c.node.layer):  # one finding per layer
+        nodes = [c.node for c in group]
+        what = "com.microsoft.MoE node" if len(nodes) == 1 else f"{len(nodes)} com.microsoft.MoE nodes"
+        reads = "reads" if len(nodes) == 1 else "read"
+        yield ctx.finding(
+            f"{what} {layer_text(layer)} {reads} an intermediate tensor no later node reads "
+            f"({group[0].input!r}) with normalize_routing_weights=0: ORT's CPU kernel on onnxruntime {release} "
+            f"({source}; {seen}) may give the output the input's buffer and zeroes it before reading it, so "
+            f"{'it computes a wrong output' if len(nodes) == 1 else 'they compute wrong outputs'}; right from "
+            f"onnxruntime {defect.first_seen_fixed}",
+            node=nodes[0], graph=graph, layer=layer, related=nodes[1:],
+            fix=f"Deploy onnxruntime >= {defect.first_seen_fixed}, or keep each MoE input alive past its node "
+                f"({defect.workaround.form}; `ortgate fix` writes it)",
+            properties={"release": release, "status": status, "nodes": len(nodes)},
+        )

@@ -361,8 +361,6 @@ def swiglu_not_fused(ctx: RuleContext):
     """SiLU(gate) * up is computed with Sigmoid and Mul nodes that no ORT fusion will fold.
 
     ## What it checks
-    - MoE / QMoE with `activation_type=silu` and separate fc3 weights: the gated activation is split over two
-      GEMMs and an elementwise product instead of `activation_type=swiglu` (fused SwiGLU epilogue).
     - SiLU written as `Mul(g, Sigmoid(g))` in gated MLPs (dense, shared experts, expert loops). In ORT terms a
       dense SiLU is fused when it is one com.microsoft `QuickGelu(alpha=1)` node; ORT's QuickGeluFusion makes
       it at ORT_ENABLE_EXTENDED and above on CPU, CUDA, DirectML, ROCm and ACL, and onnxruntime-genai relies on
@@ -370,6 +368,10 @@ def swiglu_not_fused(ctx: RuleContext):
       optimization level is below ORT_ENABLE_EXTENDED; an optimized dump that still holds Sigmoid + Mul is always
       reported (it was made below EXTENDED or for a provider without the pass). The final `* up` stays an
       elementwise Mul in every ORT provider: no dense SwiGLU kernel exists outside MoE.
+
+    A com.microsoft MoE / QMoE with `activation_type=silu` and separate fc3 weights has no Sigmoid or Mul node to
+    fuse: its one problem, gate and up in two GEMMs where `activation_type=swiglu` with `swiglu_fusion=1` merges
+    them, is gate-up-not-merged's finding, not this rule's.
 
     ## Why it costs throughput
     Sigmoid, Mul and Mul are three kernels and three passes over the [tokens, intermediate] activation per MLP
@@ -419,19 +421,12 @@ def swiglu_not_fused(ctx: RuleContext):
     activation_type=swiglu, swiglu_fusion=1.
     """
     graph, _ = judged_graph(ctx)
-    for found in [*_silu_with_fc3(graph), *_dense_silu_left_unfused(ctx, graph)]:
+    for found in _dense_silu_left_unfused(ctx, graph):
         yield ctx.finding(
             f"{found.what} {layer_text(found.layer)} {found.how}",
             node=found.node, graph=graph, layer=found.layer, related=found.related, fix=SWIGLU_FIX,
             properties=found.properties,
         )
-
-
-def _silu_with_fc3(graph: Graph) -> list[SeparateGateUp]:
-    silu_fc3 = [n for n in fused_moe_nodes(graph) if _fc3_input(n) and n.attr("activation_type") == "silu"]
-    return [SeparateGateUp(nodes[0].key, layer, "computes its gated activation as activation_type=silu on fc1 times "
-                           "a separate fc3 GEMM instead of activation_type=swiglu", nodes[0], nodes[1:], {})
-            for (_, layer), nodes in by_layer(silu_fc3, lambda n: n, lambda n: n.layer)]
 
 
 def _dense_silu_left_unfused(ctx: RuleContext, graph: Graph) -> list[SeparateGateUp]:

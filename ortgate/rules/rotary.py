@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ortgate.findings import Severity
-from ortgate.graph.patterns.rotary import decomposed_rotaries
+from ortgate.graph.patterns.rotary import decomposed_rotaries, rotary_misses
 from ortgate.knowledge.fusions import fusions_version
 from ortgate.rules.advice import builder_advice, fusion_fix_advice
 from ortgate.rules.base import rule
@@ -56,12 +56,15 @@ def rotary_not_fused(ctx: RuleContext):
     `Neg` of the second, `Concat`, then `x * cos + rotated * sin`), or both halves rotated apart and joined
     (`Concat(a * cos - b * sin, b * cos + a * sin)`, GPT-OSS, DeepSeek-V3), with cos/sin from `Sin`/`Cos` nodes or
     from cached tables. The finding says which components are paired: half-split (x[i] with x[i + d/2]) or
-    interleaved (x[2i] with x[2i+1], strided `0::2` / `1::2` slices), because the fused op needs the matching
+    interleaved (x[2i] with x[2i+1], strided `0::2` / `1::2` slices, or a Gather 0 / 1 of x viewed as pairs
+    [..., d/2, 2]: Llama-4), because the fused op needs the matching
     `interleaved` / `rotary_interleaved` attribute. Fused forms are com.microsoft `RotaryEmbedding`, `MRotaryEmbedding` and
     `GemmaRotaryEmbedding`, ONNX (opset 23) `RotaryEmbedding`, and `GroupQueryAttention` with `do_rotary=1`; ops
     are matched by (domain, op_type). One finding per decoder layer (q and k together). A partial rotary (only the
     first d of each head's dims rotated, the rest passed through: GLM-4.5, Qwen3-Next) is said with its d, which the
-    fused op needs as `rotary_embedding_dim`.
+    fused op needs as `rotary_embedding_dim`. A Mul of an activation by a table computed from `Sin` / `Cos` that no
+    rotary form reads is reported as undecided, naming the Mul and its table (Q/DQ around the rotary's ops is
+    looked through).
 
     ## Why it costs throughput
     Each rotated tensor costs two Slices, a Neg, a Concat, two Muls and an Add (plus the Sin/Cos tables computed
@@ -126,4 +129,12 @@ def rotary_not_fused(ctx: RuleContext):
             fix=rotary_fix(ctx), fix_form="rotary_fused",
             properties={"rotated_tensors": len(group), "pairing": pairings[0] if len(pairings) == 1 else pairings,
                         **props},
+        )
+    for (_, layer), missed in by_layer(rotary_misses(graph), lambda m: m.node, lambda m: m.layer):
+        # Sin / Cos tables applied to activations that no rotary form read: said, never passed over
+        yield ctx.undecided(
+            f"whether {layer_text(layer)}{where} a rotary embedding is computed with standard ops: "
+            + "; ".join(m.reason for m in missed[:4]) + (f" (and {len(missed) - 4} more)" if len(missed) > 4 else ""),
+            node=missed[0].node, graph=graph,
+            properties={"table_products": len(missed)},
         )

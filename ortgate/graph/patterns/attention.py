@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, find_down, find_up, is_view, is_weight
+from ortgate.graph.patterns.common import CAST_OPS, cached, find_down, find_up, is_view, is_weight
 
 # (domain, op_type) of fused softmax-attention nodes.
 FUSED_ATTENTION_OPS = (
@@ -30,10 +30,10 @@ LINEAR_ATTENTION_OPS = (
     (MS_DOMAIN, "GatedDeltaNet"),
     (MS_DOMAIN, "LinearAttentionGate"),
 )
-_SCORE_OPS = frozenset({"Add", "Div", "Mul", "Where", "Cast", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
-_PROB_OPS = frozenset({"Cast", "Dropout", "Identity", "Where", "Slice", "Reshape"})
+_SCORE_OPS = CAST_OPS | frozenset({"Add", "Div", "Mul", "Where", "Sub", "Tanh", "Reshape", "Slice", "Concat"})
+_PROB_OPS = CAST_OPS | frozenset({"Dropout", "Where", "Slice", "Reshape"})
 _REPEAT_KV_OPS = frozenset({"Expand", "Tile"})
-_KV_VIEW_OPS = frozenset({"Reshape", "Transpose", "Cast", "Unsqueeze", "Identity", "Concat"})
+_KV_VIEW_OPS = CAST_OPS | frozenset({"Reshape", "Transpose", "Unsqueeze", "Concat"})
 
 
 @dataclass
@@ -84,13 +84,14 @@ def _find_cores(graph: Graph) -> list[AttentionCore]:
         if qk is None or pv is None:
             continue
         # A router's softmax sits on a weight MatMul; attention multiplies two activations.
-        if any(is_weight(graph, i) for i in qk.inputs[:2]) or any(is_weight(graph, i) for i in pv.inputs[:2]):
+        (q, k), (_, v) = _operands(qk), _operands(pv)
+        if any(is_weight(graph, i) for i in (q, k)) or any(is_weight(graph, i) for i in _operands(pv)):
             continue
         core = AttentionCore(softmax, qk, pv, softmax.layer)
-        core.repeat_kv = kv_expanded(graph, qk.input(1)) or kv_expanded(graph, pv.input(1))
+        core.repeat_kv = kv_expanded(graph, k) or kv_expanded(graph, v)
         core.nodes = [qk, softmax, pv]
-        core.qk_head_size = _last_dim(graph, qk.input(0))
-        core.v_head_size = _last_dim(graph, pv.input(1))
+        core.qk_head_size = _last_dim(graph, q)
+        core.v_head_size = _last_dim(graph, v)
         cores.append(core)
     return cores
 
@@ -101,9 +102,18 @@ def _last_dim(graph: Graph, value: str) -> int | None:
 
 
 def _is_matmul(node: Node) -> bool:
-    """MatMul, or the com.microsoft FusedMatMul ORT's EXTENDED level makes of MatMul + transpose/scale."""
-    return (node.domain == DEFAULT_DOMAIN and node.op_type == "MatMul") or (
+    """MatMul, the com.microsoft FusedMatMul ORT's EXTENDED level makes of MatMul + transpose/scale, or the
+    QLinearMatMul ORT's dump of a QDQ graph makes of DequantizeLinear -> MatMul -> QuantizeLinear."""
+    return (node.domain == DEFAULT_DOMAIN and node.op_type in ("MatMul", "QLinearMatMul")) or (
         node.domain == MS_DOMAIN and node.op_type == "FusedMatMul")
+
+
+def _operands(node: Node) -> tuple[str, str]:
+    """The two multiplied operands of a matmul (QLinearMatMul's are inputs 0 and 3, each with its scale and zero
+    point after it)."""
+    if node.op_type == "QLinearMatMul":
+        return node.input(0), node.input(3)
+    return node.input(0), node.input(1)
 
 
 def _matmul_above(graph: Graph, value: str) -> Node | None:

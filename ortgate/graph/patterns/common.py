@@ -15,12 +15,18 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 
 T = TypeVar("T")
 
+# The one set of pass-through ops every pattern composes its walks from (none keeps a copy of its own):
+# QuantizeLinear / DequantizeLinear (a QDQ graph's Q -> DQ around every quantized op: its value, up to rounding),
+# the ops that change only the element type (CAST_OPS: Cast, Identity and the Q/DQ pair), and the ops that change
+# only the shape (RESHAPE_OPS). Each reads the value as its data input (input 0).
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+CAST_OPS = frozenset({"Cast", "Identity"}) | QDQ_OPS
+RESHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 # Ops that change a tensor's shape, layout or element type but not the values it holds, reading it as their data
 # input (input 0). Gather picks entries of its data by index (a routing weight gathered for the tokens of one
 # expert is still that routing weight; a lookup in a constant table is not a view); a Transpose counts only when it
 # moves dims of size 1 (see `is_view`).
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Identity", "Expand", "Gather",
-                      "Transpose"})
+VIEW_OPS = RESHAPE_OPS | CAST_OPS | frozenset({"Expand", "Gather", "Transpose"})
 
 
 def cached(graph: Graph, key: str, compute: Callable[[Graph], T]) -> T:

@@ -42,7 +42,9 @@ from ortgate.graph.patterns.common import (
     data_input,
     dequantized_input,
     dequantized_output,
+    find_down,
     find_up,
+    is_op,
     is_view,
     matmul_weight,
     memo_table,
@@ -50,6 +52,7 @@ from ortgate.graph.patterns.common import (
     quantized_weight,
     skip_back,
     view_chain,
+    views_of,
     weight_dims,
 )
 from ortgate.knowledge.moe import MOE_OPS, moe_inputs
@@ -59,8 +62,7 @@ SELECTION_OPS = frozenset({"TopK", "ArgMax"})
 # Linear ops of any kind: a projection by a constant weight, or by a gathered (per-expert) one.
 _LINEAR_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Einsum", "MatMulInteger"})
 # Ops that move or select rows of x without computing on it: x read through them is still x.
-_X_VIEW_OPS = frozenset({"Reshape", "Cast", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Expand", "Tile",
-                         "Transpose", "Gather", "GatherND", "Slice", "Concat"})
+_X_VIEW_OPS = VIEW_OPS | frozenset({"Tile", "GatherND", "Slice", "Concat", "Split"})
 # Ops the weighted expert outputs are summed with (besides view ops: common.VIEW_OPS).
 _ACCUMULATE_OPS = frozenset({"Add", "Sum", "ScatterND", "ScatterElements", "ReduceSum", "Concat"})
 _GATHER_OPS = frozenset({"Gather", "GatherND", "GatherElements"})
@@ -116,6 +118,7 @@ class RoutingForm(_Form):
 
     SOFTMAX_TOPK = "softmax_topk"
     TOPK_SOFTMAX = "topk_softmax"
+    TOPK_SIGMOID = "topk_sigmoid"
     SIGMOID_TOPK = "sigmoid_topk"
     SIGMOID_GROUP_TOPK = "sigmoid_group_topk"
     GROUP_TOPK = "group_topk"
@@ -132,6 +135,7 @@ class RoutingForm(_Form):
 _ROUTING_WORDS = {
     RoutingForm.SOFTMAX_TOPK: "softmax -> top-k",
     RoutingForm.TOPK_SOFTMAX: "top-k -> softmax",
+    RoutingForm.TOPK_SIGMOID: "top-k -> sigmoid",
     RoutingForm.SIGMOID_TOPK: "sigmoid -> top-k",
     RoutingForm.SIGMOID_GROUP_TOPK: "sigmoid scores, group-limited top-k",
     RoutingForm.GROUP_TOPK: "group-limited top-k",
@@ -188,6 +192,13 @@ class MoeBlock:
     routed: list[ExpertFfn] = field(default_factory=list)
     shared: list[ExpertFfn] = field(default_factory=list)
     shared_gates: list[Node] = field(default_factory=list)
+    # zero-computation experts (LongCat-Flash): the routing column of each identity expert (None when no constant
+    # says which), whose contribution is x times its routing weight, no projection
+    zero: list[int | None] = field(default_factory=list)
+    zero_nodes: list[Node] = field(default_factory=list)  # the Mul of x by each identity expert's weight
+    # "output": the routing weights scale each expert's output (what com.microsoft.MoE computes); "input": they scale
+    # the tokens each expert reads (Llama-4: x repeated per expert times its score, then the experts)
+    weighting: str = "output"
     combine: Node | None = None  # the node where the routed sum ends (before shared experts join)
     output: str = ""  # the block's output value (routed sum plus shared experts)
     hidden: str = ""  # x: the value the router reads, before reshapes
@@ -202,6 +213,11 @@ class MoeBlock:
         return sum(e.stacked if e.stacked else 1 for e in self.routed)
 
     @property
+    def experts_found(self) -> int:
+        """Every expert the graph computes for the router's columns: routed FFNs and zero-computation experts."""
+        return self.routed_experts_found + len(self.zero)
+
+    @property
     def routed_linears(self) -> list[Node]:
         return [n for e in self.routed for n in e.linears]
 
@@ -210,16 +226,63 @@ class MoeBlock:
         return [n for e in self.shared for n in e.linears]
 
 
+@dataclass
+class MoeMiss:
+    """A router-like structure (a TopK / ArgMax over a projection's logits) that no MoE form reads: the node it is
+    anchored on (the router projection, else the selection) and why it was not read, in words. A count of MoE layers
+    is a fact only when there is none: rules say "could not decide" with the reason, `ortgate fix` reports it."""
+
+    node: Node
+    reason: str
+    selection: Node | None = None  # the TopK / ArgMax
+    layer: int | None = None
+
+    @property
+    def anchor(self) -> Node:
+        return self.node
+
+    def describe(self) -> str:
+        """One line: the structure and the reason (the words of a finding)."""
+        picked = f" ({self.selection.op_type} {self.selection.display_name})" if self.selection is not None else ""
+        where = f" in layer {self.layer}" if self.layer is not None else ""
+        return f"{self.node.display_name}{picked}{where}: {self.reason}"
+
+
+@dataclass
+class MoeReading:
+    """A graph's MoE reading: the blocks read and the router-like structures not read (each with its reason)."""
+
+    blocks: list[MoeBlock]
+    misses: list[MoeMiss]
+
+
 def fused_moe_nodes(graph: Graph) -> list[Node]:
     return sorted((n for op in MOE_OPS for n in graph.by_op(MS_DOMAIN, op)), key=lambda n: n.index)
 
 
+def moe_reading(graph: Graph) -> MoeReading:
+    """The one reading of a graph's MoE layers: blocks and misses, computed once per graph."""
+    return cached(graph, "moe_reading", _read_moe)
+
+
 def moe_blocks(graph: Graph) -> list[MoeBlock]:
-    return cached(graph, "moe_blocks", _find_moe_blocks)
+    return moe_reading(graph).blocks
 
 
-def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
+def moe_misses(graph: Graph) -> list[MoeMiss]:
+    """Router-like structures no MoE form read, each with its node and reason (empty: every router was read)."""
+    return moe_reading(graph).misses
+
+
+def read_moe(graph: Graph) -> list[MoeBlock | MoeMiss]:
+    """Every router-like structure of the graph in graph order: read as a block, or explained by a miss."""
+    found: list[MoeBlock | MoeMiss] = [*moe_blocks(graph), *moe_misses(graph)]
+    return sorted(found, key=lambda b: b.anchor.index)
+
+
+def _read_moe(graph: Graph) -> MoeReading:
     blocks: list[MoeBlock] = []
+    misses: list[MoeMiss] = []
     claimed: set[int] = set()
     for node in fused_moe_nodes(graph):
         positions = moe_inputs(node.op_type)
@@ -231,16 +294,108 @@ def _find_moe_blocks(graph: Graph) -> list[MoeBlock]:
         if router is not None:
             claimed.add(router.index)
     if any(graph.by_op_type(*SELECTION_OPS)):
+        fused_routing = _fused_routing(graph, blocks)
+        claimed |= fused_routing  # its router, when a selection stands between it and the fused node
         aux = _AuxValues(graph)
         for router, experts in _router_candidates(graph):
             if router.index in claimed:
                 continue
-            block = _unfused_block(graph, router, experts, aux)
-            if block is not None:
-                blocks.append(block)
-                claimed.update(n.index for n in block.expert_linears)
+            read = _unfused_block(graph, router, experts, aux)
+            if isinstance(read, MoeBlock):
+                blocks.append(read)
+                claimed.update(n.index for n in read.expert_linears)
+            elif read is not None:
+                misses.append(read)
+        misses = [m for m in misses if m.node.index not in claimed]
+        misses.extend(_unread_selections(graph, blocks, misses, fused_routing))
     blocks.sort(key=lambda b: b.anchor.index)
-    return blocks
+    misses.sort(key=lambda m: m.anchor.index)
+    return MoeReading(blocks, misses)
+
+
+def _fused_routing(graph: Graph, blocks: list[MoeBlock]) -> set[int]:
+    """The nodes a fused MoE / QMoE node's router_probs is computed by, up to and including the router projection
+    (LFM2-MoE selects its experts in the graph, then hands the scores to com.microsoft.MoE)."""
+    out: set[int] = set()
+    for block in blocks:
+        if block.fused is None:
+            continue
+        value = block.fused.input(moe_inputs(block.fused.op_type).router_probs)
+        frontier, seen = [value], {value}
+        while frontier:
+            node = graph.producer(frontier.pop())
+            if node is None or node.index in out:
+                continue
+            out.add(node.index)
+            if node.op_type in _LINEAR_OPS:
+                continue  # the router: its input is the hidden state
+            for i in node.inputs:
+                if i and i not in seen and not graph.is_constant(i):
+                    seen.add(i)
+                    frontier.append(i)
+    return out
+
+
+# How far up a selection's scores a router projection is looked for (nodes visited): the scoring between them is a
+# few elementwise ops (softmax, sigmoid, a bias, a group mask); past this the selection ranks something else.
+_SELECTION_REACH = 64
+
+
+def _unread_selections(graph: Graph, blocks: list[MoeBlock], misses: list[MoeMiss], fused: set[int]) -> list[MoeMiss]:
+    """Selections over a projection's logits that neither a block nor a miss holds: each is a miss, anchored on its
+    projection, with what kept it from being read."""
+    held = set(fused)
+    for block in blocks:
+        held.update(n.index for n in block.routing_nodes)
+        held.update(n.index for n in block.selection)
+    held.update(m.selection.index for m in misses if m.selection is not None)
+    anchored = {m.node.index for m in misses}
+    out: list[MoeMiss] = []
+    for node in sorted(graph.by_op_type(*SELECTION_OPS), key=_node_index):
+        if node.index in held or node.domain != DEFAULT_DOMAIN or node.graph is not None:
+            continue
+        projection = _scored_projection(graph, node.input(0))
+        if projection is None or projection.index in anchored:
+            continue
+        dims = matmul_weight(graph, projection) or quantized_weight(graph, projection)
+        if dims is None or len(dims) != 2:
+            reason = (f"{node.op_type} ranks the output of {projection.op_type} {projection.display_name}, whose "
+                      f"weight is not a [hidden, experts] constant (dims {list(dims) if dims else 'unknown'})")
+        elif dims[-1] > MAX_EXPERTS:
+            continue  # a ranking over a vocabulary (sampling), not a router
+        else:
+            reason = (f"{node.op_type} ranks {dims[-1]} logits of {projection.display_name}, but no expert output "
+                      "weighted by its selection was found")
+        anchored.add(projection.index)
+        out.append(MoeMiss(projection, reason, node, node.layer if node.layer is not None else projection.layer))
+    return out
+
+
+def _scored_projection(graph: Graph, value: str) -> Node | None:
+    """The linear projection by a constant weight whose output `value` scores (through any ops but other linears),
+    nearest first; None when the ranking reads no such projection within `_SELECTION_REACH` nodes."""
+    seen = {value}
+    frontier = [value]
+    visited = 0
+    while frontier and visited < _SELECTION_REACH:
+        nxt: list[str] = []
+        for v in frontier:
+            node = graph.producer(v)
+            if node is None:
+                continue
+            visited += 1
+            if node.op_type in _LINEAR_OPS:
+                if matmul_weight(graph, node) is not None or quantized_weight(graph, node) is not None:
+                    return node
+                continue  # a product of two activations (attention scores): no router above
+            if node.op_type in ("MoE", "QMoE") or node.graph is not None:
+                continue
+            for i in node.inputs:
+                if i and i not in seen and not graph.is_constant(i):
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return None
 
 
 def _producer_linear(graph: Graph, value: str) -> Node | None:
@@ -432,33 +587,169 @@ def _routing_region(graph: Graph, router: Node, aux: _AuxValues) -> _Region:
     return _Region(values, nodes, boundary)
 
 
-def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | None:
+def _unfused_block(graph: Graph, router: Node, experts: int, aux: _AuxValues) -> MoeBlock | MoeMiss | None:
+    """The block `router` routes, or a miss saying why none was read; None when no selection ranks its logits (a
+    projection that is no router)."""
     if not _may_select(graph, router):
         return None  # what the routing region would find: no selection
     region = _routing_region(graph, router, aux)
-    selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN),
-                       key=lambda n: n.index)
+    start = set(_region_start(graph, router))
+    selection = sorted((n for n in region.nodes.values() if n.op_type in SELECTION_OPS and n.domain == DEFAULT_DOMAIN
+                        and _ranks_scores(graph, n, region, start)), key=lambda n: n.index)
     if not selection:
         return None
     hidden = _hidden_root(graph, dequantized_input(graph, router))
     x_values = _x_views(graph, hidden, region.values)
     routed = _routed_experts(graph, router, region, x_values, aux)
+    weighting = "output"
     if not routed:
-        return None
-    block = MoeBlock(router, experts, None, _expert_form(graph, routed, region), RoutingForm.TOPK, selection=selection,
-                     hidden=hidden)
+        routed = _input_weighted_experts(graph, region, x_values)
+        weighting = "input"
+    if not routed:
+        layer = router.layer if router.layer is not None else selection[0].layer
+        return MoeMiss(router, _why_no_experts(graph, region, x_values, experts), selection[-1], layer)
+    form = ExpertForm.DENSE if weighting == "input" else _expert_form(graph, routed, region)  # every expert, every token
+    block = MoeBlock(router, experts, None, form, RoutingForm.TOPK, selection=selection, hidden=hidden,
+                     weighting=weighting)
     block.routing_nodes = sorted(region.nodes.values(), key=lambda n: n.index)
     block.routed = routed
     block.topk = _main_topk(graph, selection, experts)
     _read_routing_form(graph, block, region)
     routed_linears = {n.index for e in routed for n in e.linears}
-    block.combine, routed_sum = _routed_sum(graph, routed, region)
+    block.zero_nodes = _zero_experts(graph, region, x_values)
+    block.zero = [_expert_index(graph, _routing_operand(n, region), None, region.values) for n in block.zero_nodes]
+    block.combine, routed_sum = _routed_sum(graph, routed, region, from_outputs=weighting == "input")
     block.shared, block.shared_gates = _shared_experts(graph, router, x_values, routed_linears, routed_sum, region)
     block.output = _block_output(graph, routed_sum, block.shared)
     block.expert_linears = sorted({n.index: n for n in (*block.routed_linears, *block.shared_linears,
                                                           *block.shared_gates)}.values(), key=lambda n: n.index)
     block.layer = router.layer if router.layer is not None else graph.layer_of_nodes([router, *block.routed_linears])
     return block
+
+
+def _ranks_scores(graph: Graph, selection: Node, region: _Region, start: set[str]) -> bool:
+    """Whether a TopK / ArgMax ranks scores computed from the router's logits, not only the expert indices another
+    TopK picked (a sort of the tokens by expert, which torch exports as TopK: transformers' exporter's grouped_mm)."""
+    frontier, seen = [selection.input(0)], {selection.input(0)}
+    while frontier:
+        value = frontier.pop()
+        if value in start:
+            return True
+        node = graph.producer(value)
+        if node is None or node.index not in region.nodes or node.op_type in SELECTION_OPS:
+            continue  # outside the routing, or another selection's output: not the scores themselves
+        for i in node.inputs:
+            if i and i not in seen and i in region.values:
+                seen.add(i)
+                frontier.append(i)
+    return False
+
+
+def _routing_operand(node: Node, region: _Region) -> str:
+    return next((i for i in node.inputs if i in region.values), "")
+
+
+def _feeds_linear(graph: Graph, value: str) -> bool:
+    """Whether `value` (through views and elementwise ops) is read by a linear op: an input of some projection."""
+    return find_down(graph, value, lambda n, _: n.op_type in _LINEAR_OPS,
+                     lambda n, v: n.outputs[:1] if is_view(graph, n, v, _X_VIEW_OPS) or n.op_type in ("Mul", "Div")
+                     else []) is not None
+
+
+def _zero_experts(graph: Graph, region: _Region, x_values: set[str]) -> list[Node]:
+    """Zero-computation (identity) experts: the routing weight times x itself, joining the sum with no projection
+    (LongCat-Flash). A product of x and the routing that some projection reads is input-side weighting, not one."""
+    out = []
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        if not ((a in region.values and b in x_values) or (b in region.values and a in x_values)):
+            continue
+        if not _feeds_linear(graph, node.outputs[0]):
+            out.append(node)
+    return out
+
+
+def _input_weighted_experts(graph: Graph, region: _Region, x_values: set[str]) -> list[ExpertFfn]:
+    """Experts whose input the routing scales (Llama-4): a product of x (repeated per expert) and the routing weights
+    read by a projection by a constant [E, H, N] expert stack (all experts as one batched MatMul), through its
+    activation to the down projection by an [E, N, H] stack. The experts are those stacks' depth."""
+    out: list[ExpertFfn] = []
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
+            continue
+        if not any(i in x_values for i in node.inputs) or not any(i in region.values for i in node.inputs):
+            continue
+        scaled = views_of(graph, node.outputs[0], _X_VIEW_OPS)
+        first = next((c for v in sorted(scaled) for c in graph.consumers(v) if c.op_type in _LINEAR_OPS), None)
+        dims = matmul_weight(graph, first) if first is not None else None
+        if first is None or dims is None or len(dims) != 3:
+            continue
+        down = _down_below(graph, first, x_values | scaled)
+        down_dims = matmul_weight(graph, down) if down is not None else None
+        if down is None or down_dims is None or len(down_dims) != 3 or down_dims[0] != dims[0]:
+            continue
+        out.append(ExpertFfn("routed", [first], down, stacked=dims[0]))
+    return out
+
+
+def _why_no_experts(graph: Graph, region: _Region, x_values: set[str], experts: int) -> str:
+    """Why a routing with a selection weights no expert the graph computes, in words."""
+    for node in sorted(region.boundary.values(), key=_node_index):
+        if node.op_type in ("Mul", "Div") and any(i in x_values for i in node.inputs) and \
+                _feeds_linear(graph, node.outputs[0]):
+            return (f"the routing over {experts} experts scales the experts' input ({node.op_type} "
+                    f"{node.display_name} of the hidden state by the routing weights, input-side weighting as in "
+                    "Llama-4), not their outputs: a form ortgate does not read")
+    meets = sorted({n.op_type for n in region.boundary.values()})
+    attention = _feeds_attention_scores(graph, region)
+    if attention is not None:
+        return (f"the routing over {experts} experts selects projections whose outputs reach the attention scores "
+                f"({attention.op_type} {attention.display_name}): a mixture of attention heads (JetMoE's MoA), not "
+                "an FFN MoE layer")
+    return (f"the routing over {experts} experts weights no expert output computed from the router's input "
+            f"(it meets the graph at {', '.join(meets) or 'no node'}): an expert form ortgate does not read")
+
+
+# How far past a routing's boundary its selected projections are followed to attention scores (nodes visited).
+_ATTENTION_REACH = 256
+# Where that walk ends: a norm (the next sub-layer's attention is always behind one) or another selection.
+_WALK_ENDS = SELECTION_OPS | frozenset({"ReduceMean", "LayerNormalization", "SimplifiedLayerNormalization",
+                                        "SkipSimplifiedLayerNormalization", "SkipLayerNormalization",
+                                        "RMSNormalization"})
+
+
+def _feeds_attention_scores(graph: Graph, region: _Region) -> Node | None:
+    """The Softmax of attention scores (over a MatMul of two activations) that what the routing selects reaches
+    before any norm, within `_ATTENTION_REACH` nodes: its experts are attention projections. None when none."""
+    frontier = [o for n in region.boundary.values() for o in n.outputs if o]
+    seen = set(frontier)
+    visited = 0
+    while frontier and visited < _ATTENTION_REACH:
+        nxt: list[str] = []
+        for value in frontier:
+            for c in graph.consumers(value):
+                visited += 1
+                if c.op_type == "Softmax" and _scores_of_two_activations(graph, c.input(0)):
+                    return c
+                if c.op_type in _WALK_ENDS:
+                    continue
+                for o in c.outputs:
+                    if o and o not in seen:
+                        seen.add(o)
+                        nxt.append(o)
+        frontier = nxt
+    return None
+
+
+def _scores_of_two_activations(graph: Graph, value: str) -> bool:
+    """Whether `value` is (through scaling, masking and views) a MatMul of two computed operands: q @ k^T."""
+    node = find_up(graph, value, lambda n: n.op_type == "MatMul",
+                   lambda n: [i for i in n.inputs if i and not graph.is_constant(i)][:1]
+                   if n.op_type in ("Div", "Mul", "Add", "Where", "Cast", "Reshape", "Transpose") else [])
+    return node is not None and all(i and not graph.is_constant(i) and weight_dims(graph, i) is None
+                                    for i in node.inputs[:2])
 
 
 def _hidden_root(graph: Graph, value: str) -> str:
@@ -491,8 +782,7 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
     """Expert FFNs whose output is weighted by a routing value: each one's down projection, traced back to x."""
     routed: dict[int, ExpertFfn] = {}
     values = region.values
-    producer, is_constant = graph.producer, graph.is_constant  # once per block
-    weight_memo, gather_memo = _weight_dims_memo(graph), memo_table(graph, "moe_gather_above")
+    producer = graph.producer  # once per block
     for node in sorted(region.boundary.values(), key=_node_index):
         if node.op_type not in ("Mul", "Div") or node.domain != DEFAULT_DOMAIN or len(node.inputs) != 2:
             continue
@@ -504,38 +794,90 @@ def _routed_experts(graph: Graph, router: Node, region: _Region, x_values: set[s
         down = producer(expert_out)
         if down is None or down.op_type not in _LINEAR_OPS or down.domain not in (DEFAULT_DOMAIN, MS_DOMAIN):
             down = _down_above(graph, expert_out)  # through views and a bias Add (its first step is the one above)
-        if down is None or down.index in routed or down is router:
-            continue
-        data = []
-        for i in down.inputs[:2]:  # _data_inputs, its memos read directly
-            if not i or is_constant(i):
+        downs = [down] if down is not None else _concatenated_downs(graph, expert_out)
+        found = []
+        for down in downs:
+            if down.index in routed or down is router:
                 continue
-            dims = weight_memo.get(i, _UNSET)
-            if dims is _UNSET:
-                dims = weight_dims(graph, i)
-            if dims is not None:
-                continue
-            gathered = gather_memo.get(i, _UNSET)
-            if gathered is _UNSET:
-                gathered = _gather_above(graph, i)
-            if gathered is None or _stack_dims(graph, gathered) is None:
-                data.append(i)
-        projections = _projections_of(producer, is_constant, data, x_values, values)
-        if not projections:
-            continue
-        stacked = _stack_depth(graph, down, values)
-        routed[down.index] = ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, values),
-                                       stacked=stacked)
+            expert = _routed_expert(graph, down, weight, values, x_values)
+            if expert is not None:
+                routed[down.index] = expert
+                found.append(expert)
+        if len(downs) > 1 and len(found) == len(downs):
+            _pair_sorted_projections(found)
     return sorted(routed.values(), key=lambda e: e.down.index if e.down else 0)
 
 
+def _pair_sorted_projections(experts: list[ExpertFfn]) -> None:
+    """Experts of tokens sorted by expert whose activations are computed over all rows at once and sliced per
+    expert for the down projection: each down traces back to every expert's projections. Each expert keeps its own,
+    in order (the i-th projection of each kind is the i-th expert's)."""
+    shared = experts[0].projections
+    n = len(experts)
+    if any(e.projections != shared for e in experts) or len(shared) % n:
+        return
+    per = len(shared) // n
+    for i, e in enumerate(experts):
+        e.projections = [shared[j * n + i] for j in range(per)]
+
+
+def _concatenated_downs(graph: Graph, value: str) -> list[Node]:
+    """The per-expert down projections whose outputs a Concat joins into `value` (the rows of tokens sorted by expert:
+    transformers' exporter's translation of grouped_mm), each through views and a bias Add; [] when it is not that."""
+    concat = graph.producer(skip_back(graph, value))
+    if not is_op(concat, "Concat") or len(concat.inputs) < 2:
+        return []
+    downs = [_down_above(graph, i) for i in concat.inputs if i]
+    return [d for d in downs if d is not None] if all(d is not None for d in downs) else []
+
+
+def _routed_expert(graph: Graph, down: Node, weight: str, values: set[str], x_values: set[str]) -> ExpertFfn | None:
+    """The routed expert whose down projection `down` is (its output weighted by `weight`), traced back to x."""
+    producer, is_constant = graph.producer, graph.is_constant
+    weight_memo, gather_memo = _weight_dims_memo(graph), memo_table(graph, "moe_gather_above")
+    data = []
+    for i in down.inputs[:2]:  # _data_inputs, its memos read directly
+        if not i or is_constant(i):
+            continue
+        dims = weight_memo.get(i, _UNSET)
+        if dims is _UNSET:
+            dims = weight_dims(graph, i)
+        if dims is not None:
+            continue
+        gathered = gather_memo.get(i, _UNSET)
+        if gathered is _UNSET:
+            gathered = _gather_above(graph, i)
+        if gathered is None or _stack_dims(graph, gathered) is None:
+            data.append(i)
+    projections = _projections_of(producer, is_constant, data, x_values, values)
+    if not projections:
+        return None
+    stacked = _stack_depth(graph, down, values)
+    return ExpertFfn("routed", projections, down, index=_expert_index(graph, weight, down, values),
+                     stacked=stacked)
+
+
 def _down_above(graph: Graph, value: str) -> Node | None:
-    """The linear whose output `value` is, through view ops and a bias Add."""
+    """The linear whose output `value` is, through view ops, a bias Add and the Cast -> Mul(scale) that dequantizes a
+    MatMulInteger's output (quantize_dynamic's form)."""
     node = graph.producer(value)
     if node is not None and node.op_type in _LINEAR_OPS and node.domain in (DEFAULT_DOMAIN, MS_DOMAIN):
         return node  # the walk's first step
     return find_up(graph, value, lambda n: n.domain in (DEFAULT_DOMAIN, MS_DOMAIN) and _is_linear(graph, n),
-                   lambda n: _view_or_bias_input(graph, n))
+                   lambda n: _view_or_bias_input(graph, n) or _dequantized_from(graph, n))
+
+
+def _dequantized_from(graph: Graph, node: Node) -> list[str]:
+    """The MatMulInteger output a Mul by its scale dequantizes (through the Cast to float), as a `follow` list."""
+    if node.op_type != "Mul" or node.domain != DEFAULT_DOMAIN:
+        return []
+    for i in node.inputs:
+        cast = graph.producer(i)
+        source = graph.producer(cast.inputs[0]) if cast is not None and cast.op_type == "Cast" and cast.inputs else None
+        if source is not None and source.op_type == "MatMulInteger" and dequantized_output(graph, source) == \
+                node.outputs[0]:
+            return [cast.inputs[0]] if cast is not None else []
+    return []
 
 
 def _view_or_bias_input(graph: Graph, node: Node) -> list[str]:
@@ -583,6 +925,9 @@ def _projections_of(producer: Callable[[str], Node | None], is_constant: Callabl
                 if i in x_values:
                     out[node.index] = node
                     break
+            else:
+                if node.op_type == "MatMulInteger" and _quantized_from(producer, node) in x_values:
+                    out[node.index] = node  # x quantized by DynamicQuantizeLinear (quantize_dynamic's form)
             continue
         for i in node.inputs:
             if i and not is_constant(i):  # every initializer is a constant
@@ -590,6 +935,12 @@ def _projections_of(producer: Callable[[str], Node | None], is_constant: Callabl
     if len(out) < 2:
         return list(out.values())
     return sorted(out.values(), key=_node_index)
+
+
+def _quantized_from(producer: Callable[[str], Node | None], node: Node) -> str:
+    """The float value a MatMulInteger's input 0 is DynamicQuantizeLinear of ("" when it is not)."""
+    quant = producer(node.inputs[0]) if node.inputs else None
+    return quant.inputs[0] if quant is not None and quant.op_type == "DynamicQuantizeLinear" and quant.inputs else ""
 
 
 _node_index = attrgetter("index")  # a sort key, read in C
@@ -672,11 +1023,11 @@ def _stack_depth(graph: Graph, down: Node, routing: set[str]) -> int | None:
     return None
 
 
-def _expert_index(graph: Graph, weight: str, down: Node, routing: set[str]) -> int | None:
+def _expert_index(graph: Graph, weight: str, down: Node | None, routing: set[str]) -> int | None:
     """The expert a dense-loop contribution belongs to: a constant Gather index of its stacked weight, or the
     constant column its routing weight is sliced / gathered from (looked for inside the routing region)."""
     producer = graph.producer
-    for i in down.inputs[:2]:
+    for i in down.inputs[:2] if down is not None else ():
         node = producer(i) if i else None
         if node is not None and node.op_type == "Gather" and len(node.inputs) > 1:
             index = graph.scalar(node.inputs[1])
@@ -749,6 +1100,8 @@ def _read_routing_form(graph: Graph, block: MoeBlock, region: _Region) -> None:
             block.routing_form = RoutingForm.SIGMOID_TOPK
         elif softmax_after:
             block.routing_form = RoutingForm.TOPK_SOFTMAX
+        elif any(n.op_type == "Sigmoid" for n in after):
+            block.routing_form = RoutingForm.TOPK_SIGMOID  # Llama-4: the top-k logits scattered, then their sigmoid
         else:
             block.routing_form = RoutingForm.TOPK
     else:
@@ -815,13 +1168,21 @@ def _derived(graph: Graph, value: str, source: str) -> bool:
     return source in view_chain(graph, value)
 
 
-def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple[Node | None, set[str]]:
-    """The accumulation of the weighted expert outputs: its values, and the node where it ends."""
+def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region, *, from_outputs: bool = False,
+                ) -> tuple[Node | None, set[str]]:
+    """The accumulation of the weighted expert outputs: its values, and the node where it ends. With input-side
+    weighting (`from_outputs`) the experts' outputs themselves are summed."""
     starts: list[str] = []
     routing = region.values
     for e in routed:
         assert e.down is not None
-        for c in _consumers_through(graph, e.down.outputs[0]):
+        if from_outputs:
+            starts.extend(o for o in e.down.outputs[:1] if o)
+            continue
+        readers = _consumers_through(graph, e.down.outputs[0])
+        for c in [r for r in readers if r.op_type == "Concat"]:  # the rows of tokens sorted by expert, joined
+            readers.extend(_consumers_through(graph, c.outputs[0]))
+        for c in readers:
             if c.op_type in ("Mul", "Div"):
                 for i in c.inputs:
                     if i in routing:  # weighted by the routing
@@ -837,8 +1198,9 @@ def _routed_sum(graph: Graph, routed: list[ExpertFfn], region: _Region) -> tuple
         value = frontier.pop()
         for c in consumers(value):
             op_type = c.op_type
-            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value):
-                continue
+            if (c.domain != DEFAULT_DOMAIN or op_type not in _ACCUMULATE_OPS) and not is_view(graph, c, value) and not (
+                    op_type == "GatherND" and c.inputs[0] == value and c.input(1) in routing):
+                continue  # (a GatherND by routing indices puts rows of tokens sorted by expert back in token order)
             if op_type in ("Add", "Sum", "Concat"):
                 joined = True  # every other input is in the sum, or a weighted expert output
                 for i in c.inputs:

@@ -131,6 +131,21 @@ class _Inexpressible(_Refuse):
 def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
     anatomy = MoeAnatomy(block, block.layer, num_experts=block.experts)
     try:
+        if block.zero:
+            raise _Inexpressible(
+                f"{len(block.zero)} of the router's {block.experts} columns are zero-computation experts (the hidden "
+                "state times its routing weight, no projection: LongCat-Flash), which com.microsoft.MoE has no "
+                "expert form for: every column it routes to is an FFN of fc1 / fc2")
+        qdq = [n for n in block.routing_nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+        if qdq:
+            raise _Refuse(
+                f"the routing passes {len(qdq)} QuantizeLinear / DequantizeLinear node(s) (a QDQ graph, first "
+                f"{qdq[0].display_name}): the rewrite reads float routing only")
+        if block.weighting == "input":
+            raise _Inexpressible(
+                "the routing weights scale each expert's input (Llama-4: the tokens times their score, then the "
+                "experts), not its output: a gated FFN of s * x is not s times the FFN of x, and com.microsoft.MoE "
+                "weights the experts' outputs")
         if block.topk is None:
             _read_sparsemixer(graph, anatomy)
         else:

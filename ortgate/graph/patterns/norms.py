@@ -17,7 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import cached, is_op, skip_back, weight_dims
+from ortgate.graph.patterns.common import (
+    CAST_OPS,
+    QDQ_OPS,
+    RESHAPE_OPS,
+    cached,
+    consumers_through,
+    is_op,
+    skip_back,
+    weight_dims,
+)
 
 FUSED_RMSNORM_OPS = (
     (DEFAULT_DOMAIN, "SimplifiedLayerNormalization"),
@@ -55,6 +64,9 @@ class DecomposedRmsNorm:
     # linear projection: MLA's low-rank latent, a state-space mixer's dt), "other" (neither: a state-space mixer's
     # B/C, a gated output norm)
     feeds: str = "attention"
+    # a LayerNorm without bias (Cohere, Cohere2): x - ReduceMean(x) first, then the RMS chain over the centred value;
+    # its fusion is LayerNormalization (no bias), not SimplifiedLayerNormalization
+    centred: bool = False
 
     @property
     def last(self) -> Node:
@@ -89,7 +101,7 @@ def norm_by_output(graph: Graph) -> dict[str, DecomposedRmsNorm]:
 
 
 def _single(graph: Graph, value: str, *op_types: str) -> Node | None:
-    consumers = [c for c in graph.consumers(value) if is_op(c, *op_types)]
+    consumers = [c for c in _qdq_view(graph)[1](value) if is_op(c, *op_types)]
     return consumers[0] if len(consumers) == 1 else None
 
 
@@ -99,7 +111,25 @@ def _other_input(node: Node, value: str) -> str:
 
 
 def _same_source(graph: Graph, a: str, b: str) -> bool:
-    return a == b or skip_back(graph, a, ("Cast", "Identity")) == skip_back(graph, b, ("Cast", "Identity"))
+    return a == b or skip_back(graph, a, CAST_OPS) == skip_back(graph, b, CAST_OPS)
+
+
+def _unq(graph: Graph, value: str) -> str:
+    """`value` before the QuantizeLinear -> DequantizeLinear a QDQ graph wraps it in (itself in any other graph)."""
+    return skip_back(graph, value, QDQ_OPS)
+
+
+def _other_input_q(graph: Graph, node: Node, value: str) -> str:
+    """The operand of a binary `node` that is not `value` (`value` as the chain computed it, before any Q/DQ)."""
+    a, b = node.input(0), node.input(1)
+    return b if _unq(graph, a) == value else a
+
+
+def _qdq_view(graph: Graph):
+    """(producer, consumers) that see past a QDQ graph's QuantizeLinear -> DequantizeLinear: the chain's nodes."""
+    if not graph.count(DEFAULT_DOMAIN, "DequantizeLinear"):
+        return graph.producer, graph.consumers  # the usual graph: no Q/DQ to look past
+    return (lambda v: graph.producer(_unq(graph, v))), (lambda v: consumers_through(graph, v, QDQ_OPS))
 
 
 def _constant_scalar(graph: Graph, value: str) -> float | None:
@@ -154,14 +184,15 @@ def _find_decomposed(graph: Graph) -> list[DecomposedRmsNorm]:
 
 
 def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm | None:
-    square = graph.producer(rm.input(0))
+    producer, consumers = _qdq_view(graph)
+    square = producer(rm.input(0))
     if is_op(square, "Pow") and square.inputs:
         exponent = _constant_scalar(graph, square.input(1))
         if exponent is not None and exponent != 2.0:
             return None
-        x, square_kind = square.input(0), "pow"
-    elif is_op(square, "Mul") and square.input(0) and square.input(0) == square.input(1):
-        x, square_kind = square.input(0), "mul"
+        x, square_kind = _unq(graph, square.input(0)), "pow"
+    elif is_op(square, "Mul") and square.input(0) and _unq(graph, square.input(0)) == _unq(graph, square.input(1)):
+        x, square_kind = _unq(graph, square.input(0)), "mul"
     else:
         return None
     if not rm.outputs:
@@ -169,30 +200,31 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     add = _single(graph, rm.outputs[0], "Add")
     if add is None:
         return None
-    epsilon = _constant_scalar(graph, _other_input(add, rm.outputs[0]))  # None: computed, still an RMSNorm
+    epsilon = _constant_scalar(graph, _unq(graph, _other_input_q(graph, add, rm.outputs[0])))  # None: computed
     nodes = [square, rm, add]
-    root = graph.consumers(add.outputs[0])
+    root = consumers(add.outputs[0])
     sqrt = next((c for c in root if is_op(c, "Sqrt")), None)
     inverse_pow = next((c for c in root if is_op(c, "Pow") and _constant_scalar(graph, c.input(1)) == -0.5), None)
     normalize: Node | None = None
     kind = ""
     if sqrt is not None:
         nodes.append(sqrt)
-        for c in graph.consumers(sqrt.outputs[0]):
-            if is_op(c, "Div") and c.input(1) == sqrt.outputs[0] and _same_source(graph, c.input(0), x):
+        for c in consumers(sqrt.outputs[0]):
+            by_sqrt = is_op(c, "Div") and _unq(graph, c.input(1)) == sqrt.outputs[0]
+            if by_sqrt and _same_source(graph, c.input(0), x):
                 normalize, kind = c, "div"
                 break
-            one_over = is_op(c, "Div") and c.input(1) == sqrt.outputs[0] and _constant_scalar(graph, c.input(0)) == 1.0
+            one_over = by_sqrt and _constant_scalar(graph, _unq(graph, c.input(0))) == 1.0
             if is_op(c, "Reciprocal") or one_over:
-                mul = next((m for m in graph.consumers(c.outputs[0]) if is_op(m, "Mul")
-                            and _same_source(graph, _other_input(m, c.outputs[0]), x)), None)
+                mul = next((m for m in consumers(c.outputs[0]) if is_op(m, "Mul")
+                            and _same_source(graph, _other_input_q(graph, m, c.outputs[0]), x)), None)
                 if mul is not None:
                     nodes.append(c)
                     normalize, kind = mul, "div_one" if one_over else "reciprocal"
                     break
     elif inverse_pow is not None:
-        mul = next((m for m in graph.consumers(inverse_pow.outputs[0]) if is_op(m, "Mul")
-                    and _same_source(graph, _other_input(m, inverse_pow.outputs[0]), x)), None)
+        mul = next((m for m in consumers(inverse_pow.outputs[0]) if is_op(m, "Mul")
+                    and _same_source(graph, _other_input_q(graph, m, inverse_pow.outputs[0]), x)), None)
         if mul is not None:
             nodes.append(inverse_pow)
             normalize, kind = mul, "rsqrt_pow"
@@ -201,21 +233,26 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     nodes.append(normalize)
     output = normalize.outputs[0]
     trailing_cast = False
-    nxt = graph.consumers(output)
+    nxt = consumers(output)
     if len(nxt) == 1 and is_op(nxt[0], "Cast"):
         cast = nxt[0]
-        after = graph.consumers(cast.outputs[0])
-        if len(after) == 1 and is_op(after[0], "Mul") and _is_gamma(graph, _other_input(after[0], cast.outputs[0])):
+        after = consumers(cast.outputs[0])
+        if len(after) == 1 and is_op(after[0], "Mul") and _is_gamma(graph, _other_input_q(graph, after[0],
+                                                                                        cast.outputs[0])):
             nodes.append(cast)
             # a Cast to the type it already has (float32 -> float32, legacy exports) is removed by ORT's
             # CastElimination before any fusion: it does not change the form
             output, trailing_cast = cast.outputs[0], _changes_type(graph, cast)
     gamma = None
-    nxt = graph.consumers(output)
-    if len(nxt) == 1 and is_op(nxt[0], "Mul") and _is_gamma(graph, _other_input(nxt[0], output)):
-        gamma = _other_input(nxt[0], output)
+    nxt = consumers(output)
+    if len(nxt) == 1 and is_op(nxt[0], "Mul") and _is_gamma(graph, _other_input_q(graph, nxt[0], output)):
+        gamma = _other_input_q(graph, nxt[0], output)
         nodes.append(nxt[0])
         output = nxt[0].outputs[0]
+    centring = _centring(graph, x)
+    if centring is not None:  # LayerNorm without bias: its chain starts at the mean it subtracts
+        nodes = [*centring, *nodes]
+        x = centring[-1].inputs[0]
     producer = graph.producer(x)
     leading_cast = is_op(producer, "Cast") and _changes_type(graph, producer)
     source = producer.inputs[0] if is_op(producer, "Cast") and producer.inputs else x
@@ -234,7 +271,20 @@ def _match_at(graph: Graph, rm: Node, hidden: int | None) -> DecomposedRmsNorm |
     layer = graph.layer_of_nodes(nodes)
     role = _role(graph, source, head_norm)
     return DecomposedRmsNorm(rm, normalize, x, source, output, form, epsilon, gamma, width, head_norm, layer, nodes,
-                             role=role, feeds=_feeds(graph, output, layer) if role != "hidden" else "attention")
+                             role=role, feeds=_feeds(graph, output, layer) if role != "hidden" else "attention",
+                             centred=centring is not None)
+
+
+def _centring(graph: Graph, value: str) -> list[Node] | None:
+    """[ReduceMean, Sub] when `value` is Sub(a, ReduceMean(a)) (through Casts and Q/DQ): the input of an RMS chain
+    that is a LayerNorm's (Cohere's LayerNorm has no bias: x - mean(x), then x * rsqrt(mean(x^2) + eps) * w)."""
+    sub = graph.producer(skip_back(graph, value, CAST_OPS))
+    if not is_op(sub, "Sub") or len(sub.inputs) != 2:
+        return None
+    mean = graph.producer(skip_back(graph, sub.input(1), CAST_OPS))
+    if not is_op(mean, "ReduceMean") or not mean.inputs or not _same_source(graph, mean.input(0), sub.input(0)):
+        return None
+    return [mean, sub]
 
 
 _LINEAR = ("MatMul", "Gemm", "MatMulNBits", "FusedMatMul")
@@ -256,7 +306,7 @@ def _role(graph: Graph, source: str, narrower: bool) -> str:
 
 _ATTENTION_OPS = frozenset({"Softmax", "GroupQueryAttention", "MultiHeadAttention", "Attention",
                             "PackedMultiHeadAttention", "PagedAttention"})
-_SHAPE_ONLY = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+_SHAPE_ONLY = RESHAPE_OPS | CAST_OPS | frozenset({"Transpose"})
 _FEEDS_DEPTH = 256  # nodes walked downstream: from a q/k norm through reshape, rotary and repeat_kv to the scores
 
 
@@ -330,8 +380,8 @@ def _find_residual_norms(graph: Graph) -> list[ResidualNorm]:
         if add is not None:
             out.append(ResidualNorm(add, node, None, node.layer))
     for match in decomposed_rmsnorms(graph):
-        if match.head_norm:
-            continue
+        if match.head_norm or match.centred:
+            continue  # a LayerNorm's residual Add is SkipLayerNormalization's, not SkipSimplifiedLayerNormalization's
         add = _residual_add(graph, match.source)
         if add is not None:
             out.append(ResidualNorm(add, match.last, match, match.layer))

@@ -20,16 +20,22 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
-from ortgate.graph.patterns.common import cached, dequantized_input, is_op, matmul_weight, quantized_weight, skip_back
+from ortgate.graph.patterns.common import (
+    VIEW_OPS,
+    cached,
+    dequantized_input,
+    is_op,
+    matmul_weight,
+    quantized_weight,
+    skip_back,
+)
 from ortgate.graph.patterns.norms import norm_by_output
 from ortgate.graph.patterns.rotary import FUSED_ROTARY_OPS, rotary_by_output
 
 # Ops passed through (all computed inputs) between a projection and the attention it feeds; elementwise ops
 # between a projection and its Split (DBRX clamps its packed Wqkv: MatMul -> Clip -> Split) included.
 _PASS_ALL = frozenset({"Concat", "Mul", "Div", "Add", "Sub", "Neg", "Where", "Max", "Min"})
-_PASS_FIRST = frozenset({"Reshape", "Transpose", "Cast", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand",
-                         "Tile", "Split", "Slice", "Gather", "Clip", "Relu", "Tanh", "Abs", "Softsign",
-                         "QuantizeLinear", "DequantizeLinear"})
+_PASS_FIRST = VIEW_OPS | frozenset({"Tile", "Split", "Slice", "Clip", "Relu", "Tanh", "Abs", "Softsign"})
 _NORM_OPS = frozenset({"SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization"})
 
 
