@@ -68,13 +68,14 @@ def test_a_dump_whose_inputs_have_other_types_is_refused(make_model):
 
 @pytest.mark.parametrize(("model", "sibling", "said"), [
     ("dynamo-mixtral", "dynamo-qwen2_moe", "it holds weights the model does not have ("),
-    ("dynamo-qwen2_moe", "dynamo-mixtral", "it lacks weights of the model ("),
 ])
 def test_a_dump_of_a_sibling_export_sharing_weight_names_and_the_interface_is_refused(tmp_path, model, sibling, said):
     """Two tiny torch.onnx exports (Mixtral, Qwen2-MoE): the same graph inputs and outputs, weight names shared with
     equal dims. The sibling dump's constants that differ from the model's in size are renamed, so every name the two
     share agrees: what is left to tell them apart is the weights Qwen2-MoE has and Mixtral has not (the shared
-    expert, the q/k biases), which ORT could not have made out of Mixtral's, nor dropped from Qwen2-MoE's."""
+    expert, the q/k biases), which ORT could not have made out of Mixtral's. (The other way round, a dump of the
+    smaller sibling for the larger model, is not told apart: ORT drops weights, and folds parts of them into
+    constants named like any value of a dynamo export.)"""
     import onnx
 
     model = EXPORTED / model / "model.onnx"

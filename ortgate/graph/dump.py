@@ -66,6 +66,7 @@ def _foreign_weights(model: Graph, dump: Graph) -> str | None:
 
     mine, theirs = floats(model), floats(dump)
     dropped = sum(prod(t.dims) for n, t in mine.items() if n not in dump.initializers)
+
     def own(name: str) -> bool:  # the model's initializer, ORT's copy of one, or a Constant node's value
         producer = model.producer(name)
         return (name in model.initializers or name.removeprefix(_COPY_PREFIX) in model.initializers
@@ -73,19 +74,6 @@ def _foreign_weights(model: Graph, dump: Graph) -> str | None:
 
     new = {n: t for n, t in theirs.items() if not own(n)}
     made = sum(prod(t.dims) for t in new.values())
-    # ... and the model's weight matrices the dump lacks went into new ones (folded, transposed, packed), unless
-    # nothing read them: a dump of a smaller sibling lacks the sibling's extra layers without a trace.
-    lost = {n: t for n, t in mine.items() if n not in dump.initializers and _COPY_PREFIX + n not in dump.initializers
-            and len(t.dims) >= 2 and model.consumers(n)}
-    lost_elements = sum(prod(t.dims) for t in lost.values())
-    made_matrices = sum(prod(t.dims) for t in new.values() if len(t.dims) >= 2)
-    if lost_elements > made_matrices:
-        largest = sorted(lost.values(), key=lambda t: (-prod(t.dims), t.name))
-        shown = ", ".join(f"{t.name!r} {list(t.dims)} {t.dtype}" for t in largest[:MAX_NAMED])
-        more = f" and {len(largest) - MAX_NAMED} more" if len(largest) > MAX_NAMED else ""
-        return (f"it lacks weights of the model ({shown}{more}: {lost_elements:,} elements, where the weights the "
-                f"dump adds hold {made_matrices:,}); ORT drops a weight only by folding, transposing or packing it "
-                "into a new one (a dump of a sibling model without those layers?)")
     if made <= dropped:
         return None
     largest = sorted(new.values(), key=lambda t: (-prod(t.dims), t.name))
