@@ -167,7 +167,8 @@ class StagedFix:
     def discard(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
-            _OWN_STAGING.discard(self.folder)
+            if not os.path.lexists(self.folder):  # else discard_own_staging tries again
+                _OWN_STAGING.discard(self.folder)
             self.folder = None
 
 
@@ -358,7 +359,8 @@ def discard_own_staging(output: str | Path) -> None:
         with contextlib.suppress(OSError):
             if not folder.is_symlink() and folder.is_dir():
                 shutil.rmtree(folder, ignore_errors=True)
-        _OWN_STAGING.discard(folder)
+        if not os.path.lexists(folder):
+            _OWN_STAGING.discard(folder)
 
 
 def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, ...]:
