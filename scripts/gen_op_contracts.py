@@ -13,6 +13,15 @@
   (OperatorKernels.md, as ortgate/knowledge/kernels.json holds it): input element types; nothing else is checked.
 
 The linter reads this file through ortgate.knowledge.contracts; an op that is not in it is "not checked".
+
+Per release (`--releases`): ortgate/knowledge/op_schemas.json, which com.microsoft ops, inputs and attributes each
+ONNX Runtime release defines and which of those ops have a CPU kernel, read from the wheels themselves (each
+release's registered schemas, `get_all_operator_schema()`, and on CPU wheels `get_all_opkernel_def()`), with the
+range of releases each holds for:
+
+    pip download onnxruntime==1.20.0 ... onnxruntime==1.32.0 --no-deps -d WHEELS
+    python scripts/gen_op_contracts.py --releases WHEELS/onnxruntime-*.whl GPU_PYTHON
+    # GPU_PYTHON: a Python with onnxruntime-gpu installed (its schemas only: listing its kernels needs CUDA)
 """
 
 from __future__ import annotations
@@ -218,11 +227,152 @@ def generate(contrib_path: Path) -> dict:
     }
 
 
+RELEASES_OUT = REPO / "ortgate" / "knowledge" / "op_schemas.json"
+
+# Run inside the release's own Python: its com.microsoft schemas, its ai.onnx opset, its CPU kernels.
+_DUMP = r"""
+import json, sys
+import onnxruntime
+from onnxruntime.capi import onnxruntime_pybind11_state as C
+kernels = sys.argv[1] == "1"
+ops, opset = {}, 0
+for s in C.get_all_operator_schema():
+    if s.domain == "":
+        opset = max(opset, s.since_version)
+    if s.domain != "com.microsoft":
+        continue
+    if s.name in ops and ops[s.name]["since"] > s.since_version:
+        continue
+    ops[s.name] = {"since": s.since_version,
+                   "inputs": [[i.name, str(i.option).split(".")[-1]] for i in s.inputs],
+                   "attributes": {a: str(v.type).split(".")[-1] for a, v in s.attributes.items()}}
+cpu = []
+if kernels:
+    cpu = sorted({k.op_name for k in C.get_all_opkernel_def()
+                  if k.domain == "com.microsoft" and k.provider == "CPUExecutionProvider"})
+# The newest ai.onnx opset a model may import: a one-Identity model per opset (ORT refuses a model stamped with an
+# opset it calls under development at load, which the newest schema's version does not tell).
+from onnx import TensorProto, helper
+onnxruntime.set_default_logger_severity(4)
+loads = 0
+for stamp in range(opset - 2, opset + 3):
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", stamp)])
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        loads = stamp
+    except Exception:
+        break
+print(json.dumps({"version": onnxruntime.__version__, "device": onnxruntime.get_device(), "opset": opset,
+                  "max_model_opset": loads,
+                  "ops": ops, "cpu_kernels": cpu}))
+"""
+
+
+def dump_release(source: str) -> tuple[str, dict]:
+    """One release's dump: from a wheel (unpacked beside this Python's numpy) or from another Python."""
+    import subprocess
+    import tempfile
+    import zipfile
+
+    if source.endswith(".whl"):
+        with tempfile.TemporaryDirectory() as tmp:
+            zipfile.ZipFile(source).extractall(tmp)
+            done = subprocess.run([sys.executable, "-c", _DUMP, "1"], capture_output=True, text=True, check=True,
+                                  env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin"}, cwd=tmp)
+        package = Path(source).name.split("-")[0].replace("_", "-")
+        label = Path(source).name
+    else:
+        done = subprocess.run([source, "-c", _DUMP, "0"], capture_output=True, text=True, check=True)
+        package, label = "onnxruntime-gpu", f"{source} (onnxruntime-gpu)"
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    return package, {**data, "wheel": label}
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:3])
+
+
+def _spans(present: list[str], order: list[str]) -> list[list[str]]:
+    """The releases an item is in, as [first, last] runs over the covered releases in order."""
+    runs: list[list[str]] = []
+    for i, version in enumerate(order):
+        if version not in present:
+            continue
+        if runs and order.index(runs[-1][1]) == i - 1:
+            runs[-1][1] = version
+        else:
+            runs.append([version, version])
+    return runs
+
+
+def generate_releases(sources: list[str]) -> dict:
+    dumps: dict[str, dict] = {}
+    gpu: dict[str, dict] = {}
+    for source in sources:
+        package, data = dump_release(source)
+        (gpu if package == "onnxruntime-gpu" else dumps)[data["version"]] = data
+    order = sorted(dumps, key=_key)
+    ops: dict[str, dict] = {}
+    for name in sorted({op for d in dumps.values() for op in d["ops"]}):
+        having = [v for v in order if name in dumps[v]["ops"]]
+        inputs: dict[str, list[str]] = {}
+        attrs: dict[str, list[str]] = {}
+        positions: dict[str, int] = {}
+        for v in having:
+            schema = dumps[v]["ops"][name]
+            for i, (formal, _option) in enumerate(schema["inputs"]):
+                inputs.setdefault(formal, []).append(v)
+                positions[formal] = i
+            for attr in schema["attributes"]:
+                attrs.setdefault(attr, []).append(v)
+        ops[name] = {
+            "releases": _spans(having, order),
+            "inputs": {f: {"position": positions[f], "releases": _spans(vs, order)}
+                       for f, vs in sorted(inputs.items(), key=lambda kv: positions[kv[0]])},
+            "attributes": {a: _spans(vs, order) for a, vs in sorted(attrs.items())},
+            "cpu_kernel": _spans([v for v in order if name in dumps[v]["cpu_kernels"]], order),
+            "variadic": any(option == "Variadic" for v in having for _f, option in dumps[v]["ops"][name]["inputs"]),
+        }
+    gpu_diff = {}
+    for version, data in gpu.items():
+        cpu = dumps.get(version, {"ops": {}})
+        gpu_diff[version] = {
+            "wheel": "onnxruntime-gpu " + version,
+            "ops_not_in_cpu_wheel": sorted(set(data["ops"]) - set(cpu["ops"])),
+            "ops_only_in_cpu_wheel": sorted(set(cpu["ops"]) - set(data["ops"])),
+            "attributes_differ": sorted(
+                op for op in set(data["ops"]) & set(cpu["ops"])
+                if set(data["ops"][op]["attributes"]) != set(cpu["ops"][op]["attributes"])
+                or [i[0] for i in data["ops"][op]["inputs"]] != [i[0] for i in cpu["ops"][op]["inputs"]]),
+        }
+    return {
+        "schema": 1,
+        "generated_by": "scripts/gen_op_contracts.py --releases",
+        "about": ("The com.microsoft ops, inputs and attributes each ONNX Runtime CPU release registers, and which of "
+                  "those ops have a CPU kernel, read from each release's wheel (get_all_operator_schema, "
+                  "get_all_opkernel_def). Each item lists the runs [first, last] of covered releases it is in."),
+        "releases": {v: {"wheel": dumps[v]["wheel"], "onnx_opset": dumps[v]["opset"],
+                         "max_model_opset": dumps[v]["max_model_opset"]} for v in order},
+        "gpu_wheels": gpu_diff,
+        "ops": ops,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contrib", type=Path, default=DEFAULT_REFERENCE / "ContribOperators.md")
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed file differs from what this writes")
+    ap.add_argument("--releases", nargs="+", metavar="WHEEL_OR_PYTHON",
+                    help="write op_schemas.json from these onnxruntime wheels (and onnxruntime-gpu Pythons)")
     args = ap.parse_args()
+    if args.releases:
+        text = json.dumps(generate_releases(args.releases), indent=1, sort_keys=False) + "\n"
+        RELEASES_OUT.write_text(text)
+        print(f"wrote {RELEASES_OUT} ({len(text)} bytes)")
+        return 0
     if not args.contrib.exists():
         print(f"gen_op_contracts: {args.contrib}: not found (pass --contrib)", file=sys.stderr)
         return 2

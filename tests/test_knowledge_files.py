@@ -14,6 +14,7 @@ import ortgate.knowledge as knowledge
 from ortgate.knowledge import KnowledgeError, kernel_table, moe_inputs, ort_facts
 from ortgate.knowledge.cache_exports import _CacheExportsFile
 from ortgate.knowledge.contracts import OpContracts
+from ortgate.knowledge.cuda_contracts import CudaContracts
 from ortgate.knowledge.deployment_facts import _FactsFile
 from ortgate.knowledge.devices import _DevicesFile, _OpCostsFile
 from ortgate.knowledge.dims import _DimNamesFile
@@ -24,8 +25,11 @@ from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
 from ortgate.knowledge.model_format import _ModelFormatFile
 from ortgate.knowledge.moe_op import _OrtMoeFile
+from ortgate.knowledge.op_schemas import _LimitsFile, _SchemasFile
 from ortgate.knowledge.producers import _ProducersFile
 from ortgate.knowledge.providers import _ProviderOptionsFile
+from ortgate.knowledge.releases import _ReleasesFile
+from ortgate.knowledge.session_keys import _SessionKeysFile
 
 KNOWLEDGE = Path(knowledge.__file__).parent
 
@@ -44,9 +48,14 @@ SCHEMAS = {
     "deployment_facts.json": _FactsFile,
     "cache_exports.json": _CacheExportsFile,
     "model_format.json": _ModelFormatFile,
+    "ort_releases.json": _ReleasesFile,
+    "ort_cpu_limits.json": _LimitsFile,
+    "ort_session_keys.json": _SessionKeysFile,
+    "ort_cuda_contracts.json": CudaContracts,
 }
 NOT_ORT = {"devices.json"}  # hardware figures, each with its own source
-GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json}
+GENERATED = {"kernels.json": KernelTable.from_json, "op_contracts.json": OpContracts.from_json,
+             "op_schemas.json": lambda data: build(_SchemasFile, data, "op_schemas.json")}
 
 
 def test_every_knowledge_file_has_a_typed_loader():

@@ -12,6 +12,7 @@ from ortgate.cli.output import (
     check_outputs,
     progress,
     progress_wanted,
+    release_notice,
     split_list,
     terminal_options,
     write,
@@ -37,6 +38,9 @@ def add_parser(sub) -> None:
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    lint.add_argument("--ort-version", metavar="RELEASE",
+                      help="judge the deployment on this ONNX Runtime release (default: the policy's "
+                           "execution_provider.onnxruntime_version, else the release ortgate assumes, 1.31.1)")
     lint.add_argument("--format", choices=LINT_FORMATS, default="text",
                       help="report format on stdout (or --output): text, json, sarif, github (workflow "
                            "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
@@ -93,9 +97,11 @@ def cmd_lint(args: argparse.Namespace) -> int:
     with gc_paused(), progress(progress_wanted()) as note:
         inputs: list[LintInputs] = []
         for model in models:
-            one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config), note)
+            one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config,
+                                          ort_version=args.ort_version), note)
             if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):
                 inputs.append(one)  # a model named twice (its folder and its file, two globs) is linted once
+        release_notice(inputs[0])
         base = None
         if args.compare:
             from dataclasses import replace

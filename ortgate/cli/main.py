@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ortgate.cli import estimate, fix, lint, policy, rules, run
+from ortgate.cli import estimate, fix, lint, policy, rules, run, upgrade
 from ortgate.cli.output import EXIT_INPUT, EXIT_INTERNAL, EXIT_PASS, Terminated, error
 from ortgate.errors import InputError
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     fix.add_parser(sub)
     rules.add_parsers(sub)
     policy.add_parser(sub, _Parser)
+    upgrade.add_parser(sub)
     return parser
 
 
@@ -54,12 +55,13 @@ COMMANDS = {
     "rules": rules.cmd_rules,
     "explain": rules.cmd_explain,
     "policy": policy.cmd_policy,
+    "upgrade": upgrade.cmd_upgrade,
 }
 
 
 # Commands whose whole run is short and allocates little garbage: the cyclic garbage collector stays off while one
 # runs (it would only rescan the modules, knowledge tables and graph index they build, which hold no garbage).
-_WITHOUT_COLLECTOR = frozenset(("lint", "estimate", "rules", "explain", "policy"))
+_WITHOUT_COLLECTOR = frozenset(("lint", "estimate", "rules", "explain", "policy", "upgrade"))
 
 
 def _command(args: Sequence[str]) -> str | None:

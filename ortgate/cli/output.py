@@ -268,3 +268,12 @@ def require_onnxruntime(command: str) -> None:
     except ImportError as exc:
         raise InputError(f"{command} needs ONNX Runtime, which is not installed here ({exc}): install the build "
                          "for this machine, pip install 'ortgate[gpu]' (CUDA) or pip install 'ortgate[cpu]'") from None
+
+
+def release_notice(inputs) -> None:
+    """A release newer than ortgate's knowledge is judged by the newest known release: said on stderr (the report
+    itself stays a function of the judged release)."""
+    ort = inputs.deployment.ort
+    if ort.judged_as != ort.version and sys.stderr is not None:
+        print(f"ortgate: note: onnxruntime {ort.version} is newer than ortgate's knowledge covers; judged as "
+              f"{ort.judged_as}", file=sys.stderr)

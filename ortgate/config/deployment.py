@@ -131,11 +131,66 @@ def canonical_provider(name: str, location: Location) -> str:
     return canonical
 
 
+@dataclass(frozen=True)
+class OrtRelease:
+    """The ONNX Runtime release the deployment runs, where that comes from, and the release whose knowledge judges
+    it. The one source of the release for every rule and price: `--ort-version`, else the policy's
+    `execution_provider.onnxruntime_version`, else the release ortgate assumes in every install
+    (knowledge/ort_releases.json), never the onnxruntime installed where ortgate runs."""
+
+    version: str
+    source: str  # "--ort-version" | "policy" | "assumed"
+    location: Location | None = None
+    judged_as: str = ""  # the newest known release for a newer one; else `version`
+
+    @property
+    def pinned(self) -> bool:
+        return self.source != "assumed"
+
+    @property
+    def origin(self) -> str:
+        """Where the release comes from, as a report says it."""
+        if self.source == "--ort-version":
+            said = "--ort-version"
+        elif self.source == "policy":
+            said = "the policy's execution_provider.onnxruntime_version"
+        else:
+            said = (f"assumed: the policy pins no release and ortgate assumes {self.version} in every install; "
+                    "pin it as execution_provider.onnxruntime_version")
+        if self.judged_as and self.judged_as != self.version:
+            said += f"; newer than ortgate's knowledge, judged as {self.judged_as}"
+        return said
+
+
+def resolve_release(policy: Policy | None, override: str | None = None) -> OrtRelease:
+    """The deployment's ONNX Runtime release (see OrtRelease). A value that is not a release, or one older than the
+    knowledge covers, is bad input naming the key and the covered range."""
+    from ortgate.knowledge.releases import assumed_release, judged_as, release_problem
+
+    key = "execution_provider.onnxruntime_version"
+    if override is not None:
+        text, source, location = str(override), "--ort-version", None
+    elif policy is not None and policy.get("execution_provider", "onnxruntime_version") is not None:
+        text, source = str(policy.get("execution_provider", "onnxruntime_version")), "policy"
+        location = policy.where("execution_provider", "onnxruntime_version")
+    else:
+        version = assumed_release()
+        return OrtRelease(version, "assumed", None, version)
+    problem = release_problem(text)
+    if problem is not None:
+        if location is None:
+            raise InputError(f"--ort-version: {problem}")
+        raise InputError(f"{key}: {problem}", location.file, line=location.line)
+    return OrtRelease(text, source, location, judged_as(text))
+
+
 @dataclass
 class Deployment:
-    """The session setups the inputs declare (the policy's, genai_config.json's), each with its origin."""
+    """The session setups the inputs declare (the policy's, genai_config.json's), each with its origin, and the
+    ONNX Runtime release it runs (`ort`)."""
 
     setups: list[SessionSetup] = field(default_factory=list)
+    ort: OrtRelease = field(default_factory=lambda: resolve_release(None))
 
     @property
     def policy_setup(self) -> SessionSetup | None:
@@ -222,8 +277,8 @@ def setup_from_genai(config: GenaiConfig) -> SessionSetup:
     return setup
 
 
-def build_deployment(policy: Policy | None, genai: GenaiConfig | None) -> Deployment:
-    deployment = Deployment()
+def build_deployment(policy: Policy | None, genai: GenaiConfig | None, ort_version: str | None = None) -> Deployment:
+    deployment = Deployment(ort=resolve_release(policy, ort_version))
     if policy is not None and (policy.get("execution_provider") or policy.get("session")):
         deployment.setups.append(setup_from_policy(policy))
     if genai is not None:

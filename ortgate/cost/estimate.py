@@ -36,6 +36,7 @@ class CostSetup:
     optimization_level: str | None = None  # None: ORT's default, ORT_ENABLE_ALL
     cuda_graph: bool = False  # CUDA graph capture requested
     optimized: bool = False  # the graph is ORT's optimized dump (ORT's fusions are already in it)
+    ort_release: str | None = None  # the deployment's ONNX Runtime release (None: not known; release-gated paths off)
 
     @property
     def gpu(self) -> bool:
@@ -316,6 +317,7 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
     times, totals = _node_times(model, device)
     repairs = list(_repairs(model))
     repairs += _onnx_attention_on_cuda(model, setup, times, totals)
+    repairs += _qmoe_off_gemv_on_cuda(model, setup, times, totals)
     cuda_graph_now = setup.cuda_graph and _graph_capturable(setup, model.control_flow, totals.syncs)
     as_exported = _step("as exported", totals, setup, cuda_graph_now, None, model)
     est = Estimate(setup, model, as_exported, as_exported, repairs, times)
@@ -356,6 +358,56 @@ def _onnx_attention_on_cuda(model: StepModel, setup: CostSetup, times: dict[int,
                          compute_dtype=nc.compute_dtype if nc is not None else None,
                          label="GroupQueryAttention's decode kernels in place of the ONNX Attention's generic one")
         out.append(Repair("onnx_attention", node.layer, node.display_name, frozenset({node.index}), [added]))
+    return out
+
+
+def qmoe_off_gemv(graph, node) -> bool:
+    """A float16/bfloat16 QMoE with integer weights outside the CUDA batch-1 GEMV fast path
+    (knowledge/ort_cuda_contracts.json qmoe_gemv: INT4/INT8, per-column or block 32/64/128)."""
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+
+    gemv = cuda_contracts().qmoe_gemv
+    quant = node.attr("quant_type", "int")
+    if (quant.decode() if isinstance(quant, bytes) else str(quant)) != "int":
+        return False
+    if graph.dtype(node.input(0)) not in gemv.activation_dtypes:
+        return False
+    return node.attr("expert_weight_bits", 4) not in gemv.bits or node.attr("block_size", 0) not in gemv.block_sizes
+
+
+def _qmoe_off_gemv_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, tuple[float, float, float]],
+                           totals: Totals) -> list[Repair]:
+    """A CUDA QMoE off the batch-1 GEMV fast path runs the grouped GEMM at decode. The fast path made GPT-OSS-20B
+    decode about 15% faster (knowledge/ort_cuda_contracts.json qmoe_gemv); the cost model applies that speed-up
+    to the node alone (its time divided by 1.15 on the fast path: ortgate's reading, a MoE-bound decode), only at
+    batch-1 decode, on the releases that have the fast path. Each such node's time gains the difference, and a
+    repair per node is the fast path in its place."""
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    if not setup.gpu or (setup.provider or CUDA) != CUDA or setup.shape.batch != 1 or setup.shape.new_tokens != 1:
+        return []
+    if not at_least(setup.ort_release, cuda_contracts().qmoe_gemv.since):
+        return []  # before the fast path, every QMoE takes the grouped GEMM: nothing to repair
+    nodes = [n for n in model.graph.by_op("com.microsoft", "QMoE") if n.graph is None and qmoe_off_gemv(model.graph, n)]
+    speedup = cuda_contracts().qmoe_gemv.speedup
+    out = []
+    for node in nodes:
+        roof, floor, roof_cache = times.get(node.index, (0.0, 0.0, 0.0))
+        extra = roof * speedup  # fast = slow / (1 + speedup): the slow path takes `speedup` times the fast one more
+        times[node.index] = (roof + extra, floor, roof_cache + extra)
+        totals.roofline_s += extra
+        totals.roofline_cache_s += extra
+        nc = model.costs.get(node.index)
+        cost = nc.cost.copy() if nc is not None else Cost()
+        cost.launches = model.launches[node.index]
+        qmoe = "com.microsoft.QMoE"
+        added = NodeCost(-1, f"{qmoe} (qmoe_gemv repair, layer {node.layer})", qmoe, node.layer,
+                         nc.component if nc is not None else "moe", cost,
+                         compute_dtype=nc.compute_dtype if nc is not None else None,
+                         label="the QMoE batch-1 GEMV fast path in place of the grouped GEMM")
+        added.efficiency_kind = nc.efficiency_kind if nc is not None else None
+        out.append(Repair("qmoe_gemv", node.layer, node.display_name, frozenset({node.index}), [added]))
     return out
 
 

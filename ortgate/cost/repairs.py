@@ -4,7 +4,8 @@ op's cost in their place (its bytes, FLOPs and launches), or turns CUDA graph on
 One repair per kind and decoder layer (the findings are per layer too). Kinds (stable names;
 each rule names the one that prices it, `price=` on its `@rule`):
 moe, attention, qkv, rotary, skip_rmsnorm, rmsnorm, gate_up, swiglu, cuda_graph, and onnx_attention (an ONNX-domain
-Attention on CUDA replaced by GroupQueryAttention; made by the estimate, which knows the provider).
+Attention on CUDA replaced by GroupQueryAttention) and qmoe_gemv (a CUDA QMoE re-quantized for the batch-1 GEMV fast
+path), made by the estimate, which knows the provider.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ortgate.graph.patterns.rotary import decomposed_rotaries
 from ortgate.knowledge.devices import op_costs
 
 REPAIR_KINDS = ("moe", "attention", "onnx_attention", "qkv", "rotary", "skip_rmsnorm", "rmsnorm", "gate_up", "swiglu",
-                "cuda_graph")
+                "cuda_graph", "qmoe_gemv")
 _ORDER = {kind: i for i, kind in enumerate(REPAIR_KINDS)}
 _FUSED_OP = {
     "moe": "com.microsoft.MoE",
@@ -53,6 +54,7 @@ _WHAT = {
     "gate_up": "gate and up -> one merged GEMM",
     "swiglu": "Sigmoid + Mul -> QuickGelu",
     "cuda_graph": "CUDA graph capture on",
+    "qmoe_gemv": "CUDA QMoE off the batch-1 GEMV fast path -> INT4/INT8, block 32/64/128",
 }
 
 

@@ -97,7 +97,10 @@ def load_base(base: str, model: LintInputs, policy: str | None,
         raise InputError(f"--compare: the base is the model itself ({model.model.path}); name the model the change "
                          "starts from", base)
     try:
-        return load_inputs(LintRequest(base, policy, cost=cost), progress)
+        # the base is judged on the model's release (the same --ort-version, else the same policy's)
+        ort = model.deployment.ort
+        release = ort.version if ort.source == "--ort-version" else None
+        return load_inputs(LintRequest(base, policy, cost=cost, ort_version=release), progress)
     except InputError as exc:
         raise InputError(f"--compare: {exc.problem}", exc.path, line=exc.line) from None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.config.deployment import Deployment, build_deployment
+from ortgate.config.deployment import Deployment, build_deployment, resolve_release
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
@@ -47,6 +47,7 @@ class LintRequest:
     optimized: str | None = None
     config: str | None = None
     cost: CostOverrides | None = None  # `ortgate estimate`'s device / batch / context flags
+    ort_version: str | None = None  # --ort-version: judge the deployment on this ONNX Runtime release
 
 
 def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = None) -> LintInputs:
@@ -60,8 +61,8 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
     model = build_graph(proto, str(files.model), role="model", initializers=weights)
     del proto, weights
-    release = policy.get("execution_provider", "onnxruntime_version") if policy is not None else None
-    refusal = ort_load_refusal(model, str(release) if release is not None else None)
+    ort = resolve_release(policy, request.ort_version)  # the deployment's release, as every rule judges it
+    refusal = ort_load_refusal(model, ort.version, "" if ort.pinned else ort.origin)
     if refusal is not None:
         raise InputError(refusal, files.model)
     optimized = None
@@ -76,7 +77,7 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
         if mismatch is not None:
             raise InputError(f"not an optimization of {files.model}: {mismatch}", request.optimized)
     note("matching MoE and attention patterns")
-    deployment = build_deployment(policy, genai)
+    deployment = build_deployment(policy, genai, request.ort_version)
     expect = resolve_expectations(policy, genai, model)
     files_read = [*model_reads(files.model, model.external_data_files, files.genai_config,
                                Path(config_path) if config_path else None), *policy_reads(policy)]

@@ -81,7 +81,8 @@ def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bo
     option = graph_capture_option(provider) if provider else None
     cuda_graph = bool(primary is not None and option and primary.option(option) in TRUE_VALUES)
     level = primary.effective_optimization_level if primary is not None else None
-    return tp, CostSetup(device, shape, provider, level, cuda_graph, optimized=optimized), None
+    return tp, CostSetup(device, shape, provider, level, cuda_graph, optimized=optimized,
+                         ort_release=deployment.ort.judged_as), None
 
 
 def _shape(tp: ThroughputPolicy | None, overrides: CostOverrides) -> StepShape:
@@ -178,7 +179,8 @@ def run_estimate(inputs: LintInputs, evidence) -> tuple[dict, object] | None:
         int(evidence.dims.get("past_sequence_length", 0)) + m.new_tokens) or DEFAULT_CONTEXT
     setup = CostSetup(device, StepShape(m.batch_size, m.new_tokens, context), m.provider,
                       inputs.deployment.primary.effective_optimization_level if inputs.deployment.primary else None,
-                      m.cuda_graph, optimized=inputs.optimized is not None)
+                      m.cuda_graph, optimized=inputs.optimized is not None,
+                      ort_release=inputs.deployment.ort.judged_as)
     est = measured_estimate(inputs.executed, setup, _threads(inputs.deployment), tp)
     device = est.device
     step = est.as_exported

@@ -39,6 +39,7 @@ def _register() -> None:
         placement,
         projections,
         provider,
+        release,
         reported,
         rotary,
         runtime,

@@ -692,20 +692,12 @@ def index_memcpy_in_graph(ctx: RuleContext):
 # ---- ORT's CPU MoE kernel computing a node wrongly --------------------------------------------------------------
 
 
-def target_ort_release(ctx: RuleContext) -> tuple[str | None, str]:
-    """The ORT release the deployment runs and where that comes from: the policy's
-    execution_provider.onnxruntime_version, else the onnxruntime installed here (None: neither is known)."""
-    declared = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy is not None else None
-    if declared is not None:
-        return str(declared), "the policy's execution_provider.onnxruntime_version"
-    from importlib import metadata
-
-    for package in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            return metadata.version(package), f"the installed {package}"
-        except metadata.PackageNotFoundError:
-            continue
-    return None, ""
+def target_ort_release(ctx: RuleContext) -> tuple[str, str]:
+    """The ORT release the deployment runs (the one resolution, config.deployment.OrtRelease: --ort-version, the
+    policy's execution_provider.onnxruntime_version, else the release ortgate assumes in every install) and where
+    that comes from, as a finding says it."""
+    ort = ctx.deployment.ort
+    return ort.judged_as, ort.origin
 
 
 @rule("OGK006", "moe-cpu-kernel-miscomputes", Severity.ERROR, needs=("provider", "moe"))
@@ -719,8 +711,9 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     is not a graph output; with normalize_routing_weights=0 (ORT's default). On the releases recorded in
     ortgate/knowledge/ort_moe.json (`cpu_inplace_defect`: seen on 1.28.0, 1.30.0 and 1.31.1, right from 1.32.0) the
     CPU kernel zeroes its output before it reads its input, so it computes such a node from zeros. The release is the
-    policy's `execution_provider.onnxruntime_version`, else the onnxruntime installed where ortgate runs; with
-    neither, or a release older than any tried, the rule says it did not check. The kernel may only take the buffer
+    policy's `execution_provider.onnxruntime_version` (or `--ort-version`), else the release ortgate assumes in every
+    install (knowledge/ort_releases.json: 1.31.1), which the finding names; for a release older than any tried, the
+    rule says it did not check. The kernel may only take the buffer
     when ORT sees input and output of the same size (static or the same named dims); the rule does not see shapes as
     ORT's planner does and reports every node in that position. One finding per decoder layer.
 
@@ -787,9 +780,7 @@ def moe_cpu_kernel_miscomputes(ctx: RuleContext):
     if status == "fixed":
         return
     if status == "unknown":
-        why = (f"onnxruntime {release} ({source}) is older than any release tried" if release else
-               "neither the policy (execution_provider.onnxruntime_version) nor this machine names an onnxruntime "
-               "release")
+        why = f"onnxruntime {release} ({source}) is older than any release tried"
         yield ctx.undecided(f"{why}, so the release was not checked: ORT's CPU MoE kernel computes {len(hit)} node(s) here wrongly on "
                             f"{', '.join(defect.releases_seen_affected)} (right from {defect.first_seen_fixed})",
                             graph=graph, node=hit[0].node)

@@ -24,7 +24,10 @@ TRUE = ("1", "true", "True")
 def declared_release(ctx: RuleContext, package: str) -> tuple[str | None, Location | None]:
     """The release of `package` ("onnxruntime" / "onnxruntime-genai") the policy declares, and where."""
     policy = ctx.inputs.policy
-    key = "onnxruntime_version" if package == "onnxruntime" else "onnxruntime_genai_version"
+    if package == "onnxruntime":
+        ort = ctx.deployment.ort  # the one resolution: --ort-version, else the policy's; an assumed one is not declared
+        return (ort.version, ort.location) if ort.pinned else (None, None)
+    key = "onnxruntime_genai_version"
     if policy is None:
         return None, None
     value = policy.get("execution_provider", key)

@@ -637,14 +637,15 @@ def unknown_session_config_key(ctx: RuleContext):
     """
     from ortgate.knowledge.deployment_facts import at_least, session_key_added
 
-    declared = ctx.inputs.policy.get("execution_provider", "onnxruntime_version") if ctx.inputs.policy else None
+    ort = ctx.deployment.ort
+    declared = ort.version if ort.pinned else None
     for setup in ctx.deployment.setups:
         for key, setting in sorted(setup.config_entries.items()):
             if is_known_session_config_key(key):
                 continue
             added = session_key_added(key)
             if added is not None:
-                if at_least(str(declared) if declared is not None else None, added.since):
+                if at_least(ort.judged_as, added.since):
                     continue  # the declared release reads it
                 yield ctx.finding(
                     f"{setup.label}: session config key {key!r} was added in ONNX Runtime {added.since} "

@@ -57,7 +57,25 @@ def start_evidence(inputs: LintInputs) -> RunEvidence:
     # this run never got to try.
     provider = rs.provider_check(setup, available=True, reason=None, ran_on=[], substituted=False,
                                  fallback_reason=None)
-    return RunEvidence(inputs.model.path, str(policy.path), SessionEvidence(provider))
+    evidence = RunEvidence(inputs.model.path, str(policy.path), SessionEvidence(provider))
+    note = release_note(inputs)
+    if note is not None:
+        evidence.notes.append(note)
+    return evidence
+
+
+def release_note(inputs: LintInputs) -> str | None:
+    """What the run measures is the onnxruntime installed here; the rules judge the deployment's release (the
+    policy's, else the one ortgate assumes). Said where the two differ."""
+    import onnxruntime
+
+    installed = str(onnxruntime.__version__)
+    ort = inputs.deployment.ort
+    if installed == ort.version:
+        return None
+    judged = "the policy's execution_provider.onnxruntime_version" if ort.pinned else "the release ortgate assumes"
+    return (f"measured on onnxruntime {installed}, the release installed here; the rules judge onnxruntime "
+            f"{ort.version} ({judged}): a measurement does not speak for the deployment's release")
 
 
 class SessionRunError(Exception):
