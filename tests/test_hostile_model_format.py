@@ -76,6 +76,15 @@ def test_the_deployments_release_decides(tmp_path, capsys):
             assert "ir_version 14: the session will fail (onnxruntime 1.31.1" in err and "up to 13)" in err, err
 
 
+def test_without_a_pinned_release_only_what_no_measured_release_loads_is_refused(tmp_path, capsys):
+    """An assumed release is not enough to call a model bad input: IR 14 (onnx 1.23's default) loads on 1.32.0."""
+    path = _model(tmp_path / "m.onnx", ir=14)
+    assert main(["lint", str(path)]) in (0, 1), capsys.readouterr().err
+    assert main(["lint", str(path), "--ort-version", "1.31.1"]) == 2
+    assert "ir_version 14: the session will fail (onnxruntime 1.31.1 loads IR versions up to 13)" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", sorted(CASES) + sorted(LOADED))
 def test_ortgate_refuses_exactly_what_the_installed_ort_refuses(tmp_path, case):
     ort = pytest.importorskip("onnxruntime")

@@ -61,8 +61,10 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
     model = build_graph(proto, str(files.model), role="model", initializers=weights)
     del proto, weights
-    ort = resolve_release(policy, request.ort_version)  # the deployment's release, as every rule judges it
-    refusal = ort_load_refusal(model, ort.version, "" if ort.pinned else ort.origin)
+    # A pinned release (--ort-version, the policy's) is judged; an assumed one is not enough to refuse the model as
+    # bad input: without a pin, only what no release ortgate has measured loads is refused.
+    ort = resolve_release(policy, request.ort_version)
+    refusal = ort_load_refusal(model, ort.version if ort.pinned else None)
     if refusal is not None:
         raise InputError(refusal, files.model)
     optimized = None

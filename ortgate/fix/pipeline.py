@@ -420,13 +420,7 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
-    if request.target_ort:  # the policy's release
-        refusal = ort_load_refusal(graph, request.target_ort)
-    else:
-        from ortgate.config.deployment import resolve_release
-
-        assumed = resolve_release(None)
-        refusal = ort_load_refusal(graph, assumed.version, assumed.origin)
+    refusal = ort_load_refusal(graph, request.target_ort)  # the policy's release; none: what no release loads
     if refusal is not None:
         raise InputError(refusal, files.model)
     source = WeightSource(original, files.model)

@@ -62,14 +62,13 @@ def canonical_domain(domain: str) -> str:
     return DEFAULT_DOMAIN if domain in ("", DEFAULT_DOMAIN) else domain
 
 
-def ort_load_refusal(graph: Graph, release: str | None, origin: str = "") -> str | None:
-    """Why ONNX Runtime `release` (the deployment's; None: the newest ortgate has measured) refuses to create a
-    session of this model for its IR version or opset imports (ortgate.knowledge.model_format), or None. `origin`:
-    where the release comes from, said in the message (an assumed release)."""
+def ort_load_refusal(graph: Graph, release: str | None) -> str | None:
+    """Why ONNX Runtime `release` (the deployment's pinned one; None: the newest ortgate has measured) refuses to
+    create a session of this model for its IR version or opset imports (ortgate.knowledge.model_format), or None."""
     from ortgate.knowledge.model_format import model_format_refusal
 
     used = {node.domain for node in graph.nodes}
-    return model_format_refusal(graph.ir_version, graph.opsets, used, release, origin)
+    return model_format_refusal(graph.ir_version, graph.opsets, used, release)
 
 
 def parse_op_key(key: str) -> tuple[str, str]:

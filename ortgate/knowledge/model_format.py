@@ -46,14 +46,13 @@ def _version_key(text: str) -> tuple[int, ...]:
 
 
 def model_format_refusal(ir_version: int, opsets: Mapping[str, int], used_domains: set[str],
-                         release: str | None, origin: str = "") -> str | None:
+                         release: str | None) -> str | None:
     """Why ONNX Runtime refuses to create a session of a model with this IR version and these opset imports
     (canonical domains: "ai.onnx" for the default one), or None. `used_domains`: the domains the graph's nodes use.
 
     `release` is the deployment's ORT release. A release loads no newer IR or opset than a later one, so it is
     judged against the oldest release measured at or after it: what that one refuses, `release` refuses too. A
     release newer than any measured, or none named, is judged against the newest measured, and the message says so.
-    `origin`: where the release comes from when the message should say it (an assumed release).
     """
     facts = model_format()
     for domain, lowest in facts.min_opset.items():
@@ -72,8 +71,6 @@ def model_format_refusal(ir_version: int, opsets: Mapping[str, int], used_domain
         which = f"onnxruntime {judged}, the newest release ortgate has measured, loads"
         hint = ("; if the deployment runs a newer release, name it as the policy's "
                 "execution_provider.onnxruntime_version")
-    if origin:
-        hint += f"; onnxruntime {release}: {origin}"
     bounds = facts.releases[judged]
     if ir_version > bounds.max_ir_version:
         return (f"ir_version {ir_version}: the session will fail ({which} IR versions up to "
