@@ -32,11 +32,11 @@ CASES = {
     "ir_version 99": ({"ir": 99}, "ir_version 99: the session will fail"),
     "opset 0": ({"opsets": [helper.make_opsetid("", 0)]}, "opset_import ai.onnx 0: no ONNX Runtime release"),
     "opset -1": ({"opsets": [helper.make_opsetid("", -1)]}, "opset_import ai.onnx -1: no ONNX Runtime release"),
-    "opset 2^63-1": ({"opsets": [helper.make_opsetid("", INT64_MAX)]},
-                     f"opset_import ai.onnx {INT64_MAX}: the session will fail"),
     "ai.onnx.ml 99": ({"opsets": [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 99)]},
                       "opset_import ai.onnx.ml 99: the session will fail"),
 }
+# An ai.onnx opset above the release (2^63-1 among them) is op-unknown-to-release's error finding (OGX010).
+ABOVE_THE_RELEASE = {"opset 2^63-1": {"opsets": [helper.make_opsetid("", INT64_MAX)]}}
 LOADED = {
     "custom domain 2^63-1": {"opsets": [helper.make_opsetid("", 17), helper.make_opsetid("local", INT64_MAX)]},
     "com.microsoft 0": {"opsets": [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 0)]},
@@ -55,6 +55,16 @@ def test_a_model_ort_refuses_is_said_to_fail_to_load(tmp_path, capsys, case, com
     err = capsys.readouterr().err
     assert err.startswith(f"ortgate: error: {path}: {said}"), err
     assert err.count("\n") == 1
+
+
+def test_an_opset_above_every_release_is_op_unknown_to_releases_finding(tmp_path):
+    from tests.helpers import run_cli_json
+
+    path = _model(tmp_path / "m.onnx", **ABOVE_THE_RELEASE["opset 2^63-1"])
+    code, report = run_cli_json("lint", path)
+    assert code == 1
+    assert any(f["rule"] == "op-unknown-to-release" and f"opset {INT64_MAX}" in f["message"]
+               for f in report["findings"]), report["findings"]
 
 
 @pytest.mark.parametrize("case", sorted(LOADED))
@@ -85,7 +95,7 @@ def test_without_a_pinned_release_only_what_no_measured_release_loads_is_refused
         capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", sorted(CASES) + sorted(LOADED))
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(LOADED) + sorted(ABOVE_THE_RELEASE))
 def test_ortgate_refuses_exactly_what_the_installed_ort_refuses(tmp_path, case):
     ort = pytest.importorskip("onnxruntime")
     if ort.__version__ not in model_format().releases:
@@ -94,7 +104,7 @@ def test_ortgate_refuses_exactly_what_the_installed_ort_refuses(tmp_path, case):
     from ortgate.graph.index import ort_load_refusal
     from ortgate.graph.load import read_model
 
-    spec = CASES[case][0] if case in CASES else LOADED[case]
+    spec = CASES[case][0] if case in CASES else {**LOADED, **ABOVE_THE_RELEASE}[case]
     path = _model(tmp_path / "m.onnx", **spec)
     options = ort.SessionOptions()
     options.log_severity_level = 4
@@ -104,7 +114,13 @@ def test_ortgate_refuses_exactly_what_the_installed_ort_refuses(tmp_path, case):
         refused = False
     except Exception:
         refused = True
-    said = ort_load_refusal(build_graph(read_model(path), str(path)), ort.__version__)
+    graph = build_graph(read_model(path), str(path))
+    said = ort_load_refusal(graph, ort.__version__)
+    if case in ABOVE_THE_RELEASE:  # said by OGX010 from the op schemas' opset bound
+        from ortgate.knowledge.op_schemas import max_model_opset
+
+        bound = max_model_opset(ort.__version__)
+        said = said or (bound is not None and graph.opsets.get("ai.onnx", 0) > bound[0]) or None
     assert refused == (said is not None), (case, said)
 
 
