@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any
 
+# The property a rule sets on a finding whose fact makes ORT refuse to create the session (a model that never loads).
+SESSION_FAILS = "session_fails"
+
 
 class Severity(enum.IntEnum):
     """Ordered so that `a >= b` means "a is at least as severe as b"."""
@@ -126,6 +129,12 @@ class Finding:
     @property
     def file(self) -> str:
         return self.location.file
+
+    @property
+    def stops_session(self) -> bool:
+        """Whether ORT refuses to create a session for the model this finding is about (its rule sets the
+        `session_fails` property): no report may hide such a finding behind a cap."""
+        return any(key == SESSION_FAILS and value is True for key, value in self.properties)
 
     @property
     def relevelable(self) -> bool:

@@ -31,18 +31,35 @@ MARKER = re.compile(r"<!-- EXAMPLE-OUTPUT( measured)?: (.*?) -->\n```text\n.*?``
 
 
 def run_example(command: str) -> tuple[int, str]:
-    """`command` (an `ortgate ...` line) run from the repository root: its exit code and stdout."""
+    """`command` (an `ortgate ...` line) run from the repository root: its exit code and stdout. What it would write
+    (`-o` / `--output`) goes to a fresh temporary folder instead, shown under the name the command gives, so that
+    neither a folder a reader's run of the example left nor this run touches anything outside the repository."""
+    import tempfile
+
     from ortgate.cli import main
 
     out = io.StringIO()
     cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        with contextlib.redirect_stdout(out):
-            code = main(shlex.split(command)[1:])
-    finally:
-        os.chdir(cwd)
-    return code, out.getvalue()
+    args = shlex.split(command)[1:]
+    with tempfile.TemporaryDirectory(prefix="ortgate-readme-") as scratch:
+        shown: dict[str, str] = {}
+        for i, arg in enumerate(args[:-1]):
+            if arg in ("-o", "--output"):
+                parent = Path(scratch) / str(len(shown))
+                parent.mkdir()
+                stand_in = str(parent / Path(args[i + 1]).name)
+                shown[stand_in] = args[i + 1]
+                args[i + 1] = stand_in
+        os.chdir(REPO)
+        try:
+            with contextlib.redirect_stdout(out):
+                code = main(args)
+        finally:
+            os.chdir(cwd)
+    text = out.getvalue()
+    for stand_in, name in shown.items():
+        text = text.replace(stand_in, name)
+    return code, text
 
 
 def example_block(command: str = EXAMPLE_COMMAND, measured: bool = False) -> str:

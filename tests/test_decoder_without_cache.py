@@ -87,3 +87,61 @@ def test_the_prefill_graph_of_a_split_export_returns_its_cache():
     assert cacheless_decoder(build_graph(model, "prefill")) is None
     del model.graph.output[1]
     assert cacheless_decoder(build_graph(model, "logits only")) is not None
+
+
+def _wide_cacheless(tmp_path):
+    """A one-layer skeleton of Qwen3-30B-A3B's widths in bfloat16 (hidden 2048, vocabulary 151,936), exported
+    without a KV cache: its weights are external stubs, never bytes."""
+    from tests.models.qwen_moe import save_model
+
+    model = build_model(ModelSpec(layers=1, hidden=2048, vocab=151936, experts=4, moe_intermediate=768, num_heads=32,
+                                  kv_num_heads=4, head_dim=128, dtype="bfloat16", weights="external_stub",
+                                  kv_cache=False, attention="decomposed", qkv="separate", moe="dense_loop"))
+    for info in model.graph.input:  # a cache-less export's mask spans the sequence it is given
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.dim_param == "total_sequence_length":
+                dim.dim_param = "sequence_length"
+    folder = tmp_path / "wide"
+    folder.mkdir()
+    save_model(model, folder / "model.onnx")
+    return folder
+
+
+def _json(*args):
+    import json
+
+    code, out, err = run_cli(*map(str, args), "--format", "json")
+    assert code in (0, 1), err
+    return json.loads(out)
+
+
+def test_memory_of_a_cache_less_decoder_is_that_of_recomputing_every_position(tmp_path):
+    """Each step recomputes all 32,768 positions: the logits alone are 32,768 x 151,936 x 2 B = 9.3 GiB, not one
+    token's; the decomposed attention's scores over them (32 heads x 32,768 x 32,768, and their softmax) more."""
+    folder = _wide_cacheless(tmp_path)
+    memory = _json("estimate", folder, "--device", "h100-sxm", "--context", "32768")["memory"]
+    logits = 32768 * 151936 * 2
+    scores = 2 * 32 * 32768 * 32768 * 2
+    workspace = memory["parts"]["workspace"]
+    assert workspace["bytes"] >= logits + scores
+    assert "recomputes all 32,768 positions" in workspace["how"] and "32 heads x 32,768 x 32,768" in workspace["how"]
+    assert memory["parts"]["kv_cache"]["how"].startswith("none: the graph has no KV cache")
+    short = _json("estimate", folder, "--device", "h100-sxm", "--context", "2048")["memory"]["parts"]["workspace"]
+    assert 16 * short["bytes"] < workspace["bytes"]  # 16 times the context: more than 16 times the workspace
+
+
+def test_one_memory_model_per_batch_for_lint_estimate_and_the_sweep(tmp_path):
+    folder = _wide_cacheless(tmp_path)
+    sweep = _json("estimate", folder, "--device", "h100-sxm", "--context", "32768", "--batch", "1,64")
+    alone = _json("estimate", folder, "--device", "h100-sxm", "--context", "32768", "--batch", "64")["memory"]
+    by_batch = {b["batch_size"]: b["memory_bytes"] for b in sweep["batches"]}
+    assert by_batch[1] == sweep["memory"]["total_bytes"] and by_batch[64] == alone["total_bytes"]
+    assert by_batch[64] > 60 * by_batch[1] * 0.9  # the workspace grows with every sequence recomputed
+    assert [b["share_of_device"] > 1 for b in sweep["batches"]] == [True, True]
+    policy = tmp_path / "p.yaml"
+    policy.write_text("name: p\nthroughput: {device: h100-sxm, batch_size: 64, context_length: 32768}\n")
+    found = [f for f in _json("lint", folder, "--policy", policy)["findings"] if f["rule"] == "memory-exceeds-device"]
+    assert [f["properties"]["total_bytes"] for f in found] == [alone["total_bytes"]]
+    code, out, _ = run_cli("estimate", folder, "--device", "h100-sxm", "--context", "32768", "--batch", "1,64")
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("batch"))
+    assert "memory" in header

@@ -134,6 +134,34 @@ def test_batch_lists_and_prompts_must_be_positive_integers(flag):
     assert code == 2 and out == "" and flag[0] in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", [
+    ("--prompt", "9" * 300), ("--batch", "1" + "0" * 200), ("--context", str(10 ** 30)), ("--batch", "65537"),
+    ("--context", "\uff11\uff12"), ("--prompt", "\u0661\u0662"), ("--batch", "1_000"), ("--batch", "+8"),
+    ("--batch", ",".join(["1"] * 200_000)), ("--batch", "1," + "2" * 400),
+])
+def test_numbers_beyond_the_policys_bounds_or_not_in_ascii_digits_are_one_line_exit_2(flag):
+    """--batch / --prompt / --context are held to the policy's throughput: bounds (ASCII digits, a stated maximum,
+    a stated number of sweep entries): no overflow, no nonsense estimate, no minutes spent on a sweep."""
+    code, out, err = run_cli("estimate", FUSED, "--device", "h100-sxm", *flag)
+    assert code == 2 and out == "" and err.count("\n") == 1 and flag[0] in err and "internal error" not in err
+    assert len(err) < 400
+
+
+def test_the_command_line_and_the_policy_share_their_bounds(tmp_path):
+    from ortgate.config.throughput import step_bounds
+
+    bounds = step_bounds()
+    code, _, _ = run_cli("estimate", FUSED, "--device", "h100-sxm", "--batch", str(bounds.batch), "--context",
+                         str(bounds.context), "--prompt", "1", "--format", "json")
+    assert code == 0
+    policy = tmp_path / "p.yaml"
+    for key, value in (("batch_size", bounds.batch + 1), ("context_length", bounds.context + 1),
+                       ("prompt_length", bounds.prompt + 1), ("batch_sizes", list(range(1, bounds.batch_sizes + 2)))):
+        policy.write_text(f"name: p\nthroughput: {{device: l4, {key}: {value}}}\n")
+        code, _, err = run_cli("estimate", FUSED, "--policy", str(policy))
+        assert code == 2 and key in err, (key, err)
+
+
 def test_a_policy_batch_list_is_swept(tmp_path):
     policy = tmp_path / "p.yaml"
     policy.write_text("name: p\nthroughput: {device: l4, batch_sizes: [2, 4]}\n")

@@ -39,15 +39,14 @@ EXPECTED = {
     "2*batch_size*sequence_length": None,
     "4*batch_size*sequence_length": None,  # Llama-4: the tokens repeated once per expert
     "sequence_length + 1": None,  # not past + new tokens: a length derived from the query
-    # transformers' own exporter (tfexp-*) names its dims after torch.export's symbols: no role in the name
+    # transformers' own exporter (tfexp-*, transformers-qwen3-past) names its dims after torch.export's symbols: no
+    # role in the name, the graph says it (runner.inputs.graph_dim_roles); its cache's head axes are dims named by
+    # their numbers
     "s53": None,  # attention_mask's sequence
     "s70": None,  # input_ids' sequence
     "2*s70": None,
+    "s54": None, "s43": None, "s36": None, "s36 + s70": None, "2": None, "16": None,
 }
-
-# Models whose dims no name decides (transformers' exporter's s53 / s70): the runner asks for runner.dims until it
-# reads each dim's role from the graph (which input, which cache, the attention mask).
-DIMS_NOT_NAMED = {"tfexp-qwen3_moe-cpu", "tfexp-qwen3_moe-cuda"}
 
 
 def _dim_names(graph: onnx.GraphProto, out: set[str]) -> None:
@@ -243,21 +242,24 @@ def test_expression_with_an_unknown_term_is_an_input_error(tmp_path, write_polic
     assert "runner.dims.past_sequence_length + chunk" in err.value.problem
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(
-    reason="dims named after torch.export's symbols (s53, s70): no role read from the graph yet", raises=InputError))
-    if m.parent.name in DIMS_NOT_NAMED else m for m in MODELS if "corpus" not in m.parts], ids=lambda m: m.parent.name)
+@pytest.mark.parametrize("model", [m for m in MODELS if "corpus" not in m.parts], ids=lambda m: m.parent.name)
 def test_every_committed_model_s_inputs_get_consistent_values(model, write_policy):
     """Every input dim of every committed model resolves, and each one a role or an expression decides has the
-    value that role or expression gives (past 3, 2 new tokens, batch 2)."""
+    value that role or expression gives (past 3, 2 new tokens, batch 2). A dim whose name says nothing
+    (transformers' exporter's s53 / s70) gets its role from the graph, as `ortgate fix` reads it."""
     inputs = load_inputs(LintRequest(str(model), None))
     signature = ri.graph_signature(inputs.model)
     settings = runner_settings(load_inputs(LintRequest(str(model), str(write_policy(
         "name: p\nrunner: {batch_size: 2, sequence_length: 2, past_sequence_length: 3}\n")))).policy)
+    roles = ri.graph_dim_roles(inputs.model)
     dims, step = ri.resolve_dims(signature, settings, {}, window=ri.sliding_window(inputs.model, inputs.genai),
-                                 head=ri.head_size(inputs.policy, inputs.genai) or 8, policy_file=None)
+                                 head=ri.head_size(inputs.policy, inputs.genai) or 8, policy_file=None, roles=roles)
     expected = {"batch": 2, "query": 2, "past": 3, "total": 5}
     for name, value in dims.items():
-        if dim_role(name) in expected:
-            assert value == expected[dim_role(name)], name
+        role = roles.get(name) or dim_role(name)
+        if role in expected:
+            assert value == expected[role], name
+        if name.isdigit():
+            assert value == int(name), name
         if parse_dim(name) is not None:
             assert value == dim_value(name, dims.get), name

@@ -15,6 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from ortgate.cli import main
+from ortgate.engine.pipeline import LintRequest, load_inputs
 from ortgate.knowledge.moe_op import moe_op_facts
 from tests.conftest import EXPORTED
 from tests.helpers import rule_findings, run_cli
@@ -243,13 +244,16 @@ def test_swiglu_release_gate_versions():
     assert gate.affects("not a version") is None
 
 
-def test_policy_target_on_an_affected_release_warns(tmp_path, make_model, write_policy):
+def test_policy_target_on_an_affected_release_warns_and_refuses(tmp_path, make_model, write_policy):
     src = make_model(moe="dense_loop")
     policy = write_policy("name: old-ort\nexecution_provider:\n  name: CPUExecutionProvider\n"
                           "  onnxruntime_version: '1.27.1'\n")
     code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused", "--policy", policy)
     assert code == 0
     assert any("1.27.1" in w and "#28738" in w for w in report["warnings"])
+    # written for the deployment: a node its release computes wrongly is not written
+    assert not report["rewrites"] and len(report["refusals"]) == 2 and not report["written"]
+    assert all("deployment's onnxruntime 1.27.1" in r["reason"] for r in report["refusals"])
 
 
 def test_installed_release_with_the_swiglu_bug_refuses_the_rewrite(tmp_path, make_model, monkeypatch):
@@ -364,25 +368,85 @@ def test_a_fused_model_has_nothing_to_fix(tmp_path):
 
 
 def test_large_graphs_are_verified_block_by_block(tmp_path, monkeypatch):
-    """Above WHOLE_MODEL_MAX_NODES each MoE rewrite runs against its own block, and the onnxscript fusions run
-    whole-model against the MoE-only stage (small once the expert loops are gone)."""
-    import ortgate.fix.pipeline as pipeline
+    """When ORT does not build a session of the original within the limit, each MoE rewrite runs against its own
+    block, and the onnxscript fusions run whole-model against the MoE-only stage (small once the expert loops are
+    gone)."""
+    import ortgate.fix.verify as verify
 
-    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 100)
+    monkeypatch.setattr(verify, "SESSION_BUILD_LIMIT_S", 0.001)  # no child process starts this fast
     code, report = fix_json(DYNAMO_QWEN3_MOE, "-o", tmp_path / "out")
     assert code == 0, report.get("failure")
     v = report["verification"]
     assert v["passed"] and v["mode"] == "per block" and len(v["notes"]) == 2
+    assert any("did not build a session of the original" in n and "within 0.001 s" in n for n in v["notes"])
     assert any("as a whole" in n and "own block" in n for n in v["not_checked"])  # labelled for what it is
     assert all("own block" in r["verification"] for r in report["rewrites"])
-    assert report["measurement"]["original_p50_ms"] is None and report["measurement"]["note"]
+    assert report["measurement"]["original_p50_ms"] is None and "within 0.001 s" in report["measurement"]["note"]
+
+
+def _padded(model: Path, nodes: int) -> Path:
+    """`model` with its logits passed through `nodes` Identity nodes: a graph over 3,000 nodes whose session ORT
+    builds in well under a second."""
+    import onnx
+    from onnx import helper
+
+    proto = onnx.load(model)
+    name = proto.graph.output[0].name
+    for node in proto.graph.node:
+        node.output[:] = [f"{name}/0" if o == name else o for o in node.output]
+        node.input[:] = [f"{name}/0" if i == name else i for i in node.input]
+    for i in range(1, nodes + 1):
+        proto.graph.node.append(helper.make_node("Identity", [f"{name}/{i - 1}"], [name if i == nodes else f"{name}/{i}"],
+                                                 name=f"/pad/Identity_{i}"))
+    onnx.save(proto, model)
+    return model
+
+
+def test_whole_model_verification_is_decided_by_a_bounded_session_build_not_a_node_count(tmp_path, make_model):
+    """A 3,000-node graph that ORT builds in a fraction of a second is verified whole and its original timed."""
+    from ortgate.fix.verify import measure_session_build
+
+    src = _padded(make_model(moe="dense_loop"), 3000)
+    build = measure_session_build(src)
+    assert build.seconds is not None and build.seconds < build.limit_s and not build.too_slow
+    code, report = fix_json(src, "-o", tmp_path / "out", "--select", "moe-not-fused")
+    assert code == 0, report.get("failure")
+    assert report["verification"]["mode"] != "per block"
+    assert report["measurement"]["original_p50_ms"] is not None
+
+
+def test_a_session_build_over_the_limit_is_stopped(tmp_path, make_model):
+    from ortgate.fix.verify import measure_session_build
+
+    build = measure_session_build(make_model(moe="dense_loop"), limit_s=0.001)
+    assert build.too_slow and build.seconds is None and build.limit_s == 0.001
+
+
+def test_a_static_export_is_measured_at_its_own_shape_and_the_speedup_is_the_printed_ratio():
+    """A [1, 7] export is fed 7 tokens: that is the step the measurement names. The speedup beside the two p50s is
+    their ratio; the median of the per-round ratios is named as such."""
+    from ortgate.engine.fix import FixOutcome
+    from ortgate.evidence import Ratio, Stats
+    from ortgate.fix.measure import Measurement, decode_step
+    from ortgate.fix.pipeline import FixResult
+    from ortgate.report.fix import render_fix_text
+
+    graph = load_inputs(LintRequest(str(EXPORTED / "dynamo-mixtral-static"))).model
+    _, _, step = decode_step(graph)
+    assert (step.batch_size, step.sequence_length) == (1, 7)
+    measured = Measurement(Stats(20, 2.0, 1.9, 2.0, 2.1, 2.2, 2.2), Stats(20, 1.85, 1.8, 1.852, 1.9, 2.0, 2.0),
+                           "one step of 1 x 7 new token(s)", ratio=Ratio(1.52, 1.1, 2.0, 5, False))
+    text = render_fix_text(FixOutcome(FixResult("m.onnx", "out", ("moe",)), measurement=measured))
+    [line] = [x for x in text.splitlines() if x.startswith("measured")]
+    assert "speedup 1.08x (original p50 / fixed p50)" in line and "median of the per-round ratios 1.52x" in line
+    assert "speedup 1.52x" not in line
 
 
 def test_block_verification_catches_a_wrong_rewrite(tmp_path, make_model, monkeypatch, capsys):
     import ortgate.fix.moe as moe
-    import ortgate.fix.pipeline as pipeline
+    import ortgate.fix.verify as verify
 
-    monkeypatch.setattr(pipeline, "WHOLE_MODEL_MAX_NODES", 10)
+    monkeypatch.setattr(verify, "SESSION_BUILD_LIMIT_S", 0.001)
     original = moe.view_matrix
 
     def swapped(source, view):

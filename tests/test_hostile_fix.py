@@ -10,7 +10,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -277,17 +276,30 @@ def test_a_broken_pipe_never_passes(tmp_path):
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signalled_fix_removes_its_staging_folder(tmp_path, make_model, signum, code):
-    src = make_model(moe="dense_loop", layers=6, hidden=128, experts=8)
+    """The signal lands while the staged folder is written and not yet delivered, however loaded the machine: the
+    fix waits at that point (the `after_write` seam) until the test has sent it."""
+    src = make_model(moe="dense_loop")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "ortgate", "fix", str(src), "-o", str(out), "--select",
+    hold = ("import sys, time\n"
+            "import ortgate.fix.pipeline as pipeline\n"
+            "def held(staged):\n"
+            "    print('staged', flush=True)\n"
+            "    time.sleep(600)\n"
+            "pipeline.after_write = held\n"
+            "from ortgate.cli.main import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", hold, "fix", str(src), "-o", str(out), "--select",
                              "moe-not-fused"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 120
-    while not _staging(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert _staging(tmp_path), "fix ended before it staged anything"
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "staged\n", "fix ended before it staged anything"
+        assert _staging(tmp_path)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == code, (proc.returncode, err)
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert not out.exists() and not _staging(tmp_path)

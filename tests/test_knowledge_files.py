@@ -21,6 +21,7 @@ from ortgate.knowledge.dims import _DimNamesFile
 from ortgate.knowledge.facts import OrtFacts
 from ortgate.knowledge.families import _FamiliesFile
 from ortgate.knowledge.fusions import OrtFusions
+from ortgate.knowledge.group_router import _GroupRouterFile
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
 from ortgate.knowledge.model_format import _ModelFormatFile
@@ -48,6 +49,7 @@ SCHEMAS = {
     "deployment_facts.json": _FactsFile,
     "cache_exports.json": _CacheExportsFile,
     "model_format.json": _ModelFormatFile,
+    "ort_group_router.json": _GroupRouterFile,
     "ort_releases.json": _ReleasesFile,
     "ort_cpu_limits.json": _LimitsFile,
     "ort_session_keys.json": _SessionKeysFile,

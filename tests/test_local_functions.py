@@ -4,6 +4,7 @@ and runs the model as if the body were inlined; a function named like an op ORT 
 from __future__ import annotations
 
 import onnx
+import pytest
 from onnx import helper
 
 from ortgate.cli import main
@@ -134,3 +135,35 @@ def test_external_data_outside_the_folder_inside_a_local_function_is_refused(tmp
         assert main(command) == 2, command
         err = capsys.readouterr().err
         assert err.startswith(f"ortgate: error: {path}: external data location '../../../outside.data' is outside"), err
+
+
+def _one_relu_model(tmp_path, name: str, *, shadow: bool):
+    """x -> y through a local function calling Relu, or through a Relu with a local function named Relu beside it
+    (a step the cost model prices at no bytes and no FLOPs)."""
+    opsets = [helper.make_opsetid("", 17)]
+    if shadow:
+        functions = [helper.make_function("", "Relu", ["a"], ["b"], [helper.make_node("Sigmoid", ["a"], ["b"])],
+                                          opsets)]
+        call = helper.make_node("Relu", ["x"], ["y"])
+    else:
+        opsets.append(helper.make_opsetid("local", 1))
+        functions = [helper.make_function("local", "F", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                          opsets)]
+        call = helper.make_node("F", ["x"], ["y"], domain="local")
+    graph = helper.make_graph([call], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, functions=functions, ir_version=10), path)
+    return path
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["local-function", "function-named-like-an-op"])
+def test_run_reports_a_step_the_estimate_prices_at_nothing(tmp_path, shadow):
+    """A one-Relu graph moves no bytes the cost model counts: its estimate has no ceiling, which the run report says
+    instead of failing to format it."""
+    path = _one_relu_model(tmp_path, "relu", shadow=shadow)
+    code, out, err = run_cli("run", path, "--policy", POLICIES / "tiny-moe-cpu.yaml", "--allow-cpu", "--iterations",
+                             "2", "--warmup", "1")
+    assert "internal error" not in err and code in (0, 1), (code, err)
+    [estimate] = [line for line in out.splitlines() if line.startswith("estimate ") and "ceiling" in line]
+    assert "no ceiling (the cost model counts no bytes or FLOPs" in estimate

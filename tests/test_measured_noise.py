@@ -11,7 +11,10 @@ from ortgate.runner.measure import ROUNDS, round_ratio
 from tests.test_fix import fix_json
 from tests.test_runner_cli import CPU_POLICY, QWEN35, run_json
 
-SPREAD = re.compile(r"speedup (\d+\.\d+)x \((\d+\.\d+)x-(\d+\.\d+)x over (\d+) alternated rounds(; within noise)?\)")
+SPREAD = re.compile(r"median of the per-round ratios (\d+\.\d+)x \((\d+\.\d+)x-(\d+\.\d+)x over (\d+) alternated "
+                    r"rounds(; within noise)?\)")
+# The speedup printed beside the two p50s is their ratio, named as such.
+PLAIN = re.compile(r"original p50 (\d+\.\d+) ms, fixed p50 (\d+\.\d+) ms, speedup (\d+\.\d+)x \(original p50 / fixed p50\)")
 
 
 def test_overlapping_rounds_are_within_noise_and_apart_ones_are_not():
@@ -27,8 +30,15 @@ def test_overlapping_rounds_are_within_noise_and_apart_ones_are_not():
 def test_fix_reports_its_speedup_with_the_spread_over_alternated_rounds(tmp_path, make_model, capsys):
     src = make_model(moe="dense_loop")
     assert main(["fix", str(src), "-o", str(tmp_path / "out"), "--select", "moe-not-fused"]) == 0
-    found = SPREAD.search(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    found = SPREAD.search(out)
     assert found, "no speedup with its spread"
+    plain = PLAIN.search(out)
+    assert plain, "no speedup beside the p50s"
+    original_ms, fixed_ms, speedup = (float(plain.group(i)) for i in (1, 2, 3))
+    # the p50s are printed to 0.001 ms and the speedup to 0.01: their ratio within that rounding
+    low_ratio, high_ratio = (original_ms - 5e-4) / (fixed_ms + 5e-4), (original_ms + 5e-4) / max(fixed_ms - 5e-4, 1e-9)
+    assert low_ratio - 0.005 <= speedup <= high_ratio + 0.005
     value, low, high, rounds = (float(found.group(i)) for i in (1, 2, 3, 4))
     assert low <= value <= high and rounds == ROUNDS
     code, report = fix_json(src, "-o", tmp_path / "out2", "--select", "moe-not-fused")

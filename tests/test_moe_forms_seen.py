@@ -52,6 +52,11 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-qwen3_next/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # quantize_dynamic of dynamo-qwen3_moe: routers and every expert linear are MatMulInteger
     "quantdyn-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # ORT's MatMulNBits quantizer in QDQ format on dynamo-qwen3_moe: INT4 DequantizeLinear weights on every MatMul;
+    # the experts are Gemm there and stay float
+    "qdq4-qwen3_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # the same tool on optimum-qwen3_moe-past: its experts' MatMuls read INT4 DequantizeLinear weights too
+    "qdq4-optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-qwen2_moe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-phimoe/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SPARSEMIXER, 2)),
     "dynamo-gpt_oss/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SOFTMAX, 2)),
@@ -84,6 +89,7 @@ EXPECTED: dict[str, list[tuple]] = {
     "optimum-qwen3_moe-past/model.onnx": _layers(2, (ExpertForm.GATHER, RoutingForm.SOFTMAX_TOPK, 2)),
     "optimum-llama-past/model.onnx": [],
     "optimum-llama-past-o2/model.onnx": [],
+    "transformers-qwen3-past/model.onnx": [],  # transformers' OnnxExporter of a dense Qwen3
     # examples/
     "qwen3-moe-tiny-fused/model.onnx": _layers(2, FUSED),
     "qwen3-moe-tiny-fused-cpu/model.onnx": _layers(2, FUSED),

@@ -6,7 +6,8 @@ import pytest
 
 from ortgate.config.policy import load_policy
 from ortgate.errors import InputError
-from tests.conftest import POLICIES
+from tests.conftest import EXAMPLES, POLICIES
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize("path", sorted(POLICIES.glob("*.yaml")), ids=lambda p: p.name)
@@ -72,6 +73,16 @@ def test_extends_cycle(write_policy):
 def test_extends_missing_file(write_policy):
     err = _error(write_policy("name: a\nextends: nowhere.yaml\n"))
     assert "'nowhere.yaml' does not exist" in err.problem and err.line == 2
+
+
+@pytest.mark.parametrize("command", [("lint", str(EXAMPLES / "qwen3-moe-tiny-fused")), ("policy", "validate")])
+def test_a_nul_byte_in_extends_is_one_line_exit_2(write_policy, command):
+    """No file name holds a NUL byte; the path calls would raise ValueError on it."""
+    path = write_policy('name: a\nextends: "a\\0b.yaml"\n')
+    args = [*command, "--policy", path] if command[0] == "lint" else [*command, path]
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "NUL byte" in err and f"{path.name}:2:" in err and "internal error" not in err
 
 
 def test_invalid_yaml_names_the_line(write_policy):

@@ -63,6 +63,21 @@ def test_every_command_output_block_is_what_ortgate_prints():
             assert fresh == m.group(0), m.group(2)
 
 
+def test_an_example_never_writes_where_its_command_says_nor_reads_what_is_there(tmp_path):
+    """The README's fix example names a folder outside the repository; a reader who ran it has that folder. The
+    examples are run against a fresh folder shown under the command's name, so their output does not depend on what
+    the machine holds there, and nothing is written there."""
+    update = _update_readme()
+    out = tmp_path / "fixed"
+    command = f"ortgate fix examples/qwen3-moe-tiny-unfused -o {out} --dry-run"
+    code, text = update.run_example(command)
+    out.mkdir()
+    (out / "mine.txt").write_text("a reader's own file")
+    assert update.run_example(command) == (code, text) and code == 0
+    assert f"-> {out} (dry run" in text
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
 def test_the_setup_example_is_said_to_fail_by_design():
     update = _update_readme()
     code, _ = update.run_example(update.EXAMPLE_COMMAND)

@@ -54,6 +54,41 @@ def test_more_than_ten_rule_annotations_of_a_type_say_how_many_findings_were_lef
     assert "6 more findings not annotated (6 errors)" in out
 
 
+def test_an_error_that_stops_the_model_loading_is_never_capped_away(tmp_path, write_policy):
+    """A bfloat16 SplitToSequence (no kernel: ORT refuses the session) among twelve other error rules, sorted after
+    them by code: it is annotated first, and its message says the session fails, not merely "no kernel"."""
+    from tests.test_placement_truth import _model
+
+    model = _model(tmp_path, "bfloat16", "bf16")
+    others = [Finding(code=f"OGF{i:03d}", rule=f"rule-{i}", severity=Severity.ERROR, message=f"m{i}",
+                      location=Location(model), node=f"/layers.{i}/n", layer=i) for i in range(12)]
+    warning = Finding(code="OGF050", rule="warn", severity=Severity.WARNING, message="w", location=Location(model))
+    from tests.helpers import lint_findings
+
+    blocker = [f for f in lint_findings(model, select=["op-input-type"]) if f.severity is Severity.ERROR]
+    assert blocker and all(f.stops_session for f in blocker)
+    assert "creating the session fails" in blocker[0].message
+    findings = others + [warning] + blocker
+    out = render(LintResult(findings, decide(findings, Severity.ERROR), {"model": model}, []))
+    commands = [parse(line) for line in out.splitlines() if line.startswith("::")]
+    titles = [props["title"] for _, props, _ in commands]
+    assert titles[0].startswith("OGX003 op-input-type") and len([k for k, _, _ in commands if k == "error"]) == 10
+    assert "creating the session fails" in commands[0][2]
+    assert any(k == "warning" for k, _, _ in commands)
+
+
+def test_more_blocking_annotations_than_the_cap_are_all_said():
+    blocking = [Finding(code=f"OGX{i:03d}", rule=f"refused-{i}", severity=Severity.ERROR, message=f"refused {i}",
+                        location=Location("m.onnx"), node=f"/n{i}", properties=(("session_fails", True),))
+                for i in range(13)]
+    out = render(LintResult(blocking, decide(blocking, Severity.ERROR), {"model": "m.onnx"}, []))
+    commands = [parse(line) for line in out.splitlines() if line.startswith("::")]
+    assert len(commands) == 10
+    assert commands[-1][1]["title"] == "4 more findings that stop the model from loading"
+    assert all(f"refused {i}" in commands[-1][2] for i in range(9, 13))
+    assert "not annotated" not in out
+
+
 def test_different_findings_of_one_rule_share_its_annotation_fix_once():
     findings = [Finding(code="OGF005", rule="skip", severity=Severity.WARNING, message=f"{n} Adds in layer {i}",
                         location=Location("m.onnx"), node=f"/layers.{i}/add", layer=i, fix="fuse them")

@@ -100,3 +100,20 @@ def test_cells_escape_pipes_and_newlines():
     md = render(LintResult([f], decide([f], Severity.ERROR), {"model": "m.onnx", "nodes": 1}, []))
     [row] = table(md, "<details><summary>All 1 finding</summary>")
     assert row == ["warning", "`OGF002` gqa-not-fused", "layer 2", "`m.onnx`", "`x|y`", "a | b\\nc"]
+
+
+def test_what_stops_the_model_from_loading_is_fixed_first_and_never_capped_away():
+    """Twelve error rules with many findings each, and one op-input-type finding ORT refuses the session for: it is
+    the first row of "What to fix first" (capped at ten rules) and of the findings table."""
+    findings = [Finding(code=f"OGF{i:03d}", rule=f"rule-{i}", severity=Severity.ERROR, message=f"m{i}",
+                        location=Location("m.onnx"), node=f"/layers.{n}/n{i}", layer=n)
+                for i in range(12) for n in range(3)]
+    findings.append(Finding(code="OGX003", rule="op-input-type", severity=Severity.ERROR, message="refused",
+                            location=Location("m.onnx"), node="/split", properties=(("session_fails", True),)))
+    out = render(LintResult(findings, decide(findings, Severity.ERROR), {"model": "m.onnx"}, []))
+    first = out[out.index("### What to fix first"):]
+    rows = [line for line in first.splitlines() if line.startswith("| 1 |")]
+    assert rows and "OGX003" in rows[0]
+    assert "What stops the model from loading comes first." in first
+    table = out[out.index("<details>"):]
+    assert table.index("OGX003") < table.index("OGF000")

@@ -101,8 +101,8 @@ def test_only_the_rules_fix_repairs_record_fix_outcomes():
 # `fix --select` runs onnxscript's attention / rotary fusion for these, but no committed model has a form those
 # fusions match (their fix: sections record it): the promise is not yet proved. Strict: a model that proves it
 # makes the test pass, and the mark must go.
-UNPROVED = {"OGF002": "onnxscript's attention fusion turns SDPA into MultiHeadAttention, not GroupQueryAttention",
-            "OGF006": "no onnxscript rotary rule matches the committed exports' rotary forms"}
+UNPROVED = {"OGF006": "no onnxscript rotary rule matches the committed exports' rotary forms (the rotary is folded "
+                      "into GroupQueryAttention by the attention repair, not by --select rotary-not-fused)"}
 
 
 @pytest.mark.parametrize("rule", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=UNPROVED[r.code]))

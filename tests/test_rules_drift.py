@@ -114,3 +114,45 @@ def test_genai_config_with_a_non_string_option(make_model, tmp_path):
     config = write_genai(tmp_path, {"cuda": {"enable_cuda_graph": 1}})
     code, _, err = run_cli("lint", make_model(), "--config", config)
     assert code == 2 and "enable_cuda_graph: provider option values must be strings, got int 1" in err
+
+
+# which side to change: never toward a value another rule rejects ---------------------------------------------
+
+def test_drift_advice_never_copies_a_policy_value_another_rule_rejects(tmp_path, make_model, write_policy):
+    """The policy asks for ORT_ENABLE_BASIC and CUDA graph off, which optimization-level-not-all and
+    cuda-graph-disabled reject; genai_config.json has what those rules want. The drift's fix changes the policy."""
+    policy = write_policy('name: p\nsession:\n  graph_optimization_level: ORT_ENABLE_BASIC\n'
+                          'execution_provider:\n  name: CUDAExecutionProvider\n  options: {enable_cuda_graph: "0"}\n')
+    config = write_genai(tmp_path, {"cuda": {"enable_cuda_graph": "1"}}, graph_optimization_level="ORT_ENABLE_ALL")
+    found = lint_findings(make_model(), policy, config=config,
+                          select=["config-drift", "optimization-level-not-all", "cuda-graph-disabled"])
+    drifts = {dict(f.properties)["setting"]: f for f in found if f.rule == "config-drift"}
+    assert sorted(drifts) == ["CUDAExecutionProvider option enable_cuda_graph", "graph_optimization_level"]
+    level, graph = drifts["graph_optimization_level"], drifts["CUDAExecutionProvider option enable_cuda_graph"]
+    for f, bad, rejecting in ((level, "ORT_ENABLE_BASIC", "optimization-level-not-all"),
+                              (graph, "'0'", "cuda-graph-disabled")):
+        assert f.fix.startswith(f"Change the policy ({policy}:"), f.fix
+        assert rejecting in f.fix and "genai_config.json's value" in f.fix
+        assert f"Set \"{'graph_optimization_level' if f is level else 'enable_cuda_graph'}\": \"{bad.strip(chr(39))}" \
+               not in f.fix
+        assert dict(f.properties)["change"] == "policy"
+    # the rejecting rules still report the policy's values
+    assert {f.rule for f in found} >= {"optimization-level-not-all", "cuda-graph-disabled"}
+
+
+def test_drift_with_a_rejected_value_on_both_sides_advises_what_the_rule_wants(tmp_path, make_model, write_policy):
+    policy = write_policy("name: p\nsession: {graph_optimization_level: ORT_ENABLE_BASIC}\n"
+                          "execution_provider: {name: CUDAExecutionProvider}\n")
+    config = write_genai(tmp_path, {"cuda": {}}, graph_optimization_level="ORT_ENABLE_EXTENDED")
+    [f] = drift(make_model(), policy, config)
+    assert "both" in f.fix and "ORT_ENABLE_ALL" in f.fix and "optimization-level-not-all" in f.fix
+    assert "\"ORT_ENABLE_BASIC\"" not in f.fix and "\"ORT_ENABLE_EXTENDED\"" not in f.fix
+    assert dict(f.properties)["change"] == "both"
+
+
+def test_drift_toward_the_policy_names_genai_config_json_as_the_side_to_change(tmp_path, make_model, write_policy):
+    policy = write_policy('name: p\nexecution_provider:\n  name: CUDAExecutionProvider\n'
+                          '  options: {enable_cuda_graph: "1"}\n')
+    [f] = drift(make_model(), policy, write_genai(tmp_path, {"cuda": {"enable_cuda_graph": "0"}}))
+    assert f.fix.startswith("Change genai_config.json:") and "\"enable_cuda_graph\": \"1\"" in f.fix
+    assert dict(f.properties)["change"] == "genai_config"

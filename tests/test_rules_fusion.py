@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import EXPORTED
+from tests.conftest import EXAMPLES, EXPORTED
 from tests.helpers import by_rule, lint_findings
 
 UNFUSED_MOE = dict(moe="dense_loop")
@@ -90,6 +90,54 @@ def test_dynamo_export_reports_every_moe_layer():
     assert [f.layer for f in found] == [0, 1]
 
 
+def _gate_up_through_split_to_sequence(path):
+    """The generator's expert loop with each merged gate_up projection split by SplitToSequence -> SequenceAt (how
+    torch.onnx writes a torch.chunk it cannot make static), as a torch.onnx export says it is."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(path)
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "Split" or "gate_up_proj" not in n.name:
+            nodes.append(n)
+            continue
+        seq = f"{n.output[0]}_sequence"
+        nodes.append(helper.make_node("SplitToSequence", list(n.input[:2]), [seq], name=f"{n.name}ToSequence",
+                                      axis=next(a.i for a in n.attribute if a.name == "axis")))
+        for i, out in enumerate(n.output):
+            index = f"{n.name}/index_{i}"
+            model.graph.initializer.append(helper.make_tensor(index, onnx.TensorProto.INT64, [], [i]))
+            nodes.append(helper.make_node("SequenceAt", [seq, index], [out], name=f"{n.name}/SequenceAt_{i}"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.producer_name = "pytorch"
+    onnx.save(model, path)
+    return path
+
+
+def test_a_gate_up_split_by_split_to_sequence_is_refused_naming_the_projection_and_what_works(make_model):
+    model = _gate_up_through_split_to_sequence(make_model(moe="dense_loop"))
+    found = by_rule(lint_findings(model, select=["moe-not-fused"]), "moe-not-fused")
+    assert [f.layer for f in found] == [0, 1]
+    fix = found[0].fix
+    assert "computed by SequenceAt" not in fix
+    assert "expert projection MatMul /model/layers.0/moe/experts.0/gate_up_proj/MatMul" in fix
+    assert "SplitToSequence -> SequenceAt" in fix and "static split sizes" in fix and "`ortgate fix` rewrites" in fix
+
+
+def test_an_undeclared_family_is_told_which_families_the_builder_refuses(make_model, write_policy):
+    """A Qwen3-MoE user without a declared family reads that the genai builder refuses Qwen3-MoE; with the family
+    declared the builder is not named at all."""
+    model = make_model(moe="dense_loop", swiglu_fusion=1)
+    found = by_rule(lint_findings(_gate_up_through_split_to_sequence(model), select=["moe-not-fused"]),
+                    "moe-not-fused")
+    assert "it refuses Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE" in found[0].fix
+    declared = write_policy("name: p\nmodel: {family: qwen3_moe}\n")
+    found = by_rule(lint_findings(model, declared, select=["moe-not-fused"]), "moe-not-fused")
+    assert "onnxruntime_genai" not in found[0].fix and "static split sizes" in found[0].fix
+
+
 # gqa-not-fused ----------------------------------------------------------------------------------------
 
 def test_decomposed_attention_is_reported_per_layer(make_model):
@@ -108,6 +156,17 @@ def test_gqa_passes(make_model, write_policy):
 def test_mha_with_fewer_kv_heads_is_reported(make_model):
     found = by_rule(lint_findings(make_model(attention="mha"), select=["gqa-not-fused"]), "gqa-not-fused")
     assert found and all(f.op_type == "com.microsoft.MultiHeadAttention" for f in found)
+
+
+def test_mha_whose_kv_the_graph_does_not_show_expanded_is_said_as_the_policys_claim(make_model, write_policy):
+    """MultiHeadAttention over as many kv heads as q heads in the graph, with a policy of 1 kv head: the finding says
+    the policy declares it, and never that the graph expands K/V."""
+    model = make_model(attention="mha", kv_num_heads=4)
+    assert by_rule(lint_findings(model, select=["gqa-not-fused"]), "gqa-not-fused") == []
+    policy = write_policy("name: p\nmodel: {num_heads: 4, kv_num_heads: 1}\n")
+    found = by_rule(lint_findings(model, policy, select=["gqa-not-fused"]), "gqa-not-fused")
+    assert found and all("the policy declares 4 q heads and 1 kv heads" in f.message for f in found)
+    assert not [f for f in found if "while kv heads < q heads" in f.message]
 
 
 def test_fewer_attention_layers_than_the_policy_declares(make_model, write_policy):
@@ -130,6 +189,33 @@ def test_gqa_heads_that_disagree_with_the_policy_are_a_config_mismatch(make_mode
     found = lint_findings(make_model(num_heads=4, kv_num_heads=2), policy, select=["gqa-not-fused"])
     assert [(f.rule, dict(f.properties)["attribute"], dict(f.properties)["nodes"]) for f in found] == [
         ("gqa-config-mismatch", "num_heads", 2)]
+
+
+def test_decomposed_attention_heads_are_the_graphs_and_a_policy_that_disagrees_is_a_finding(write_policy):
+    """q_proj [64, 64] and k_proj [64, 32] at head size 16 are 4 q heads and 2 kv heads, whatever the policy says;
+    a policy of 8 q heads and 1 kv head is what gqa-config-mismatch reports."""
+    policy = write_policy("name: p\nmodel: {num_heads: 8, kv_num_heads: 1}\n")
+    found = lint_findings(EXAMPLES / "qwen3-moe-tiny-unfused", policy,
+                          select=["gqa-not-fused", "gqa-config-mismatch"])
+    unfused = by_rule(found, "gqa-not-fused")
+    assert unfused and all("4 q heads share 2 kv heads" in f.message and "head size 16" in f.message
+                           for f in unfused)
+    assert not [f for f in unfused if "8 q heads" in f.message or "1 kv heads" in f.message]
+    mismatch = sorted((dict(f.properties)["attribute"], dict(f.properties)["found"], dict(f.properties)["expected"])
+                      for f in by_rule(found, "gqa-config-mismatch"))
+    assert mismatch == [("kv_num_heads", 2, 1), ("num_heads", 4, 8)]
+
+
+def test_a_policy_that_agrees_with_the_decomposed_heads_is_no_mismatch(write_policy):
+    policy = write_policy("name: p\nmodel: {num_heads: 4, kv_num_heads: 2, head_size: 16}\n")
+    found = lint_findings(EXAMPLES / "qwen3-moe-tiny-unfused", policy, select=["gqa-config-mismatch"])
+    assert by_rule(found, "gqa-config-mismatch") == []
+
+
+def test_heads_the_graph_does_not_show_are_not_said(make_model, write_policy):
+    """Without a policy and with heads the graph cannot show, gqa-not-fused states no head count at all."""
+    found = by_rule(lint_findings(make_model(attention="decomposed"), select=["gqa-not-fused"]), "gqa-not-fused")
+    assert found and all("q heads share" not in f.message or "head size" in f.message for f in found)
 
 
 def test_hybrid_linear_attention_layers_are_not_missing_gqa(make_model):

@@ -24,11 +24,11 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     p.add_argument("--policy", help="deployment policy YAML (its throughput: block names the device and the step)")
     p.add_argument("--device", help="a device of the catalog (overrides the policy's); see --list-devices")
-    p.add_argument("--batch", type=_positive_list, metavar="N[,N...]",
+    p.add_argument("--batch", type=_batches, metavar="N[,N...]",
                    help="sequences per decode step (overrides the policy's); a list (1,8,32,128) sweeps the batches")
-    p.add_argument("--prompt", type=_positive, metavar="TOKENS",
+    p.add_argument("--prompt", type=_prompt, metavar="TOKENS",
                    help="prompt tokens per sequence: estimate the prefill (time to first token) too")
-    p.add_argument("--context", type=_positive, help="positions each step attends to (overrides the policy's)")
+    p.add_argument("--context", type=_context, help="positions each step attends to (overrides the policy's)")
     p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
     p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     p.add_argument("--ort-version", metavar="RELEASE",
@@ -45,21 +45,45 @@ def add_parser(sub) -> None:
                         "per component and layer group")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+def _count(text: str, what: str) -> int:
+    """A positive count in ASCII digits, at most the largest the policy's `throughput:` allows for `what`
+    (int() would take full-width or Arabic-Indic digits, underscores and hundreds of digits)."""
+    from ortgate.config.throughput import step_bounds
+
+    maximum = getattr(step_bounds(), what)
+    if not text.isascii() or not text.isdigit():
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"expected a positive integer in ASCII digits (0-9), got {shown!r}")
+    if len(text.lstrip("0")) > len(str(maximum)) or int(text) > maximum:
+        shown = text if len(text) <= 20 else f"a number of {len(text)} digits"
+        raise argparse.ArgumentTypeError(f"{shown} is above the largest {what} ortgate estimates, {maximum:,} (the "
+                                         "policy's throughput: block has the same bound)")
+    value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
-def _positive_list(text: str) -> tuple[int, ...]:
+def _prompt(text: str) -> int:
+    return _count(text, "prompt")
+
+
+def _context(text: str) -> int:
+    return _count(text, "context")
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    from ortgate.config.throughput import step_bounds
+
+    most = step_bounds().batch_sizes
+    if text.count(",") >= most:
+        raise argparse.ArgumentTypeError(f"{text.count(',') + 1} batch sizes; a sweep takes at most {most} (the "
+                                         "policy's throughput.batch_sizes has the same bound)")
     items = [x.strip() for x in text.split(",")]
     if not items or any(not x for x in items):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return tuple(_positive(x) for x in items)
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {shown!r}")
+    return tuple(_count(x, "batch") for x in items)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -247,14 +271,16 @@ def deployment_lines(inputs) -> list[str]:
         points = batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))
         out.append("")
         out.append(f"{'batch':>7} {'experts read':>12} {'bytes/step':>11} {'ms/step':>9} {'tok/s/seq':>10} "
-                   f"{'tok/s/device':>13}  bound (MoE)")
+                   f"{'tok/s/device':>13} {'memory':>12}  bound (MoE)")
         from ortgate.cost.estimate import format_bytes
 
         for pt in points:
             experts = f"{pt.experts_read:.1f}" if pt.experts_read is not None else "-"
+            at = inputs.memory_at(pt.batch)
+            memory = format_gib(at.total) if at is not None else "-"
             out.append(f"{pt.batch:>7,} {experts:>12} {format_bytes(pt.bytes):>11} {pt.step_s * 1e3:>9.3f} "
-                       f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13}  "
-                       f"{pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
+                       f"{format_rate(pt.tokens_per_s_sequence):>10} {format_rate(pt.tokens_per_s_device):>13} "
+                       f"{memory:>12}  {pt.bound}" + (f" ({pt.moe_bound})" if pt.moe_bound else ""))
         if est.model.moe_forms:
             cross = moe_crossover(inputs.executed, est.setup)
             out.append("  the MoE layers stop being bandwidth-bound at batch "
@@ -414,7 +440,11 @@ def deployment_data(inputs) -> dict:
                           "experts_read": [None if f.experts_read is None else round(f.experts_read, 2)
                                            for f in pre.model.moe_forms]}
     if inputs.batch_sizes:
-        out["batches"] = [p.to_dict() for p in batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes))]
+        out["batches"] = []
+        for p in batch_sweep(inputs.executed, est.setup, list(inputs.batch_sizes)):
+            at = inputs.memory_at(p.batch)
+            out["batches"].append({**p.to_dict(), "memory_bytes": None if at is None else round(at.total),
+                                   "share_of_device": None if at is None or at.share is None else round(at.share, 4)})
         out["moe_compute_bound_from_batch"] = moe_crossover(inputs.executed, est.setup) if est.model.moe_forms \
             else None
     return out

@@ -215,6 +215,8 @@ def _chain_index(policy: Policy, file: str | None) -> int:
 
 def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
     line = doc.line_of(("extends",))
+    if "\0" in target:  # no file system path holds one: os calls raise ValueError on it
+        raise InputError(f"extends: {target!r} holds a NUL byte, which no file name can", doc.path, line=line)
     if target.startswith("builtin:"):
         name = target.split(":", 1)[1]
         candidate = BUILTIN_DIR / f"{name}.yaml"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortgate.config.policy import Policy, confine
+from ortgate.config.policy import Policy, confine, policy_schema
 from ortgate.config.source import load_yaml
 from ortgate.errors import InputError
 from ortgate.findings import Location
@@ -54,6 +54,23 @@ CALIBRATION_FIGURES = {
 }
 CALIBRATION_KEYS = tuple(CALIBRATION_FIGURES) + ("tflops",)
 MAX_CALIBRATION_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class StepBounds:
+    """The largest step a policy's `throughput:` may describe (its schema's maxima), which the command line's
+    --batch / --context / --prompt are held to as well: beyond them an estimate is arithmetic on nonsense."""
+
+    batch: int
+    context: int
+    prompt: int
+    batch_sizes: int  # entries of a batch sweep
+
+
+def step_bounds() -> StepBounds:
+    props = policy_schema()["properties"]["throughput"]["properties"]
+    return StepBounds(props["batch_size"]["maximum"], props["context_length"]["maximum"],
+                      props["prompt_length"]["maximum"], props["batch_sizes"]["maxItems"])
 
 
 @dataclass(frozen=True)

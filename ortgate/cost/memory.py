@@ -11,8 +11,10 @@ initializer dims and dtypes and the deployment's lengths (never a weight byte).
     linear      the recurrent and convolution states of linear-attention layers, past and present (twice)
     workspace   a bound on activations: the logits (tokens x vocabulary in the logits' dtype) plus 4 live copies of
                 the widest activation (tokens x the widest weight dim), tokens = batch x the longest step (the
-                prompt when a prompt length is given); ORT's planner reuses buffers between nodes, so a step holds
-                a few of its largest values at once
+                prompt when a prompt length is given; a decoder without a KV cache: the whole context, which it
+                recomputes at every step, plus its decomposed attention's scores and their softmax over all those
+                positions, one layer at a time); ORT's planner reuses buffers between nodes, so a step holds a
+                few of its largest values at once
 
 What depends on what ortgate cannot see is listed, never added in: the CUDA context and library workspaces, the
 allocator's arena growth, pre-packed weight copies, other processes. Every figure is an estimate for the device.
@@ -27,7 +29,8 @@ from typing import Any
 from ortgate.cost.model import StepModel
 from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
 from ortgate.graph.index import Graph
-from ortgate.graph.patterns.attention import LINEAR_ATTENTION_OPS
+from ortgate.graph.patterns.attention import LINEAR_ATTENTION_OPS, attention_cores
+from ortgate.graph.patterns.projections import decomposed_heads
 from ortgate.knowledge.devices import Device
 
 LIVE_ACTIVATIONS = 4  # copies of the widest activation the workspace bound allows
@@ -214,6 +217,27 @@ def _workspace(graph: Graph, tokens: int) -> tuple[float, str]:
     return logits_bytes + live, how
 
 
+def _recomputed_scores(graph: Graph, batch: int, positions: int) -> tuple[float | None, str]:
+    """The score tensors decomposed attention materialises when every position is recomputed: the QK^T product and
+    its softmax, batch x q heads x positions x positions each, in the scores' dtype, for one layer at a time (the
+    planner frees a layer's before the next). (0, '') without decomposed attention; None when its heads are not in
+    the graph."""
+    widest: tuple[int, float] | None = None
+    for core in attention_cores(graph):
+        heads = decomposed_heads(graph, core.softmax)
+        if heads is None:
+            return None, ""
+        size = dtype_bytes(graph.dtype(core.softmax.outputs[0]) if core.softmax.outputs else None) or 4.0
+        if widest is None or heads.q_heads * size > widest[0] * widest[1]:
+            widest = (heads.q_heads, size)
+    if widest is None:
+        return 0.0, ""
+    q_heads, size = widest
+    scores = 2.0 * batch * q_heads * positions * positions * size
+    return scores, (f"decomposed attention's scores and their softmax, {batch:,} x {q_heads} heads x {positions:,} x "
+                    f"{positions:,} x {size:g} B each, one layer at a time")
+
+
 def memory_estimate(graph: Graph, step: StepModel, device: Device, *, batch: int, kv_length: int, kv_source: str,
                     shared_buffer: bool, longest_step: int = 1, full_context: int | None = None,
                     stored: Graph | None = None) -> MemoryEstimate:
@@ -225,13 +249,33 @@ def memory_estimate(graph: Graph, step: StepModel, device: Device, *, batch: int
     copies = 1 if shared_buffer else 2
     kv = copies * batch * (per_position * kv_length) + copies * batch * fixed
     linear, linear_missing = _linear_state(graph, batch)
-    workspace, how = _workspace(graph, batch * max(1, longest_step))
+    # A decoder without a KV cache recomputes every position at every step (the cost model prices it so): its
+    # activations and logits are those of the whole context, for each sequence.
+    recompute = step.recomputed_tokens is not None
+    positions = max(step.shape.context, longest_step) if recompute else max(1, longest_step)
+    workspace, how = _workspace(graph, batch * positions)
+    scores_missing = False
+    if recompute:
+        how += (f" (no KV cache: every step recomputes all {positions:,} positions of each of the {batch:,} "
+                "sequences)")
+        scores, said = _recomputed_scores(graph, batch, positions)
+        if scores is None:
+            scores_missing = bool(attention_cores(graph))
+        elif scores:
+            workspace += scores
+            how += f"; {said}"
     buffer = ("one shared past/present buffer" if shared_buffer
               else "past and present both alive during a step (twice)")
+    kv_how = (f"none: the graph has no KV cache (its {positions:,} positions are recomputed: see workspace)"
+              if recompute and not kv else f"{kv_length:,} positions x batch {batch} ({kv_source}); {buffer}")
     parts = [
         MemoryPart("weights", weights, f"{len((stored or graph).initializers):,} initializers as stored"),
-        MemoryPart("kv_cache", kv, f"{kv_length:,} positions x batch {batch} ({kv_source}); {buffer}"),
+        MemoryPart("kv_cache", kv, kv_how),
     ]
+    if scores_missing:
+        kv_missing.append(f"attention scores of recomputing {positions:,} positions: up to batch x heads x "
+                          f"{positions:,} x {positions:,} per layer where attention is decomposed (its heads are not "
+                          "in the graph): not counted")
     if linear:
         parts.append(MemoryPart("linear_state", linear, f"recurrent and convolution states x batch {batch}, past "
                                                         "and present"))

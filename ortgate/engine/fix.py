@@ -88,22 +88,27 @@ def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | N
                                f"{sorted({f.layer for f in outcome.unrepaired}, key=str)}: nothing written")
             staged.discard()
             return outcome
-        if measure and request.verify:
-            from ortgate.fix.measure import decode_step, measure_pair
+        if measure and request.verify and not result.gained_cache:  # a cache-gaining fix: no common step to time
+            from dataclasses import replace
 
+            from ortgate.fix.measure import DECODE, decode_step, measure_pair
+
+            settings = replace(DECODE, dims=dict(request.runner_dims))
             # Estimated first: the CPU probe then runs while no session holds a model's weights.
             say("estimating the decode step with the cost model")
-            _, _, step = decode_step(staged.original_graph)
+            _, _, step = decode_step(staged.original_graph, settings)
             outcome.prediction = predict(staged.original_graph, fixed_inputs.executed,
                                          StepShape(step.batch_size, step.sequence_length, step.total_sequence_length))
             del fixed_inputs
             say("measuring original vs fixed on ONNX Runtime CPU")
             assert staged.original is not None
             nodes = result.nodes_before
-            skip = (f"the original ({nodes:,} nodes) is not timed: ORT needs minutes to hours to build a session of an "
-                    f"unrolled graph this large" if result.original_too_large else None)
+            build = result.original_build
+            skip = (f"the original ({nodes:,} nodes) is not timed: ONNX Runtime did not build its session within "
+                    f"{build.limit_s:g} s (a bounded build, stopped at the limit)"
+                    if result.original_too_large and build is not None else None)
             outcome.measurement = measure_pair(staged.original, staged.original_bytes_folder, staged.model_file,
-                                               staged.original_graph, skip_original=skip)
+                                               staged.original_graph, settings, skip_original=skip)
         staged.commit()
     except VerificationError as exc:
         outcome.failure = f"the fixed model does not run: {exc}; nothing written"

@@ -26,9 +26,15 @@ from ortgate.graph.patterns.rotary import decomposed_rotaries
 
 # Fusion kinds ortgate asks onnxscript for, by the rule whose finding each repairs, in the order onnxscript needs them
 # (SkipRMSNorm builds on RMSNorm; the attention rules on SDPA).
+# A function named "ortgate.<module>.<name>" is one of ortgate's own rules (ortgate.fix.norms,
+# ortgate.fix.attention), written with onnxscript's rewriter API for the forms onnxscript's rules do not read.
 FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
+    ("rmsnorm", "layer_norm_no_bias", "ortgate.norms.fuse_layer_norms"),
     ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
-    ("rmsnorm", "skip_rms_normalization", "fuse_skip_rms_normalization"),
+    ("rmsnorm", "rms_norm_forms", "ortgate.norms.fuse_rms_forms"),
+    ("rmsnorm", "skip_rms_normalization", "ortgate.norms.fuse_skip_rms"),
+    # before onnxscript's rotary rules: ortgate's GroupQueryAttention rule reads the rotation as the graph has it
+    ("attention", "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
     ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
     ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
     ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
@@ -44,7 +50,7 @@ FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
 )
 FUSED_OPS = {
     "rmsnorm": {("ai.onnx", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
-                ("ai.onnx", "RMSNormalization")},
+                ("ai.onnx", "RMSNormalization"), ("ai.onnx", "LayerNormalization")},
     "rotary": {("com.microsoft", "RotaryEmbedding"), ("ai.onnx", "RotaryEmbedding")},
     "attention": {("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention"),
                   ("com.microsoft", "Attention"), ("ai.onnx", "Attention")},
@@ -55,6 +61,7 @@ FUSED_OPS = {
 class LayerFusions:
     layer: int | None
     applied: dict[str, int] = field(default_factory=dict)  # kind -> fused nodes in this layer after the pass
+    became: dict[str, int] = field(default_factory=dict)  # fused op type -> nodes of it the pass added in this layer
     missed: dict[str, tuple[int, str]] = field(default_factory=dict)  # kind -> (still decomposed, why)
 
 
@@ -65,6 +72,8 @@ class FusionReport:
     layers: list[LayerFusions] = field(default_factory=list)
     available: bool = True
     note: str | None = None
+    attention_near_miss: str | None = None  # why ortgate's GroupQueryAttention rule stopped where it came closest
+    options: dict = field(default_factory=dict)  # for ortgate's own steps: context_length in; notes out
 
     def total(self, kind: str) -> int:
         return sum(layer.applied.get(kind, 0) for layer in self.layers)
@@ -79,12 +88,12 @@ def onnxscript_available() -> bool:
 
 
 def run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, *,
-                model_path: Path | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+                model_path: Path | None = None, context_length: int | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Apply onnxscript's fusions of `kinds` (rmsnorm, rotary, attention) to `model`; the new model and the report.
     A model onnx_ir cannot take (a recursive local function, a tensor it cannot read) is an InputError naming
     `model_path` and onnx_ir's reason."""
     try:
-        return _run_fusions(model, kinds, weights_dir)
+        return _run_fusions(model, kinds, weights_dir, context_length)
     except InputError:
         raise
     except Exception as exc:
@@ -111,8 +120,10 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path) -> tuple[onnx.ModelProto, FusionReport]:
+def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path,
+                 context_length: int | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     report = FusionReport(kinds)
+    report.options["context_length"] = context_length
     if not kinds:
         return model, report
     before = _inventory(build_graph(model, "before"))
@@ -124,11 +135,46 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
     if not onnxscript_available():
         raise InputError("norm, rotary and attention fusions need onnxscript: pip install 'ortgate[fix]' "
                          "(or pass --select moe-not-fused)")
+    before_ops = _fused_ops(build_graph(model, "before"))
     with _quiet():  # onnxscript's and onnx_ir's warnings and logs: never on ortgate's stderr
-        out = _fuse(model, kinds, weights_dir, report)
-    after = _inventory(build_graph(out, "after"))
-    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts)
+        out, ir_model = _fuse(model, kinds, weights_dir, report)
+    after_graph = build_graph(out, "after")
+    after = _inventory(after_graph)
+    misses: dict[int | None, list[str]] = defaultdict(list)
+    if "rmsnorm" in kinds:
+        left = {norm.last.name: norm.layer for norm in decomposed_rmsnorms(after_graph) if norm.last.name}
+        if left:
+            from ortgate.fix.norms import near_misses
+
+            with _quiet():
+                found = near_misses(ir_model, set(left))
+            for name, miss in found.items():
+                misses[left[name]].append(miss.say())
+    if "attention" in kinds and any(k.get("attention", (0, 0))[0] for k in after.values()):
+        from ortgate.fix.attention import near_miss
+
+        with _quiet():
+            why = near_miss(ir_model)
+        if why:
+            report.attention_near_miss = why
+    report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts,
+                               near=misses, attention_why=report.attention_near_miss,
+                               rotary_why="; ".join(report.options.get("notes", [])) or None)
+    after_ops = _fused_ops(after_graph)
+    for entry in report.layers:
+        grown = after_ops.get(entry.layer, Counter()) - before_ops.get(entry.layer, Counter())
+        entry.became = dict(sorted(grown.items()))
     return out, report
+
+
+def _fused_ops(graph: Graph) -> dict[int | None, Counter]:
+    """layer -> fused op type -> nodes."""
+    fused = {op for ops in FUSED_OPS.values() for op in ops}
+    out: dict[int | None, Counter] = defaultdict(Counter)
+    for node in graph.nodes:
+        if (node.domain, node.op_type) in fused:
+            out[node.layer][node.op_type] += 1
+    return out
 
 
 @contextlib.contextmanager
@@ -141,7 +187,8 @@ def _quiet():
         yield
 
 
-def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport) -> onnx.ModelProto:
+def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, report: FusionReport):
+    """The fused model, and the onnx_ir model it was serialised from (asked afterwards why a norm was left)."""
     import onnx_ir as ir
 
     ir_model = ir.serde.deserialize_model(model)
@@ -158,7 +205,7 @@ def _fuse(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Path, rep
         if missing is None:
             raise
         raise InputError(f"onnxscript could not read the model's external weights: {missing}", weights_dir) from None
-    return ir.serde.serialize_model(ir_model)
+    return ir.serde.serialize_model(ir_model), ir_model
 
 
 def _file_error(exc: BaseException) -> str | None:
@@ -191,6 +238,13 @@ def _steps(ir_model, kinds, report, common_passes, optimize, _core, shape_optimi
     optimize(ir_model)
     for kind, label, function in FUSION_STEPS:
         if kind not in kinds:
+            continue
+        if function.startswith("ortgate."):
+            from ortgate.fix import attention, norms
+
+            module, name = function.removeprefix("ortgate.").split(".")
+            step = getattr({"norms": norms, "attention": attention}[module], name)
+            report.counts[label] = int(step(ir_model, report.options) if module == "attention" else step(ir_model))
             continue
         fuse = getattr(_core, function)
         options = {"apply_shape_inference": True} if label == "sdpa" else {}
@@ -293,7 +347,9 @@ def _has_kv_cache(model: onnx.ModelProto) -> bool:
     return any("past" in i.name.lower() for i in model.graph.input)
 
 
-def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int]) -> list[LayerFusions]:
+def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int],
+               near: dict[int | None, list[str]] | None = None, attention_why: str | None = None,
+               rotary_why: str | None = None) -> list[LayerFusions]:
     layers = sorted(set(before) | set(after), key=lambda x: (x is None, x or 0))
     out = []
     for layer in layers:
@@ -304,7 +360,14 @@ def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, cou
             if fused > was_fused:
                 entry.applied[kind] = fused - was_fused
             if still:
-                entry.missed[kind] = (still, _why(kind, has_kv_cache, counts))
+                why = _why(kind, has_kv_cache, counts)
+                if kind == "attention" and attention_why:
+                    why += f"; {attention_why}"
+                if kind == "rotary" and rotary_why:
+                    why = rotary_why
+                if kind == "rmsnorm" and near and near.get(layer):
+                    why += "; onnxscript's MatchingTracer: " + "; ".join(dict.fromkeys(near[layer]))
+                entry.missed[kind] = (still, why)
         if entry.applied or entry.missed:
             out.append(entry)
     return out
@@ -315,8 +378,9 @@ def _why(kind: str, has_kv_cache: bool, counts: dict[str, int]) -> str:
         return ("onnxscript matched the rotation (rotary_embedding) but not the cos/sin computation feeding it "
                 "(cos_sin_cache), so no RotaryEmbedding node could be built and the rotation stays decomposed")
     if kind == "attention" and not has_kv_cache:
-        return ("no onnxscript attention rule matched; its GroupQueryAttention rule needs a graph with a KV cache "
-                "(past_key_values inputs), which this export has not")
+        return ("no attention rule matched; onnxscript's GroupQueryAttention rule needs a graph with a KV cache "
+                "(past_key_values inputs), and ortgate's gives a cache-less export one only with --context-length "
+                "and a rotary it can fold in")
     return f"no onnxscript {kind} rule matched this form"
 
 

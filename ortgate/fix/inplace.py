@@ -30,11 +30,48 @@ class KeptInput:
     output: str  # the value the Where writes: the MoE node's former output name
 
 
-def needs_keep_alive(releases: list[str | None]) -> bool:
-    """Whether any of these ORT releases (the installed one, the policy's target) is not known to be fixed."""
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class KeepDecision:
+    """Whether `fix` writes the keep-alive form, for which deployment, and why."""
+
+    keep: bool
+    release: str | None  # the deployment's onnxruntime release (the policy's), None when it names none
+    provider: str | None  # the deployment's execution provider (the policy's), None when it names none
+    reason: str
+
+
+def needs_keep_alive(release: str | None, provider: str | None) -> KeepDecision:
+    """Whether the MoE nodes `fix` writes need the keep-alive form on the deployment: the policy's onnxruntime
+    release and execution provider, never the onnxruntime installed where ortgate runs. The form is left out only
+    when every provider that can run the node is known fixed in that release: CPU at or after the first release seen
+    fixed. Another provider (CUDA: its kernel is registered MayInplace(0, 0) too and was never run) is not known
+    fixed, and ORT places on the CPU whatever that provider does not take."""
     defect = moe_op_facts().inplace_defect
-    known = [r for r in releases if r]
-    return not known or any(defect.status(r) != "fixed" for r in known)
+    status = defect.status(release) if release else "unknown"
+    if release is None:
+        return KeepDecision(True, None, provider,
+                            f"kept for the releases whose CPU MoE kernel computes the node wrongly (onnxruntime "
+                            f"{', '.join(defect.releases_seen_affected)} seen); pin the deployment's release with "
+                            "execution_provider.onnxruntime_version in the policy")
+    if status != "fixed":
+        return KeepDecision(True, release, provider,
+                            f"onnxruntime {release} is {status} by the CPU MoE in-place defect "
+                            f"(right from {defect.first_seen_fixed})")
+    if provider is None:
+        return KeepDecision(True, release, None,
+                            f"the policy names no execution provider: onnxruntime {release}'s CPU kernel is right "
+                            "but another provider's MoE kernel is not known to be")
+    if provider != CPU:
+        return KeepDecision(True, release, provider,
+                            f"{provider}'s MoE kernel is not known to be right in place ({defect.cuda})"
+                            if provider == "CUDAExecutionProvider" else
+                            f"{provider}'s MoE kernel is not known to be right in place")
+    return KeepDecision(False, release, provider,
+                        f"onnxruntime {release} on {provider} computes the node right in place (fixed from "
+                        f"{defect.first_seen_fixed})")
 
 
 def keep_inputs_alive(model: onnx.ModelProto) -> list[KeptInput]:

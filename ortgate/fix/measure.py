@@ -4,15 +4,17 @@ their ratio with its spread over the rounds (within noise when the rounds' p50 i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
 from ortgate.evidence import Ratio, Stats
 from ortgate.graph.index import Graph
+from ortgate.graph.patterns.decoder import token_ids_input
 from ortgate.runner.inputs import (
     dim_role,
+    graph_dim_roles,
     graph_signature,
     head_size,
     resolve_dims,
@@ -56,10 +58,16 @@ class Measurement:
 
 
 def decode_step(graph: Graph, settings: RunnerSettings = DECODE):
-    """The step measure_pair times: the graph's inputs, their dims, and the step shape they describe."""
+    """The step measure_pair times: the graph's inputs, their dims, and the step shape they describe. A token input
+    whose batch or sequence dim is a literal (an export fixed to its example's shape, [batch, 7]) is fed at that
+    size, so that is the step's shape, not the settings' one new token."""
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
-                              policy_file=None)
+                              policy_file=None, roles=graph_dim_roles(graph))
+    tokens = token_ids_input(graph)
+    if tokens is not None and tokens.shape is not None and len(tokens.shape) == 2:
+        batch, seq = (d if isinstance(d, int) and d > 0 else None for d in tokens.shape)
+        step = replace(step, batch_size=batch or step.batch_size, sequence_length=seq or step.sequence_length)
     return signature, dims, step
 
 
@@ -83,7 +91,8 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
         latencies = alternated_rounds(bounds, settings.iterations, deadline, labels=labels)
     del bounds
     stats = [latency_stats([x for r in rounds for x in r]) for rounds in latencies]
-    past = f" after {step.past_sequence_length} cached" if any(dim_role(d) == "past" for d in dims) else ""
+    roles = graph_dim_roles(graph)
+    past = f" after {step.past_sequence_length} cached" if any((roles.get(d) or dim_role(d)) == "past" for d in dims) else ""
     what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {stats[-1].iterations} "
             f"runs{' each, alternated' if len(stats) > 1 else ''}, ORT CPU, ORT_ENABLE_ALL")
     if skip_original:

@@ -23,6 +23,8 @@ from ortgate.errors import printable
 from ortgate.fix.weights import DataFile, MemorySink, WeightSource, itemsize
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.moe_anatomy import MoeAnatomy, WeightView, moe_anatomies, rewrite_refusal
+from ortgate.graph.patterns.moe_group_routing import GroupRouting, group_verdict
+from ortgate.knowledge.group_router import group_router_facts
 from ortgate.knowledge.moe import moe_inputs
 from ortgate.knowledge.moe_op import moe_op_facts
 
@@ -46,6 +48,7 @@ class MoeRewrite:
     bytes_after: int = 0
     notes: list[str] = field(default_factory=list)
     verification: str = "not run"
+    group: GroupRouting | None = None  # routed by com.microsoft.MoEGroupRouter before the MoE node
 
     @property
     def layer(self) -> int | None:
@@ -76,13 +79,26 @@ class PlannedTensor:
     data_type: int
 
 
-def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
+def plan_moe(graph: Graph, release: str | None = None) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
+    """The MoE rewrites for a deployment on onnxruntime `release` (the policy's; None: not named), and the blocks
+    left as they are with the reason."""
     rewrites, refusals = [], []
     taken = set(graph.initializers) | {n.name for n in graph.nodes}
     facts = moe_op_facts()
     for a in moe_anatomies(graph):
         verdict = rewrite_refusal(a)
-        if not verdict.rewritable:
+        group = None
+        bad_k = _bad_k(a)
+        if bad_k:
+            refusals.append(MoeRefusal(a.layer, a.anchor.display_name, bad_k))
+            continue
+        grouped = group_verdict(graph, a, release)
+        if grouped is not None:
+            if grouped.anatomy is None:
+                refusals.append(MoeRefusal(a.layer, a.anchor.display_name, grouped.reason or ""))
+                continue
+            a, group = grouped.anatomy, grouped.group
+        elif not verdict.rewritable:
             refusals.append(MoeRefusal(a.layer, a.anchor.display_name, verdict.reason or ""))
             continue
         prefix = f"model.layers.{a.layer}.moe" if a.layer is not None else f"moe.{a.anchor.index}"
@@ -91,7 +107,12 @@ def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
         fc2 = _unique(f"{prefix}.experts.down_proj.weight", taken)
         name = _unique(f"/model/layers.{a.layer}/moe/MoE" if a.layer is not None else f"/moe.{a.anchor.index}/MoE",
                        taken)
-        rewrite = MoeRewrite(a, name, fc1, fc2, _attributes(a, facts))
+        rewrite = MoeRewrite(a, name, fc1, fc2, _attributes(a, facts), group=group)
+        if group is not None:
+            # MoE's softmax over the router's log-scores renormalises the picks itself; normalize_routing_weights=1
+            # changes nothing in the result, and the CPU kernel then copies its input first (no in-place defect).
+            rewrite.attributes.update(k=group.top_k, normalize_routing_weights=1)
+            rewrite.notes.append(_group_note(group))
         if any(v is not None and v.bias is not None for e in a.experts for v in (e.gate, e.up, e.down)):
             rewrite.fc1_bias = _unique(f"{prefix}.experts.gate_up_proj.bias" if a.activation == "swiglu"
                                        else f"{prefix}.experts.fc1.bias", taken)
@@ -102,6 +123,22 @@ def plan_moe(graph: Graph) -> tuple[list[MoeRewrite], list[MoeRefusal]]:
             rewrite.notes.append(facts.square_layout_note(a.hidden_size, a.intermediate_size))
         rewrites.append(rewrite)
     return rewrites, refusals
+
+
+def _bad_k(a: MoeAnatomy) -> str | None:
+    """A router whose k no MoE node can take: never rewritten (with or without verification)."""
+    experts = a.num_experts or len(a.experts)
+    if a.k is not None and (a.k <= 0 or (experts and a.k > experts)):
+        return f"the router's TopK picks k={a.k} of {experts or 'an unknown number of'} experts: no MoE node has such a k"
+    return None
+
+
+def _group_note(group: GroupRouting) -> str:
+    bias = f"correction bias {group.bias}" if group.bias else "no correction bias"
+    scale = (f"; routed scaling factor {group.scale:g} as one Mul after the MoE" if group.scale != 1.0 else "")
+    return (f"routing: com.microsoft.{group_router_facts().op_type} (sigmoid scores, {bias}, n_group={group.n_group}, "
+            f"topk_group={group.topk_group}, group_topk={group.group_topk}, top_k={group.top_k}), its picks "
+            f"renormalised by MoE's softmax over their log-scores{scale}")
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -178,15 +215,28 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
         new_initializers.append(onnx.numpy_helper.from_array(np.array([-1, len(a.experts)], dtype=np.int64),
                                                              shape_name))
         reshape = helper.make_node("Reshape", [a.logits, shape_name], [logits_2d], name=f"{r.node_name}/Reshape")
-        moe = helper.make_node("MoE", _moe_node_inputs(a.hidden, logits_2d, r.fc1, r.fc2, r.fc1_bias, r.fc2_bias),
-                               [a.output], name=r.node_name, domain="com.microsoft", **r.attributes)
+        dtype = _dtype_code(graph, a.experts[0].down.initializer)
+        added = [reshape]
+        probs = logits_2d
+        if r.group is not None:
+            probs, router_nodes = _group_router_nodes(r, logits_2d, dtype, new_initializers)
+            added.extend(router_nodes)
+        moe_output = a.output if r.group is None or r.group.scale == 1.0 else f"{r.node_name}/unscaled"
+        moe = helper.make_node("MoE", _moe_node_inputs(a.hidden, probs, r.fc1, r.fc2, r.fc1_bias, r.fc2_bias),
+                               [moe_output], name=r.node_name, domain="com.microsoft", **r.attributes)
+        added.append(moe)
+        if moe_output != a.output:
+            assert r.group is not None
+            scale_name = f"{r.node_name}/routed_scaling_factor"
+            new_initializers.append(onnx.numpy_helper.from_array(
+                np.array(r.group.scale, dtype=helper.tensor_dtype_to_np_dtype(dtype)), scale_name))
+            added.append(helper.make_node("Mul", [moe_output, scale_name], [a.output], name=f"{r.node_name}/scale"))
         uses.update([a.logits, a.hidden])
         before = len(removed)
         _remove(position, nodes, producer, uses, removed, protect={a.output})
         r.removed = len(removed) - before
-        r.added = 2
-        inserted[position] = [reshape, moe]
-        dtype = _dtype_code(graph, a.experts[0].down.initializer)
+        r.added = len(added)
+        inserted[position] = added
         assert a.hidden_size is not None and a.intermediate_size is not None  # set for every anatomy not refused
         rows = 2 * a.intermediate_size if a.activation == "swiglu" else a.intermediate_size
         planned.append(PlannedTensor(r.fc1, "fc1", r, (len(a.experts), rows, a.hidden_size), dtype))
@@ -221,6 +271,34 @@ def apply_moe(model: onnx.ModelProto, graph: Graph, rewrites: list[MoeRewrite]) 
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return planned
+
+
+def _group_router_nodes(r: MoeRewrite, logits_2d: str, dtype: int, new_initializers: list[onnx.TensorProto]
+                        ) -> tuple[str, list[onnx.NodeProto]]:
+    """MoEGroupRouter over the [tokens, E] logits with the block's correction bias as a float32 [E] vector."""
+    group = r.group
+    assert group is not None
+    experts = len(r.anatomy.experts)
+    nodes: list[onnx.NodeProto] = []
+    if group.bias is None:
+        bias = f"{r.node_name}/expert_bias"
+        new_initializers.append(onnx.numpy_helper.from_array(np.zeros(experts, dtype=np.float32), bias))
+    else:
+        bias = group.bias
+        cast = f"{r.node_name}/expert_bias"
+        shape = f"{r.node_name}/expert_bias_shape"
+        new_initializers.append(onnx.numpy_helper.from_array(np.array([experts], dtype=np.int64), shape))
+        nodes.append(helper.make_node("Reshape", [bias, shape], [cast + "/flat"], name=f"{r.node_name}/bias_flat"))
+        nodes.append(helper.make_node("Cast", [cast + "/flat"], [cast], to=TensorProto.FLOAT,
+                                      name=f"{r.node_name}/bias_float"))
+        bias = cast
+    facts = group_router_facts()
+    probs = f"{r.node_name}/router_probs"
+    nodes.append(helper.make_node(facts.op_type, [logits_2d, bias], [probs], name=f"{r.node_name}/GroupRouter",
+                                  domain=facts.domain, top_k=group.top_k, n_group=group.n_group,
+                                  topk_group=group.topk_group, group_topk=group.group_topk,
+                                  router_sentinel=facts.sentinel))
+    return probs, nodes
 
 
 def _moe_node_inputs(hidden: str, logits: str, fc1: str, fc2: str, fc1_bias: str = "", fc2_bias: str = ""

@@ -20,7 +20,9 @@ from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.reads import model_reads
 from ortgate.errors import InputError
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
-from ortgate.fix.inplace import KEEP_SUFFIX, KeptInput, keep_inputs_alive, needs_keep_alive
+from ortgate.fix.genai_config import GenaiSettings, write_or_keep
+from ortgate.fix.generate import TokenProof, prove_tokens
+from ortgate.fix.inplace import KEEP_SUFFIX, KeepDecision, KeptInput, keep_inputs_alive, needs_keep_alive
 from ortgate.fix.moe import (
     MoeRefusal,
     MoeRewrite,
@@ -31,12 +33,14 @@ from ortgate.fix.moe import (
     write_planned,
 )
 from ortgate.fix.verify import (
-    WHOLE_MODEL_MAX_NODES,
+    SESSION_BUILD_LIMIT_S,
     BlockCheck,
     ModelSource,
     Probe,
+    SessionBuild,
     SessionPlan,
     VerifyResult,
+    measure_session_build,
     session_plan,
     verify,
     verify_blocks,
@@ -53,6 +57,7 @@ from ortgate.fix.weights import (
 from ortgate.graph import build_graph
 from ortgate.graph.index import Graph, ort_load_refusal
 from ortgate.graph.load import load_model
+from ortgate.knowledge.group_router import group_router_facts
 from ortgate.knowledge.moe_op import moe_op_facts
 from ortgate.rules import match_rules, suggest_rule
 
@@ -81,12 +86,15 @@ class FixRequest:
     dry_run: bool = False
     verify: bool = True
     force: bool = False
-    target_ort: str | None = None  # the ORT release the deployment runs (policy), checked against known bugs
+    target_ort: str | None = None  # the ORT release the deployment runs (policy): what fix writes for
+    target_provider: str | None = None  # the execution provider the deployment runs (policy)
+    runner_dims: dict[str, int] = field(default_factory=dict)  # the policy's runner.dims: values of symbolic dims
     policy: str | None = None  # read by the caller: OUT must not hold it either
     session_setup: object | None = None  # the policy's SessionSetup: verification runs with its session options
     policy_files: tuple[Path, ...] = ()  # every file the policy leads to (ortgate.config.reads.policy_reads)
     # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
     check_output: Callable[[list[Path]], None] | None = None
+    genai: GenaiSettings | None = None  # what genai_config.json needs that the graph cannot tell
 
 
 @dataclass
@@ -106,8 +114,15 @@ class FixResult:
     nodes_after: int = 0
     written: bool = False
     dry_run: bool = False
-    original_too_large: bool = False  # more nodes than ORT builds a whole-model session of in reasonable time
+    original_too_large: bool = False  # ORT did not build a session of the original within the measured limit
+    original_build: SessionBuild | None = None  # the bounded session build of the original that decided it
     kept_inputs: list[KeptInput] = field(default_factory=list)  # MoE inputs kept alive past the node (ORT defect)
+    keep_decision: KeepDecision | None = None  # whether the deployment needs them kept alive, and why
+    verified_with_keep_alive: bool = False  # the installed ORT has the defect the deployment's has not: see _verify
+    tokens: TokenProof | None = None  # greedy generation, original against the delivered folder
+    attention_kept: str | None = None  # why the attention rewrite was dropped (it could not be proven)
+    genai_config: str | None = None  # genai_config.json in OUT: written, kept from the input, or why not written
+    gained_cache: int = 0  # layers of a cache-less export given a KV cache (past / present) by the rewrite
 
     @property
     def changed(self) -> bool:
@@ -414,9 +429,40 @@ def check_output_folder(output: str, inputs: list[Path], *, force: bool) -> Path
 
 
 def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) -> StagedFix:
+    """Stage the fix; where the attention rewrite cannot be proven (the whole-model verification or the token proof
+    fails with GroupQueryAttention written), stage it again with the model's own attention, saying why."""
+    staged = _stage_fix(request, note)
+    why = _attention_unproven(staged)
+    if why is None:
+        return staged
+    staged.discard()
+    (note or (lambda _m: None))(f"attention rewrite not proven ({why}): staging again with the original attention")
+    again = _stage_fix(request, note, keep_attention=True)
+    again.result.attention_kept = why
+    return again
+
+
+def _attention_unproven(staged: StagedFix) -> str | None:
+    result = staged.result
+    fusions = result.fusions
+    if staged.folder is None or fusions is None or not fusions.counts.get("gqa_with_cache"):
+        return None
+    v = result.verification
+    if v is not None and not v.passed:
+        if result.tokens is not None and not result.tokens.passed:
+            return f"the greedy tokens diverge: {result.tokens.why}"
+        first = v.first_divergent
+        return "the whole-model verification failed" + (f" (first divergent: {first.node})" if first else "")
+    return None
+
+
+def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *,
+               keep_attention: bool = False) -> StagedFix:
     say = note or (lambda _m: None)
     files = resolve_model_path(request.model)
     kinds = fix_kinds(request.select, request.ignore)
+    if keep_attention:
+        kinds = tuple(k for k in kinds if k != "attention")
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
@@ -434,8 +480,7 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         inputs.append(Path(request.model))
     out = check_output_folder(request.output, inputs, force=request.force)
     out_identity = _identity(out)  # what --force may replace; nothing that appears at OUT later
-    result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run,
-                       original_too_large=len(original.graph.node) > WHOLE_MODEL_MAX_NODES)
+    result = FixResult(str(files.model), str(out), kinds, nodes_before=len(original.graph.node), dry_run=request.dry_run)
     _ort_gate(result, request)
 
     fixed = onnx.ModelProto()
@@ -443,7 +488,28 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     planned: list[PlannedTensor] = []
     if "moe" in kinds:
         say("matching MoE blocks")
-        rewrites, refusals = plan_moe(graph)
+        rewrites, refusals = plan_moe(graph, request.target_ort)
+        gate = moe_op_facts().swiglu_gate
+        if request.target_ort and gate.affects(request.target_ort):
+            for r in [r for r in rewrites if r.attributes.get("activation_type") == "swiglu"]:
+                rewrites.remove(r)
+                refusals.append(MoeRefusal(r.layer, r.anatomy.anchor.display_name,
+                                           f"the deployment's onnxruntime {request.target_ort} (the policy's "
+                                           "execution_provider.onnxruntime_version) computes MoE SwiGLU with "
+                                           f"GPT-OSS constants whatever the attributes say ({gate.issue}, fixed by "
+                                           f"{gate.fixed_by} in {gate.first_fixed_release}): the node would give "
+                                           "wrong outputs there"))
+        router = group_router_facts()
+        if request.verify and not router.available(result.ort_installed):
+            for r in [r for r in rewrites if r.group is not None]:
+                rewrites.remove(r)
+                refusals.append(MoeRefusal(r.layer, r.anatomy.anchor.display_name,
+                                           f"routing written as com.microsoft.{router.op_type} + MoE for onnxruntime "
+                                           f"{request.target_ort}, but the rewrite could not be proven here: the "
+                                           f"onnxruntime {result.ort_installed or '(none)'} installed here has no "
+                                           f"{router.op_type} ({router.first_release} adds it); run ortgate fix "
+                                           f"where onnxruntime {router.first_release} or later is installed, or "
+                                           "pass --no-verify"))
         if rewrites and result.ort_installed and moe_op_facts().swiglu_gate.affects(result.ort_installed):
             gate = moe_op_facts().swiglu_gate
             for r in [r for r in rewrites if r.attributes.get("activation_type") == "swiglu"]:
@@ -457,6 +523,10 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     source.check_all(dict.fromkeys(weight_names(result.rewrites)))
     _inline_small(fixed, planned, source)
     fusion_kinds = tuple(k for k in kinds if k != "moe")
+    if request.verify and not request.dry_run and (result.rewrites or fusion_kinds):
+        say("timing a bounded session build of the original on ONNX Runtime CPU")
+        result.original_build = measure_session_build(files.model, session_plan(request.session_setup))
+        result.original_too_large = result.original_build.too_slow
     moe_only = onnx.ModelProto()
     if fusion_kinds and result.original_too_large:
         moe_only.CopyFrom(fixed)  # the fusions are then proven against this, not against the original
@@ -467,12 +537,16 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         source.check_external()
         source.check_all([t.name for t in fixed.graph.initializer if t.name in source.tensors])
         say("running onnxscript's norm, rotary and attention fusions")
-        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model)
-    if result.rewrites and needs_keep_alive([result.ort_installed, request.target_ort]):
+        fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model,
+                                            context_length=(request.genai or GenaiSettings()).context_length)
+        result.gained_cache = int(result.fusions.options.get("gained_cache", 0))
+    decision = needs_keep_alive(request.target_ort, request.target_provider)
+    result.keep_decision = decision
+    if result.rewrites and decision.keep:
         result.kept_inputs = keep_inputs_alive(fixed)
         _note_kept(result)
-        if moe_only.graph.node:
-            keep_inputs_alive(moe_only)  # the fusions' reference must not hit the defect either
+    if result.rewrites and moe_only.graph.node and (decision.keep or _installed_affected(result)):
+        keep_inputs_alive(moe_only)  # the fusions' reference runs here: it must not hit the defect either
     result.nodes_after = len(fixed.graph.node)
     kept_from_source = [t.name for t in fixed.graph.initializer if t.name in source.tensors]
     source.check_all(kept_from_source)
@@ -492,14 +566,26 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
         _write(fixed, planned, source, staged)
         if files.genai_config:
             shutil.copyfile(files.genai_config, folder / files.genai_config.name)
+        result.genai_config = write_or_keep(fixed, folder, files.model.name, request.genai or GenaiSettings(),
+                                            files.genai_config).note
         result.files = sorted(p.name for p in folder.iterdir() if p.name != STAGING_MARKER)
         if request.verify:
             say("verifying on ONNX Runtime CPU")
             after_write(staged)
             plan = session_plan(request.session_setup)
             assert staged.model_file is not None
-            result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result, moe_only,
-                                          source, plan)
+            if result.gained_cache:
+                # past / present the original has not: no step feeds both alike; the tokens are the proof
+                why = (f"the fixed model gained a KV cache ({result.gained_cache} layers): the original, recomputing "
+                       "its whole sequence each step, and the fixed model, fed its own presents, are compared as "
+                       "greedy tokens")
+                unchecked = ("the outputs of single steps of both models on one input (their inputs differ: the "
+                             "fixed model takes a cache)")
+                result.verification = VerifyResult(True, mode="as tokens", notes=[why], not_checked=[unchecked])
+            else:
+                result.verification = _verify(original, files.model, fixed, staged.model_file, graph, result,
+                                              moe_only, source, plan, request.runner_dims)
+            _prove_tokens(result, files.model, staged.model_file, say)
     except OSError as exc:  # a full disk, a quota: said about OUT, not the staging folder
         staged.discard()
         raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
@@ -509,9 +595,36 @@ def stage_fix(request: FixRequest, note: Callable[[str], None] | None = None) ->
     return staged
 
 
+def _prove_tokens(result: FixResult, original: Path, fixed: Path, say: Callable[[str], None]) -> None:
+    """Where attention became GroupQueryAttention, the delivered folder must generate the original's greedy tokens
+    (ortgate.fix.generate); a divergence fails the verification."""
+    v = result.verification
+    if v is None or not v.passed:
+        return
+    if not (result.fusions and result.fusions.counts.get("gqa_with_cache")):
+        return
+    if not result.original_too_large:
+        say("generating greedy tokens with the original and the fixed model")
+        result.tokens = prove_tokens(original, fixed)
+    if result.tokens is not None and not result.tokens.passed:
+        v.passed = False
+        v.notes.append(f"the greedy tokens diverge: {result.tokens.why}")
+    elif result.tokens is None and result.gained_cache:
+        # a cache-gaining rewrite has no other proof: unproven is failed
+        v.passed = False
+        v.notes.append("the tokens could not be generated with both models (the original is too large for a whole "
+                       "session, or not a decoder with input_ids and logits): the new KV cache is not proven")
+
+
 def after_write(staged: StagedFix) -> None:
     """Called once the staged folder is written, before it is verified (a seam: the folder is what will be
     delivered)."""
+
+
+def _installed_affected(result: FixResult) -> bool:
+    """Whether the onnxruntime installed here (which runs the verification, never decides what is written) is not
+    known to compute the CPU MoE right in place."""
+    return moe_op_facts().inplace_defect.status(result.ort_installed) != "fixed"
 
 
 def _note_kept(result: FixResult) -> None:
@@ -528,23 +641,27 @@ def _note_kept(result: FixResult) -> None:
 
 def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelProto, fixed_file: Path, graph: Graph,
             result: FixResult, moe_only: onnx.ModelProto, source: WeightSource,
-            plan: SessionPlan | None) -> VerifyResult:
+            plan: SessionPlan | None, dims: dict[str, int] | None = None) -> VerifyResult:
     """Whole model against whole model, both loaded from disk, when ORT can build a session of the original in
     reasonable time; else each MoE rewrite on its own block, and the fusions (if any) against the MoE-only model,
     which is small."""
     folder = fixed_file.parent
     original_dir = original_file.parent
+    delivered, twin, kept = _as_verified(fixed, fixed_file, result)
     if not result.original_too_large:
-        return verify(ModelSource(path=original_file), ModelSource(path=fixed_file), graph,
-                      _probes(graph, fixed, result), _routers(result.rewrites), original_model=original,
-                      fixed_model=fixed, plan=plan)
+        checked = verify(ModelSource(path=original_file), delivered, graph, _probes(graph, twin or fixed, kept),
+                         _routers(result.rewrites), original_model=original, fixed_model=twin or fixed, plan=plan,
+                         dims=dims)
+        _note_twin(checked, result)
+        return checked
     blocks = [BlockCheck(r.node_name, r.anatomy.hidden, r.output, r.anatomy.logits, r.anatomy.k or 1,
                          r.anatomy.hidden_size or 0)
               for r in result.rewrites]
-    checked = verify_blocks(original, original_dir, fixed, folder, graph, blocks)
-    checked.notes.append(f"the original graph has {len(original.graph.node):,} nodes, more than ORT builds a session "
-                         f"of in reasonable time (over {WHOLE_MODEL_MAX_NODES:,}): each MoE rewrite was run against "
-                         "its own block")
+    checked = verify_blocks(original, original_dir, fixed, folder, graph, blocks, dims=dims)
+    limit = result.original_build.limit_s if result.original_build is not None else SESSION_BUILD_LIMIT_S
+    checked.notes.append(f"ONNX Runtime did not build a session of the original ({len(original.graph.node):,} nodes) "
+                         f"within {limit:g} s (a bounded build, stopped at the limit): each MoE rewrite was run "
+                         "against its own block")
     checked.not_checked.append("the delivered model as a whole against the original: each MoE rewrite was run on "
                                "its own block from a synthesised hidden state, in a session of that block alone "
                                "(not the memory plan of the delivered graph), at one step (batch 1, "
@@ -552,9 +669,10 @@ def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelPro
     if checked.passed and moe_only.graph.node and result.fusions and any(x.applied for x in result.fusions.layers):
         _point_at_output(moe_only, fixed, source)
         inner_graph = build_graph(moe_only, str(folder / "moe-only.onnx"))
-        whole = verify(ModelSource(data=moe_only.SerializeToString(), folder=folder), ModelSource(path=fixed_file),
-                       inner_graph, _probes(inner_graph, fixed, result), [], original_model=moe_only,
-                       fixed_model=fixed, plan=plan)
+        whole = verify(ModelSource(data=moe_only.SerializeToString(), folder=folder), delivered,
+                       inner_graph, _probes(inner_graph, twin or fixed, kept), [], original_model=moe_only,
+                       fixed_model=twin or fixed, plan=plan, dims=dims)
+        _note_twin(whole, result)
         checked.steps.extend(whole.steps)
         checked.not_checked.extend(whole.not_checked)
         checked.outputs.extend(whole.outputs)
@@ -565,6 +683,33 @@ def _verify(original: onnx.ModelProto, original_file: Path, fixed: onnx.ModelPro
         checked.notes.append("the norm, rotary and attention fusions were run whole-model against the model with "
                              "only the MoE rewrites")
     return checked
+
+
+def _as_verified(fixed: onnx.ModelProto, fixed_file: Path, result: FixResult
+                 ) -> tuple[ModelSource, onnx.ModelProto | None, list[KeptInput]]:
+    """What the verification runs as the delivered model: the written file; or, when it was written for a deployment
+    whose ORT computes the MoE right in place and the ORT installed here does not, the written graph plus the
+    keep-alive form (its outputs are the MoE's bit for bit), reading the written folder's data file."""
+    if not result.rewrites or result.kept_inputs or not _installed_affected(result):
+        return ModelSource(path=fixed_file), None, result.kept_inputs
+    twin = onnx.ModelProto()
+    twin.CopyFrom(fixed)
+    kept = keep_inputs_alive(twin)
+    if not kept:
+        return ModelSource(path=fixed_file), None, result.kept_inputs
+    result.verified_with_keep_alive = True
+    return ModelSource(data=twin.SerializeToString(), folder=fixed_file.parent), twin, kept
+
+
+def _note_twin(checked: VerifyResult, result: FixResult) -> None:
+    if not result.verified_with_keep_alive:
+        return
+    release = result.keep_decision.release if result.keep_decision else None
+    checked.not_checked.append(
+        f"the delivered graph's own memory plan on this machine: the onnxruntime {result.ort_installed} installed "
+        "here computes a com.microsoft.MoE node wrongly when it takes over its input's buffer, which the "
+        f"deployment's onnxruntime {release} does not; the delivered model was run with its MoE inputs kept alive "
+        "past the node (Where(true, output, input), the same outputs bit for bit)")
 
 
 def _point_at_output(model: onnx.ModelProto, written: onnx.ModelProto, source: WeightSource) -> None:
@@ -639,10 +784,10 @@ def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
     return a.data_type == b.data_type and list(a.dims) == list(b.dims)
 
 
-def _probes(graph: Graph, fixed: onnx.ModelProto, result: FixResult) -> list[Probe]:
+def _probes(graph: Graph, fixed: onnx.ModelProto, kept_inputs: list[KeptInput]) -> list[Probe]:
     """Outputs of rewritten nodes that the original graph computes under the same name, in the fixed graph's order."""
     fused = {op for ops in FUSED_OPS.values() for op in ops} | {("com.microsoft", "MoE")}
-    kept = {k.output + KEEP_SUFFIX: k.output for k in result.kept_inputs}  # the Where passes the MoE output on
+    kept = {k.output + KEEP_SUFFIX: k.output for k in kept_inputs}  # the Where passes the MoE output on
     probes = []
     for node in fixed.graph.node:
         domain = node.domain if node.domain not in ("", "ai.onnx") else "ai.onnx"
@@ -673,5 +818,4 @@ def _ort_gate(result: FixResult, request: FixRequest) -> None:
         result.warnings.append(
             f"the policy's target onnxruntime {request.target_ort} computes MoE SwiGLU with GPT-OSS constants "
             f"whatever the attributes say ({gate.issue}; fixed by {gate.fixed_by} in {gate.first_fixed_release}): "
-            f"a SiLU-gated MoE node written here will give wrong outputs there; deploy onnxruntime >= "
-            f"{gate.first_fixed_release}")
+            f"no SiLU-gated MoE node is written for it; deploy onnxruntime >= {gate.first_fixed_release}")

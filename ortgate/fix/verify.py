@@ -30,9 +30,11 @@ from ortgate.errors import InputError
 from ortgate.evidence import OutputComparison
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.decoder import token_ids_input
+from ortgate.knowledge.dims import dim_role
 from ortgate.runner.compare import compare_one, compare_outputs
 from ortgate.runner.inputs import (
     Feeds,
+    graph_dim_roles,
     graph_signature,
     head_size,
     resolve_dims,
@@ -151,6 +153,16 @@ def _literal_token_dims(graph: Graph) -> tuple[int | None, int | None] | None:
             seq if isinstance(seq, int) and seq > 0 else None)
 
 
+def pinned_steps(graph: Graph, steps: tuple[Step, ...], dims: dict[str, int]) -> tuple[Step, ...]:
+    """The steps with the batch and new-token count the user pinned (runner.dims on a dim of that role)."""
+    roles = graph_dim_roles(graph)
+    pins = {(roles.get(d) or dim_role(d)): v for d, v in dims.items()}
+    if "batch" not in pins and "query" not in pins:
+        return steps
+    return tuple(dict.fromkeys(replace(s, batch=pins.get("batch", s.batch), tokens=pins.get("query", s.tokens))
+                               for s in steps))
+
+
 def accepted_settings(graph: Graph, settings: RunnerSettings) -> RunnerSettings:
     """`settings` with the batch and sequence length of a token input whose dims are literals; unchanged for
     dynamic dims."""
@@ -172,22 +184,27 @@ def accepted_steps(graph: Graph, steps: tuple[Step, ...]) -> tuple[Step, ...]:
 
 def verify(original: ModelSource, fixed: ModelSource, graph: Graph, probes: list[Probe],
            routers: list[tuple[str, int]], *, original_model: onnx.ModelProto, fixed_model: onnx.ModelProto,
-           plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS) -> VerifyResult:
+           plan: SessionPlan | None = None, steps: tuple[Step, ...] = STEPS,
+           dims: dict[str, int] | None = None) -> VerifyResult:
     """Run both models as delivered on ORT CPU at every step and compare their graph outputs. `probes`: rewritten
     nodes' outputs present in both graphs (the diagnostic run after a mismatch); `routers`: (router logits value, k)
     of each rewritten MoE block, for the tie check. `original_model` / `fixed_model`: the graphs, for the runs with
     added outputs (routing margin, diagnosis)."""
     plan = plan or SessionPlan()
     cache = kv_cache_pairs(graph)
-    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1) for s in accepted_steps(graph, steps)]
+    pinned_dims = dict(dims or {})
+    wanted = [Step(s.batch, s.tokens, decode=bool(cache) and s.tokens > 1)
+              for s in pinned_steps(graph, accepted_steps(graph, steps), pinned_dims)]
     signature, vocab = graph_signature(graph), token_inputs(graph, None)
     window, head = sliding_window(graph, None), head_size(None, None)
+    roles = graph_dim_roles(graph)
 
     def feeds_for(step: Step, seed: int, *, past: int = 0) -> Feeds:
         settings = RunnerSettings(batch_size=step.batch, sequence_length=1 if past else step.tokens,
-                                  past_sequence_length=past)
-        dims, shape = resolve_dims(signature, settings, {}, window=window, head=head, policy_file=None)
-        return synthesize(signature, dims, shape, vocab, seed=seed)
+                                  past_sequence_length=past, dims=pinned_dims)
+        values, shape = resolve_dims(signature, settings, {}, window=window, head=head, policy_file=None,
+                                     roles=roles)
+        return synthesize(signature, values, shape, vocab, seed=seed)
 
     # Inputs: the seed whose routing is farthest from a tie, read from the original with the router logits exposed.
     chosen: list[tuple[Step, int, float | None, Feeds]] = []
@@ -311,7 +328,8 @@ def kv_cache_pairs(graph: Graph) -> dict[str, str]:
     pairs: dict[str, str] = {}
     pasts = [i.name for i in graph.inputs if i.name.lower().startswith("past")]
     for name in pasts:
-        for candidate in (name.replace("past_key_values", "present", 1), name.replace("past", "present", 1)):
+        for candidate in (name.replace("past_key_values", "present", 1), name.replace("past", "present", 1),
+                          name.replace("past_key_values", "cache", 1)):  # transformers' exporter: cache.layers.N
             if candidate in outputs:
                 pairs[name] = candidate
                 break
@@ -441,10 +459,66 @@ class VerificationError(Exception):
 
 # ---- per block: for graphs whose whole-model session ORT cannot build in reasonable time ---------------------------
 
-# ORT's session creation grows faster than linearly with the node count of an unrolled expert loop (seen on 1.31.1
-# CPU: 2,380 nodes 13 s, 4,684 nodes 50 s, 9,352 nodes 230 s). Above this many nodes the original is not run whole:
-# each rewritten block is run on its own, its hidden state synthesised.
-WHOLE_MODEL_MAX_NODES = 3000
+# Whether ORT builds a whole-model session of the original in reasonable time is measured, never guessed from the
+# node count: session creation of an unrolled expert loop grew faster than linearly on 1.31.1 CPU (2,380 nodes 13 s,
+# 9,352 nodes 230 s), while 1.32.0 built a 4,942-node Qwen3-Next export in 0.64 s. The original's session is built
+# once in a child process stopped at this limit; only when it does not finish is each rewritten block run on its
+# own, its hidden state synthesised.
+SESSION_BUILD_LIMIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SessionBuild:
+    """A bounded build of the original's session: how long it took, or that it did not finish within the limit."""
+
+    seconds: float | None  # None: stopped at the limit, or failed
+    limit_s: float
+    failed: str | None = None  # ORT's refusal (the whole-model verification then reports it as such)
+
+    @property
+    def too_slow(self) -> bool:
+        return self.seconds is None and self.failed is None
+
+
+_BUILD_SCRIPT = """
+import sys, time
+import onnxruntime as ort
+options = ort.SessionOptions()
+if sys.argv[2]:
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, sys.argv[2])
+options.log_severity_level = 4
+start = time.perf_counter()
+ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+print(time.perf_counter() - start)
+"""
+
+
+def measure_session_build(model: Path, plan: SessionPlan | None = None,
+                          limit_s: float | None = None) -> SessionBuild:
+    """Build the session of `model` (a file) on ORT CPU in a child process with the plan's optimization level, and
+    stop it at `limit_s` (SESSION_BUILD_LIMIT_S): the measurement that decides whether the original is verified
+    whole. The child is killed on the limit, and on any interrupt of this process."""
+    import subprocess
+    import sys
+
+    limit = SESSION_BUILD_LIMIT_S if limit_s is None else limit_s
+    level = ""
+    if plan is not None and plan.options is not None:
+        level = str(getattr(plan.options().graph_optimization_level, "name", "") or "")
+    try:
+        done = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, str(model), level], capture_output=True,
+                              text=True, timeout=limit, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return SessionBuild(None, limit)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        return SessionBuild(None, limit, failed=tidy(lines[-1]) if lines else f"exit {done.returncode}")
+    try:
+        return SessionBuild(float(done.stdout.strip().splitlines()[-1]), limit)
+    except (ValueError, IndexError):
+        return SessionBuild(None, limit, failed="the build printed no time")
+
+
 PREFIX_MAX_NODES = 2000  # nodes allowed to compute a block's other inputs (shape arithmetic) from the graph inputs
 HIDDEN_SCALE = 1.0  # a normalised hidden state: unit RMS
 
@@ -460,14 +534,15 @@ class BlockCheck:
 
 
 def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.ModelProto, fixed_dir: Path,
-                  graph: Graph, blocks: list[BlockCheck], settings: RunnerSettings = VERIFY_SETTINGS) -> VerifyResult:
+                  graph: Graph, blocks: list[BlockCheck], settings: RunnerSettings = VERIFY_SETTINGS,
+                  dims: dict[str, int] | None = None) -> VerifyResult:
     """Each block alone: the original nodes from its hidden state to its routed sum against the rewritten node(s)
     from the same hidden state, on the same synthesised inputs (hidden state, and the graph inputs the block's shape
     arithmetic reads)."""
-    settings = accepted_settings(graph, settings)
+    settings = replace(accepted_settings(graph, settings), dims=dict(dims or {}))
     signature = graph_signature(graph)
     dims, step = resolve_dims(signature, settings, {}, window=sliding_window(graph, None), head=head_size(None, None),
-                              policy_file=None)
+                              policy_file=None, roles=graph_dim_roles(graph))
     vocab = token_inputs(graph, None)
     result = VerifyResult(True, mode="per block")
     fixed_graph_producers = {o: n for n in fixed.graph.node for o in n.output}

@@ -23,6 +23,13 @@ _ITEMSIZE: dict[int, int] = {
     TensorProto.UINT32: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8, TensorProto.BOOL: 1,
     TensorProto.FLOAT8E4M3FN: 1, TensorProto.FLOAT8E5M2: 1,
 }
+# Element types narrower than a byte, packed (two 4-bit or four 2-bit elements a byte, the last byte padded): moved
+# as bytes, whole tensors only.
+_PACKED_BITS: dict[int, int] = {
+    getattr(TensorProto, name): bits
+    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
+    if hasattr(TensorProto, name)
+}
 _RAW_DTYPE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 COPY_CHUNK = 64 * 2**20  # bytes moved per read when a tensor is copied as it is
 INLINE_LIMIT = 1024  # tensors smaller than this stay in model.onnx (what onnx.save_as_external_data does)
@@ -54,6 +61,11 @@ class TensorBytes:
     def itemsize(self) -> int:
         return _ITEMSIZE.get(self.data_type, 1)
 
+    @property
+    def packed(self) -> bool:
+        """Elements narrower than a byte: the tensor is moved as `nbytes` bytes, never sliced."""
+        return self.data_type in _PACKED_BITS
+
 
 class WeightSource:
     """The weights of one model: where each initializer's bytes live, checked before they are read."""
@@ -67,7 +79,8 @@ class WeightSource:
     def locate(self, name: str) -> TensorBytes:
         tensor = self.tensors[name]
         size = _ITEMSIZE.get(tensor.data_type)
-        if size is None:
+        bits = _PACKED_BITS.get(tensor.data_type)
+        if size is None and bits is None:
             raise InputError(f"tensor {name!r} has data type {tensor.data_type}, which `ortgate fix` cannot move",
                              self.model_path)
         numel = 1
@@ -75,7 +88,7 @@ class WeightSource:
             numel *= int(d)
         if any(d < 0 for d in tensor.dims):
             raise InputError(f"tensor {name!r} has a negative dimension {list(tensor.dims)}", self.model_path)
-        nbytes = numel * size
+        nbytes = numel * size if size is not None else (numel * (bits or 8) + 7) // 8
         info = external_info(tensor)
         if info is None:
             return TensorBytes(name, tensor.data_type, tuple(tensor.dims), None, 0, nbytes)
@@ -149,6 +162,11 @@ class WeightSource:
     def read(self, name: str, *, index: int | None = None) -> np.ndarray:
         """The tensor (or its `index`-th slice along axis 0) as raw elements of its item size, shaped."""
         where = self.locate(name)
+        if where.packed:
+            if index is not None:
+                raise InputError(f"tensor {name!r} packs elements narrower than a byte: `ortgate fix` moves it whole "
+                                 "and cannot take one slice of it", self.model_path)
+            return self._packed_bytes(where)
         dims = where.dims
         raw = _RAW_DTYPE[where.itemsize]
         if index is not None:
@@ -168,6 +186,23 @@ class WeightSource:
             raise InputError(f"truncated: tensor {name!r} ends early", where.file)
         return data.reshape(dims)
 
+    def _packed_bytes(self, where: TensorBytes) -> np.ndarray:
+        """A packed tensor's bytes, flat (uint8)."""
+        if where.file is None:
+            tensor = self.tensors[where.name]
+            if not tensor.HasField("raw_data") and _typed_fields_used(tensor):
+                raise InputError(f"tensor {where.name!r} keeps its packed elements in typed fields, not raw bytes: "
+                                 "`ortgate fix` cannot move it", self.model_path)
+            data = np.frombuffer(tensor.raw_data, dtype=np.uint8)
+        else:
+            with open(where.file, "rb") as f:
+                f.seek(where.offset)
+                data = np.fromfile(f, dtype=np.uint8, count=where.nbytes)
+        if data.size != where.nbytes:
+            raise InputError(f"truncated: tensor {where.name!r} has {data.size} bytes, not {where.nbytes}",
+                             where.file or self.model_path)
+        return data
+
     def _inline(self, name: str, raw) -> np.ndarray:
         tensor = self.tensors[name]
         if tensor.HasField("raw_data") or not _typed_fields_used(tensor):
@@ -180,7 +215,8 @@ class WeightSource:
         """Copy a tensor's bytes as they are into `out`, in chunks; (offset, length) there."""
         where = self.locate(name)
         if where.file is None:
-            return out.write(self._inline(name, _RAW_DTYPE[where.itemsize]).tobytes())
+            data = self._packed_bytes(where) if where.packed else self._inline(name, _RAW_DTYPE[where.itemsize])
+            return out.write(data.tobytes())
         offset = out.begin()
         remaining = where.nbytes
         with open(where.file, "rb") as f:

@@ -63,6 +63,7 @@ class Producer:
     command: str | None = None  # how to run it ("python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT")
     builds: Mapping[str, str] = field(default_factory=dict)  # model family (model_families.json key) -> label
     execution_providers: Mapping[str, str] = field(default_factory=dict)  # ORT provider -> the tool's flags for it
+    refuses: Mapping[str, str] = field(default_factory=dict)  # families seen refused (builds_source) -> label
 
     def builds_family(self, family: str) -> bool:
         return family in self.builds
@@ -131,6 +132,7 @@ class _ProducerEntry:
     command: str | None = None
     builds: Mapping[str, str] = field(default_factory=dict)
     builds_source: str = ""
+    refuses: Mapping[str, str] = field(default_factory=dict)
     execution_providers: Mapping[str, str] = field(default_factory=dict)
     execution_providers_source: str = ""
 
@@ -154,7 +156,7 @@ def _load() -> dict[str, Producer]:
                 raise KnowledgeError(f"{PRODUCERS_JSON.name}: producers.{name}: {version!r} is not a release number")
         producer = Producer(name, entry.label, entry.producer_names, entry.mentions, entry.checked,
                             entry.version_recorded_since, entry.version_source, dict(entry.forms), entry.fuses_none,
-                            entry.command, dict(entry.builds), dict(entry.execution_providers))
+                            entry.command, dict(entry.builds), dict(entry.execution_providers), dict(entry.refuses))
         for spelled in entry.producer_names:
             out[spelled.lower()] = producer
     return out

@@ -72,11 +72,25 @@ def _lint_moe(outcome) -> str:
             "read, which stay as they are")
 
 
+def _written_for(r) -> str | None:
+    """The deployment the MoE nodes were written for (the policy's release and provider), and what that decided."""
+    d = getattr(r, "keep_decision", None)
+    if d is None or not r.rewrites:
+        return None
+    release = f"onnxruntime {d.release}" if d.release else "any onnxruntime release (the policy names none)"
+    provider = f" on {d.provider}" if d.provider else ""
+    form = "MoE inputs kept alive past the node" if d.keep else "no in-place workaround"
+    return f"{release}{provider}: {form}: {d.reason}"
+
+
 def render_fix_text(outcome) -> str:
     r = outcome.result
     lines = [f"ortgate fix {r.model} -> {r.output}" + (" (dry run: nothing written)" if r.dry_run else "")]
     lines.append(f"repairs: {', '.join(r.kinds) or 'none'}; onnxruntime {r.ort_installed or 'not installed'}"
                  + (f", policy target {r.ort_target}" if r.ort_target else ""))
+    written_for = _written_for(r)
+    if written_for:
+        lines.append(f"written for: {written_for}")
     for w in r.warnings:
         lines.append(f"warning: {w}")
     if "moe" in r.kinds:
@@ -106,6 +120,8 @@ def render_fix_text(outcome) -> str:
         for layer in r.fusions.layers:
             name = f"layer {layer.layer}" if layer.layer is not None else "outside the layers"
             applied = ", ".join(f"{k} x{n}" for k, n in layer.applied.items()) or "nothing"
+            if layer.became:
+                applied += " (" + ", ".join(f"{op} x{n}" for op, n in layer.became.items()) + ")"
             lines.append(f"  {name}: fused {applied}")
             for kind, (count, why) in layer.missed.items():
                 lines.append(f"    {kind}: {count} still decomposed: {why}")
@@ -116,8 +132,12 @@ def render_fix_text(outcome) -> str:
         lines.append(f"verification: not run{why}")
     else:
         margin = f", routing margin {v.routing_margin:.3g}" if v.routing_margin is not None else ""
-        lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
-                     f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff {v.max_rel:.3g}")
+        if v.mode == "as tokens":  # no common step: the tokens line below is the comparison
+            lines.append(f"verification on ORT CPU, as tokens: {'PASSED' if v.passed else 'FAILED'}")
+        else:
+            lines.append(f"verification on ORT CPU, {v.mode} (inputs seed {v.seed}{margin}): "
+                         f"{'PASSED' if v.passed else 'FAILED'}; max abs diff {v.max_abs:.3g}, max rel diff "
+                         f"{v.max_rel:.3g}")
         if v.mode != "per block" and v.session:
             lines.append(f"  the written folder loaded from disk against the original, in plain sessions with "
                          f"{v.session}")
@@ -132,6 +152,7 @@ def render_fix_text(outcome) -> str:
             lines.append(f"  {c.output} [{c.dtype}]: max abs {shown}"
                          f", max rel {v.max_rel_diff.get(c.output, 0.0):.3g}, {c.mismatched}/{c.total} outside "
                          f"rtol {c.rtol:g} atol {c.atol:g}")
+    lines.extend(_token_lines(r))
     before, after = Counter(f.rule for f in outcome.findings_before), Counter(f.rule for f in outcome.findings_after)
     if before or after:
         rules = sorted(set(before) | set(after))
@@ -142,8 +163,13 @@ def render_fix_text(outcome) -> str:
         if m.original is None:
             lines.append(f"measured ({m.step}): fixed {m.fixed.p50_ms:.3f} ms; {m.note}")
         else:
-            lines.append(f"measured ({m.step}): original {m.original.p50_ms:.3f} ms, fixed {m.fixed.p50_ms:.3f} ms, "
-                         f"speedup {m.ratio.describe() if m.ratio is not None else f'{m.speedup:.2f}x'}")
+            # The speedup printed beside the two p50s is their ratio; the per-round median, which the JSON's
+            # `speedup` holds, is said as what it is.
+            plain = m.original.p50_ms / m.fixed.p50_ms if m.fixed.p50_ms > 0 else None
+            ratio = f", speedup {plain:.2f}x (original p50 / fixed p50)" if plain is not None else ""
+            rounds = (f"; median of the per-round ratios {m.ratio.describe()}" if m.ratio is not None else "")
+            lines.append(f"measured ({m.step}): original p50 {m.original.p50_ms:.3f} ms, fixed p50 "
+                         f"{m.fixed.p50_ms:.3f} ms{ratio}{rounds}")
     p = outcome.prediction
     if p is not None:
         speedup = f", speedup {p.speedup:.2f}x" if p.speedup is not None else ""
@@ -176,7 +202,11 @@ def fix_json(outcome) -> dict:
         "written": r.written,
         "dry_run": r.dry_run,
         "repairs": list(r.kinds),
-        "onnxruntime": {"installed": r.ort_installed, "target": r.ort_target},
+        "onnxruntime": {"installed": r.ort_installed, "target": r.ort_target,
+                        "written_for": None if r.keep_decision is None else {
+                            "release": r.keep_decision.release, "provider": r.keep_decision.provider,
+                            "inplace_workaround": r.keep_decision.keep, "reason": r.keep_decision.reason},
+                        "verified_with_keep_alive": r.verified_with_keep_alive},
         "warnings": r.warnings,
         "nodes": {"before": r.nodes_before, "after": r.nodes_after},
         "rewrites": [{
@@ -194,15 +224,28 @@ def fix_json(outcome) -> dict:
             "weight_bytes_per_decode_token": {"before": rw.bytes_before, "after": rw.bytes_after},
             "verification": rewrite_verdict(outcome, rw),
             "notes": rw.notes,
+            "group_router": None if rw.group is None else {
+                "n_group": rw.group.n_group, "topk_group": rw.group.topk_group, "group_topk": rw.group.group_topk,
+                "top_k": rw.group.top_k, "expert_bias": rw.group.bias, "routed_scaling_factor": rw.group.scale},
         } for rw in r.rewrites],
         "refusals": [{"layer": ref.layer, "node": ref.node, "reason": ref.reason} for ref in r.refusals],
         "fusions": None if r.fusions is None else {
             "kinds": list(r.fusions.kinds),
             "counts": r.fusions.counts,
-            "layers": [{"layer": layer.layer, "applied": layer.applied,
+            "layers": [{"layer": layer.layer, "applied": layer.applied, "became": layer.became,
                         "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
                        for layer in r.fusions.layers],
         },
+        "tokens": None if r.tokens is None else {
+            "passed": r.tokens.passed,
+            "original": r.tokens.original_mode,
+            "fixed": r.tokens.fixed_mode,
+            "batches": [{"batch": b.batch, "prompt_length": b.prompt_length, "steps": b.steps, "max_abs": b.max_abs,
+                         "max_rel": b.max_rel, "ids_equal": b.ids_equal, "divergence": b.divergence, "ids": b.ids}
+                        for b in r.tokens.batches],
+        },
+        "attention_kept": r.attention_kept,
+        "genai_config": r.genai_config,
         "verification": None if v is None else {
             "passed": v.passed,
             "mode": v.mode,
@@ -246,3 +289,23 @@ def fix_json(outcome) -> dict:
 
 def render_fix_json(outcome) -> str:
     return json.dumps(fix_json(outcome), allow_nan=False, indent=2, sort_keys=False) + "\n"
+
+
+def _token_lines(r) -> list[str]:
+    lines = []
+    if r.attention_kept:
+        lines.append(f"attention kept as exported: the GroupQueryAttention rewrite could not be proven ({r.attention_kept})"
+                     "; the other repairs stand")
+    if r.genai_config:
+        lines.append(f"genai_config.json: {r.genai_config}")
+    t = r.tokens
+    if t is not None:
+        batches = ", ".join(str(b.batch) for b in t.batches)
+        verdict = ("identical ids, logits within tolerance at every step" if t.passed else f"DIVERGED: {t.why}")
+        steps = max((b.steps for b in t.batches), default=0)
+        worst = max((b.max_abs for b in t.batches), default=0.0)
+        lines.append(f"tokens: {steps} greedy steps from fixed prompts at batch {batches}, the original ({t.original_mode}) "
+                     f"against the written folder loaded from disk ({t.fixed_mode}): {verdict}; logits max abs diff "
+                     f"{worst:.3g}")
+    return lines
+

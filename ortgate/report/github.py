@@ -3,7 +3,9 @@ title carries where its findings lie ("layers 0-47 (48)") and whose message list
 findings (report.groups) once, and the rule's fix once.
 
 GitHub keeps at most 10 annotations of each type per step, so errors come first and each type stops at 10;
-one plain line then says how many were left out (the job summary and the SARIF report have them all).
+one plain line then says how many were left out (the job summary and the SARIF report have them all). A finding
+that stops the model from loading (`Finding.stops_session`) is never left out: such annotations come first, and
+when they alone pass the cap, the type's last annotation lists the rest of them.
 Values are escaped as the runner expects: `%`, CR and LF in the message; also `:` and `,` in properties. A
 node name can never inject a workflow command.
 """
@@ -79,8 +81,18 @@ def render(result: LintResult) -> str:
     left_out: Counter[Severity] = Counter()
     for severity in sorted(Severity, reverse=True):  # the most severe first
         group = [fs for fs in annotations if max(f.severity for f in fs) == severity]
-        lines += [rule_annotation(fs) for fs in group[:MAX_ANNOTATIONS_PER_TYPE]]
-        left_out[severity] = sum(len(fs) for fs in group[MAX_ANNOTATIONS_PER_TYPE:])
+        # A finding that stops the model loading is never left out: those annotations come first, and where they
+        # alone pass the cap, the last annotation of the type carries the rest of them.
+        blocking = [fs for fs in group if any(f.stops_session for f in fs)]
+        group = blocking + [fs for fs in group if fs not in blocking]
+        if len(blocking) > MAX_ANNOTATIONS_PER_TYPE:
+            kept = group[:MAX_ANNOTATIONS_PER_TYPE - 1]
+            lines += [rule_annotation(fs) for fs in kept] + [_blocking_annotation(blocking[len(kept):], severity)]
+            shown = len(blocking)
+        else:
+            shown = MAX_ANNOTATIONS_PER_TYPE
+            lines += [rule_annotation(fs) for fs in group[:shown]]
+        left_out[severity] = sum(len(fs) for fs in group[shown:])
     total = sum(left_out.values())
     if total:
         parts = ", ".join(_plural(n, s.label) for s in sorted(Severity, reverse=True) if (n := left_out[s]))
@@ -94,6 +106,16 @@ def render(result: LintResult) -> str:
     counts = ", ".join(_plural(n, label) for label, n in v.counts.items())
     lines.append(f"ortgate: {'PASS' if v.passed else 'FAIL'}  {counts} (fails on {v.fail_on.label} and above)")
     return "\n".join(lines) + "\n"
+
+
+def _blocking_annotation(groups: list[list[Finding]], severity: Severity) -> str:
+    """One annotation for the findings that stop the model loading beyond the cap: each rule's first message."""
+    findings = [f for fs in groups for f in fs]
+    files = sorted({display_path(f.location.file) for f in findings})
+    props = [f"file={escape_property(files[0])}"] if len(files) == 1 else []
+    props.append(f"title={escape_property(f'{len(findings)} more findings that stop the model from loading')}")
+    entries = [f"{fs[0].code} {fs[0].rule} ({display_path(fs[0].location.file)}): {fs[0].message}" for fs in groups]
+    return f"::{COMMAND[severity]} {','.join(props)}::{escape_data(chr(10).join(entries))}"
 
 
 def _plural(n: int, word: str) -> str:

@@ -101,13 +101,16 @@ def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]
         return float(savings.get(code, {}).get("ms_per_token", 0.0))
 
     if estimate and savings:
-        ranked = sorted(by_rule.values(), key=lambda fs: (-saves(fs[0].code), -max(f.severity for f in fs),
-                                                          -len(fs), fs[0].code))
+        ranked = sorted(by_rule.values(), key=lambda fs: (not _blocks(fs), -saves(fs[0].code),
+                                                          -max(f.severity for f in fs), -len(fs), fs[0].code))
         order = (f"Largest estimated saving on {estimate['device']} first (what fixing every finding of the rule "
                  "saves per token), then the most severe.")
     else:
-        ranked = sorted(by_rule.values(), key=lambda fs: (-max(f.severity for f in fs), -len(fs), fs[0].code))
+        ranked = sorted(by_rule.values(), key=lambda fs: (not _blocks(fs), -max(f.severity for f in fs), -len(fs),
+                                                          fs[0].code))
         order = "Most severe first, then the rule whose fix clears the most findings."
+    if any(_blocks(fs) for fs in ranked):
+        order = f"What stops the model from loading comes first. {order}"
     header = ["#", "Rule", "Severity", "Findings", "Where"] + (["Saves (estimate)"] if savings else []) + ["Fix"]
     out = ["### What to fix first", "", order, "", _row(header), _row(["---:", "---", "---", "---:", "---"]
                                                                       + (["---:"] if savings else []) + ["---"])]
@@ -125,6 +128,11 @@ def _fix_first(active: list[Finding], estimate: dict | None = None) -> list[str]
         out.append(f"…and {len(ranked) - MAX_FIX_FIRST} more rules below.")
     out.append("")
     return out
+
+
+def _blocks(findings: list[Finding]) -> bool:
+    """Whether a rule's findings include one that stops the model from loading: no cap may hide it."""
+    return any(f.stops_session for f in findings)
 
 
 def _by_layer(active: list[Finding]) -> list[str]:
@@ -158,7 +166,7 @@ def _by_layer(active: list[Finding]) -> list[str]:
 
 
 def _findings_table(active: list[Finding], expand: bool) -> list[str]:
-    ordered = sorted(active, key=lambda f: (-f.severity, f.sort_key()))
+    ordered = sorted(active, key=lambda f: (not f.stops_session, -f.severity, f.sort_key()))
     groups = [FindingGroup([f]) for f in ordered] if expand else group_findings(ordered)
     summary = _plural(len(active), "finding")
     if len(groups) < len(active):

@@ -123,10 +123,14 @@ def _estimate(console: Console, ev: RunEvidence, cpu: str) -> None:
         e.get("figures", ""), "catalog figures")
     expected = e.get("tokens_per_s_expected")
     measured = e.get("tokens_per_s_measured")
+    ceiling = e.get("tokens_per_s_ceiling")
     ratio = f"; measured {measured:,.1f} tokens/s = {measured / expected:.0%} of the estimate" if expected else ""
-    _line(console, "estimate", f"{e['device']} ({figures}): {expected:,.1f} tokens/s expected "
-                               f"({_ms(e['ms_per_step_expected'])} ms per step), ceiling "
-                               f"{e['tokens_per_s_ceiling']:,.1f} tokens/s{ratio} (an estimate for {e['device']}, "
+    # A graph whose step the cost model prices at 0 s (no bytes, FLOPs or launches it counts) has no rate.
+    rate = (f"{expected:,.1f} tokens/s expected ({_ms(e['ms_per_step_expected'])} ms per step)" if expected else
+            "no expected rate (the cost model counts no time in this graph's step)")
+    top = (f"ceiling {ceiling:,.1f} tokens/s" if ceiling else
+           "no ceiling (the cost model counts no bytes or FLOPs in this graph's step)")
+    _line(console, "estimate", f"{e['device']} ({figures}): {rate}, {top}{ratio} (an estimate for {e['device']}, "
                                f"not a measurement){cpu}")
 
 

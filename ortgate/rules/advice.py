@@ -79,7 +79,11 @@ def builder_advice(family: object, provider: str | None, writes: str, form: str 
         command = tool.command_for(provider)
         if command is None:
             continue
-        families = tool.builds[key] if key is not None else f"the families it builds ({', '.join(tool.builds.values())})"
+        if key is not None:
+            families = tool.builds[key]
+        else:  # the family is not declared: say which it builds, and which of those a reader may take it for it refuses
+            refused = f"; it refuses {', '.join(tool.refuses.values())}" if tool.refuses else ""
+            families = f"the families it builds ({', '.join(tool.builds.values())}{refused})"
         said.append(f"{tool.label} writes {writes} for {families}: {command}.")
     return " ".join(said)
 

@@ -81,24 +81,32 @@ class LintInputs:
             return None
         found = self.__dict__.get("_memory")
         if found is None:
-            shape = est.setup.shape
-            genai = self.genai
-            shared = bool(genai is not None and genai.past_present_share_buffer and genai.max_length)
-            if shared:
-                assert genai is not None and genai.max_length is not None
-                length = genai.max_length
-                source = "genai_config.json search.max_length, pre-allocated by past_present_share_buffer"
-            else:
-                length = max(shape.context, (self.prompt_length or 0) + shape.new_tokens)
-                source = ("throughput.context_length" if self.throughput is not None
-                          and "context_length" in self.throughput.locations else "the estimate's context: --context, else 2048")
-            full = genai.data["model"].get("context_length") if genai is not None else None
-            found = self.__dict__["_memory"] = memory_estimate(
-                self.executed, est.model, est.device, batch=shape.batch, kv_length=length, kv_source=source,
-                shared_buffer=shared, longest_step=max(self.prompt_length or 0, shape.new_tokens),
-                full_context=full if isinstance(full, int) and not isinstance(full, bool) else None,
-                stored=self.model)
+            found = self.__dict__["_memory"] = self.memory_at(est.setup.shape.batch)
         return found
+
+    def memory_at(self, batch: int) -> MemoryEstimate | None:
+        """The memory the deployment needs at `batch` sequences: the one memory model of `lint`, `estimate` and its
+        batch sweep (None: no device named)."""
+        est = self.estimate
+        if est is None:
+            return None
+        shape = est.setup.shape
+        genai = self.genai
+        shared = bool(genai is not None and genai.past_present_share_buffer and genai.max_length)
+        if shared:
+            assert genai is not None and genai.max_length is not None
+            length = genai.max_length
+            source = "genai_config.json search.max_length, pre-allocated by past_present_share_buffer"
+        else:
+            length = max(shape.context, (self.prompt_length or 0) + shape.new_tokens)
+            source = ("throughput.context_length" if self.throughput is not None
+                      and "context_length" in self.throughput.locations else "the estimate's context: --context, else 2048")
+        full = genai.data["model"].get("context_length") if genai is not None else None
+        return memory_estimate(
+            self.executed, est.model, est.device, batch=batch, kv_length=length, kv_source=source,
+            shared_buffer=shared, longest_step=max(self.prompt_length or 0, shape.new_tokens),
+            full_context=full if isinstance(full, int) and not isinstance(full, bool) else None,
+            stored=self.model)
 
     def __post_init__(self) -> None:
         if self.cost is not None and self.cost.optimized != (self.optimized is not None):

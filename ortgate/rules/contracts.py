@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ortgate.findings import Severity
+from ortgate.findings import SESSION_FAILS, Severity
 from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.common import cached
 from ortgate.graph.patterns.moe import moe_blocks
@@ -181,9 +181,10 @@ def op_input_missing(ctx: RuleContext):
             if i >= len(inputs) or not inputs[i]:
                 formal = contract.inputs[i]
                 yield ctx.finding(
-                    f"{_op(node)} lacks its required input {i} '{formal.name}' ({contract.source}): ORT refuses the node",
+                    f"{_op(node)} lacks its required input {i} '{formal.name}' ({contract.source}): ORT refuses the node, so creating the session fails",
                     node=node, graph=graph, fix=CONTRACT_FIX,
-                    properties={"input": formal.name, "position": i, "contract": contract.source},
+                    properties={"input": formal.name, "position": i, "contract": contract.source,
+                                SESSION_FAILS: True},
                 )
 
 
@@ -291,10 +292,11 @@ def op_input_type(ctx: RuleContext):
         count = f" ({len(nodes)} nodes{' ' + layers_text(nodes) if layers_text(nodes) else ''})" if len(nodes) > 1 else ""
         yield ctx.finding(
             f"{_op(node)} input {i} '{name}' ({node.inputs[i]}) is {dtype}{count}, but its contract allows "
-            f"{', '.join(allowed)} ({contract.inputs[i].type}, {contract.source}): ORT has no kernel for it",
+            f"{', '.join(allowed)} ({contract.inputs[i].type}, {contract.source}): ORT has no kernel for it, so creating the session fails",
             node=node, graph=graph, related=nodes[1:], fix=" ".join(filter(None, (CONTRACT_FIX, torch_export_advice(
                 graph, node)))),
             properties={"input": name, "dtype": dtype, "allowed": list(allowed), "contract": contract.source,
+                        SESSION_FAILS: True,
                         "nodes": len(nodes)},
         )
     if untyped:
@@ -412,9 +414,9 @@ def op_attribute_missing(ctx: RuleContext):
         for name in plan.required_attributes:
             if not node.has_attr(name):
                 yield ctx.finding(
-                    f"{_op(node)} lacks its required attribute '{name}' ({contract.source}): ORT refuses the node",
+                    f"{_op(node)} lacks its required attribute '{name}' ({contract.source}): ORT refuses the node, so creating the session fails",
                     node=node, graph=graph, fix=CONTRACT_FIX,
-                    properties={"attribute": name, "contract": contract.source},
+                    properties={"attribute": name, "contract": contract.source, SESSION_FAILS: True},
                 )
 
 
@@ -465,9 +467,10 @@ def op_attribute_type(ctx: RuleContext):
                 continue
             yield ctx.finding(
                 f"{_op(node)} attribute '{name}' is {have}, but its contract declares {attr.type} "
-                f"({contract.source}): ORT refuses the node",
+                f"({contract.source}): ORT refuses the node, so creating the session fails",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"attribute": name, "type": have, "declared": attr.type, "contract": contract.source},
+                properties={"attribute": name, "type": have, "declared": attr.type, "contract": contract.source,
+                            SESSION_FAILS: True},
             )
 
 
@@ -521,9 +524,10 @@ def op_attribute_value(ctx: RuleContext):
                 continue
             yield ctx.finding(
                 f"{_op(node)} attribute '{name}'={value!r} is not one of {', '.join(map(str, values))} "
-                f"(\"{attr.values_text}\", {contract.source}): ORT rejects it",
+                f"(\"{attr.values_text}\", {contract.source}): ORT rejects it, so creating the session fails",
                 node=node, graph=graph, fix=CONTRACT_FIX,
-                properties={"attribute": name, "value": value, "allowed": list(values), "contract": contract.source},
+                properties={"attribute": name, "value": value, "allowed": list(values), "contract": contract.source,
+                            SESSION_FAILS: True},
             )
 
 

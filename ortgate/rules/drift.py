@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL, SessionSetup, Setting, config_text
-from ortgate.findings import Location, Severity
+from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.knowledge import is_known_session_config_key, provider_catalog, session_config_key
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
@@ -69,7 +69,10 @@ def config_drift(ctx: RuleContext):
     A key the provider or ORT does not have, or a value it cannot parse, on either side, is not compared: the
     rule that says so owns it (unknown-provider-option, provider-option-c-api-only, provider-option-unverified,
     provider-option-invalid-value, unknown-session-config-key), and copying it would spread it. The thread and
-    memory options are session-option-drift's.
+    memory options are session-option-drift's. The fix names the side to change: genai_config.json, unless the
+    policy's value is one a session or provider rule rejects (optimization-level-not-all's ORT_ENABLE_BASIC,
+    cuda-graph-disabled's `enable_cuda_graph: "0"`): then the policy, toward the value that rule asks for, and
+    both files when genai_config.json's value is rejected too. Its `change` property says which.
 
     ## Why it costs throughput
     The policy is what CI checks (and what `ortgate run` measures); genai_config.json is what production runs.
@@ -97,7 +100,7 @@ def config_drift(ctx: RuleContext):
     ## Fix
     Make genai_config.json say what the policy says (rebuild with the genai builder's
     `--extra_options enable_cuda_graph=1`, or edit `model.decoder.session_options`), or change the policy if
-    it is the one that is wrong.
+    it is the one that is wrong; never copy a value another rule rejects from one file into the other.
     """
     policy, genai = ctx.deployment.policy_setup, ctx.deployment.genai_setup
     if policy is None or genai is None:
@@ -211,13 +214,80 @@ def session_option_drift(ctx: RuleContext):
 
 def _drift(ctx: RuleContext, what: str, have: Setting | None, wanted: Setting, have_said: str, want_said: str,
            genai: SessionSetup, *, fix: str, path: str | None = None):
-    """The one message of config-drift and session-option-drift."""
+    """The one message of config-drift and session-option-drift. `fix` makes genai_config.json say what the policy
+    says; the advice names the side to change, and never the value a session or provider rule rejects: when the
+    policy's value is one, the policy is the side to change (toward the rule's value)."""
     location = have.location if have is not None else genai.missing(path or "model.decoder.session_options")
+    setting = what.split()[-1]
+    policy_objection = _objection(ctx, "policy", wanted.location, setting)
+    genai_objection = _objection(ctx, "genai_config", location, setting)
+    where = _where(wanted.location)
+    # The stronger objection decides (an error that asks for another value outweighs a warning to check one).
+    if policy_objection is not None and genai_objection is not None:
+        if policy_objection.severity > genai_objection.severity:
+            genai_objection = None
+        elif genai_objection.severity > policy_objection.severity:
+            policy_objection = None
+    if policy_objection is not None:
+        rejects = f"{policy_objection.code} {policy_objection.rule}"
+        if genai_objection is not None:
+            change = "both"
+            advice = (f"Change both files: {rejects} rejects the policy's value ({where}) and genai_config.json's; "
+                      f"{policy_objection.fix or ''}")
+        else:
+            change = "policy"
+            theirs = have_said.removeprefix("has ")
+            advice = (f"Change the policy ({where}), not genai_config.json: {rejects} rejects the policy's value, and "
+                      f"genai_config.json's value ({theirs}) is one it accepts. {policy_objection.fix or ''}")
+    else:
+        change = "genai_config"
+        other = "" if genai_objection is not None else f" (or change the policy at {where} if it is the one that is wrong)"
+        advice = f"Change genai_config.json: {fix.rstrip('.')}{other}."
     return ctx.finding(
         f"genai_config.json and the policy disagree on {what}: genai_config.json {have_said}, the policy "
-        f"({_where(wanted.location)}) {want_said}",
+        f"({where}) {want_said}",
         location=location,
-        fix=fix,
+        fix=advice,
         properties={"setting": what, "genai_config": have_said, "policy": want_said,
-                    "policy_location": _where(wanted.location)},
+                    "policy_location": where, "change": change},
     )
+
+
+# Rules that judge one declared setting: what they find in one side's declaration judged alone says whether that
+# side's value is one to copy.
+_JUDGING_FAMILIES = ("session", "provider")
+
+
+def _objection(ctx: RuleContext, origin: str, location: Location, setting: str) -> Finding | None:
+    """The first finding a session or provider rule makes about `setting` at `location` when `origin`'s
+    declaration (the policy's or genai_config.json's) is judged alone; None when no rule objects."""
+    for found in _side_findings(ctx, origin):
+        if found.kind is not Kind.VIOLATION or found.severity < Severity.WARNING:
+            continue
+        same = found.location == location or (
+            found.location.file == location.file and found.location.line == location.line and setting in found.message)
+        if same:
+            return found
+    return None
+
+
+def _side_findings(ctx: RuleContext, origin: str) -> list[Finding]:
+    cache = ctx.inputs.__dict__.setdefault("_drift_side_findings", {})
+    if origin not in cache:
+        from dataclasses import replace
+
+        from ortgate.config.deployment import Deployment
+        from ortgate.rules import all_rules
+        from ortgate.rules.context import RuleContext as Context
+
+        setup = next((s for s in ctx.deployment.setups if s.origin == origin), None)
+        found: list[Finding] = []
+        if setup is not None:
+            alone = replace(ctx.inputs, deployment=Deployment([setup]))
+            for judge in (r for r in all_rules() if r.family in _JUDGING_FAMILIES):
+                try:
+                    found.extend(judge.check(Context(alone, judge)))
+                except Exception:  # a judge that cannot decide objects to nothing
+                    continue
+        cache[origin] = found
+    return cache[origin]

@@ -9,7 +9,10 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
 from ortgate.graph.patterns.common import QDQ_OPS
 from ortgate.graph.patterns.moe import MoeBlock, moe_blocks, moe_misses
-from ortgate.graph.patterns.moe_anatomy import block_verdict
+from ortgate.graph.patterns.moe_anatomy import block_verdict, moe_anatomies
+from ortgate.graph.patterns.moe_group_routing import GroupVerdict, group_verdict
+from ortgate.graph.patterns.projections import decomposed_heads
+from ortgate.knowledge.group_router import group_router_facts
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
@@ -27,6 +30,20 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
     provider, and for a router no com.microsoft.MoE form expresses, that, and what remains."""
     verdict = block_verdict(ctx.model, block) if block.router is not None and block.router.graph is None else None
     builder = builder_advice(ctx.expect.value("family"), ctx.deployment.provider, "it", "moe_fused")
+    grouped = _group_verdict(ctx, block) if verdict is not None and not verdict.rewritable else None
+    if grouped is not None and grouped.anatomy is not None:
+        router = group_router_facts()
+        return (f"Run `{FIX_COMMAND} --policy P`: for the policy's onnxruntime release it rewrites this block into "
+                f"com.microsoft.{router.op_type} (sigmoid scores, correction bias, expert groups) + com.microsoft.MoE, "
+                f"checks the result equals the original on ORT CPU (where the installed onnxruntime has "
+                f"{router.op_type}: {router.first_release} on) and lints it again. {MOE_NO_PASS}")
+    if grouped is not None and grouped.expressible:
+        return (f"No com.microsoft.MoE form expresses this router: {grouped.reason}. With onnxruntime "
+                f"{group_router_facts().first_release} or later pinned in the policy, `ortgate fix` rewrites it; "
+                f"else {WAIVE}.")
+    if grouped is not None:
+        return (f"No com.microsoft.MoE form expresses this router: {grouped.reason}. Neither `ortgate fix` nor a "
+                f"re-export can fuse it; {WAIVE}.")
     if verdict is not None and verdict.rewritable:
         return (f"Run `{FIX_COMMAND}`: it rewrites this block into {MOE_HOW}, checks the result equals the original on "
                 f"ORT CPU and lints it again (`--dry-run` shows the plan). {builder} {MOE_NO_PASS}")
@@ -35,6 +52,15 @@ def moe_fix(ctx: RuleContext, block: MoeBlock) -> str:
                 f"re-export can fuse it; {WAIVE}.")
     refused = f"`ortgate fix` leaves this block unchanged: {verdict.reason}. " if verdict is not None else ""
     return (f"{refused}Export the layer as {MOE_HOW}. {builder} {MOE_NO_PASS}")
+
+
+def _group_verdict(ctx: RuleContext, block: MoeBlock) -> GroupVerdict | None:
+    """What `ortgate fix` decides for a sigmoid / bias-corrected / group-limited router on the policy's release."""
+    anatomy = next((a for a in moe_anatomies(ctx.model) if a.block is block), None)
+    if anatomy is None:
+        return None
+    release = ctx.policy.get("execution_provider", "onnxruntime_version") if ctx.policy is not None else None
+    return group_verdict(ctx.model, anatomy, str(release) if release is not None else None)
 
 
 @rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price="moe", fix="moe")
@@ -279,25 +305,42 @@ def _unfused_attention(ctx: RuleContext, graph: Graph):
     cores_by_layer: dict[int | None, list] = defaultdict(list)
     for core in attention_cores(graph):
         cores_by_layer[core.layer].append(core)
-    heads = ""
-    if expect.gqa_expected:
-        heads = f" ({expect.value('num_heads')} q heads share {expect.value('kv_num_heads')} kv heads)"
     for layer, cores in sorted(cores_by_layer.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         repeated = " with K/V repeated to every query head" if any(c.repeat_kv for c in cores) else ""
         for core in cores if layer is None else cores[:1]:
             mla = (core.qk_head_size, core.v_head_size) if core.v_head_differs else None
+            # Heads as the graph shows them (its projections over the head size); a config's are never stated
+            # as the graph's (gqa-config-mismatch compares the two).
+            found = decomposed_heads(graph, core.softmax)
+            heads = (f" ({found.q_heads} q heads share {found.kv_heads} kv heads: {found.how})"
+                     if found is not None and found.kv_heads < found.q_heads else "")
             yield (f"decomposed into MatMul -> Softmax -> MatMul{repeated}{heads}", core.softmax, layer,
                    [n for c in cores for n in c.nodes], mla)
     for node in fused_attention_nodes(graph):
-        if node.op_type == "GroupQueryAttention":
+        if node.op_type == "GroupQueryAttention" or node.op_type not in ("MultiHeadAttention", "Attention"):
             continue
-        kv_fewer = expect.gqa_expected or any(kv_expanded(graph, node.input(i)) for i in (1, 2))
+        shown = any(kv_expanded(graph, node.input(i)) for i in (1, 2))
         if node.domain == DEFAULT_DOMAIN and node.op_type == "Attention":
-            q, kv = node.attr("q_num_heads"), node.attr("kv_num_heads")
-            kv_fewer = kv_fewer or (q is not None and kv is not None and kv < q)
-        if kv_fewer and node.op_type in ("MultiHeadAttention", "Attention"):
+            q, kv = node.int_attr("q_num_heads"), node.int_attr("kv_num_heads")
+            shown = shown or (q is not None and kv is not None and kv < q)
+        if shown:
             yield ((f"computed by {node.key} while kv heads < q heads: K/V are expanded to every query head, where "
                    "GroupQueryAttention reads each kv head once per group"), node, node.layer, [], None)
+        elif expect.gqa_expected:
+            q_heads, kv_heads = expect.num_heads, expect.kv_num_heads
+            assert q_heads is not None and kv_heads is not None  # gqa_expected: both are known
+            declared = (f"{_declarer(q_heads)} {q_heads.value} q heads and {kv_heads.value} kv heads"
+                        if q_heads.origin == kv_heads.origin else
+                        f"{_declarer(q_heads)} {q_heads.value} q heads and {_declarer(kv_heads)} {kv_heads.value} kv heads")
+            yield ((f"computed by {node.key}, whose K/V the graph does not show expanded, while {declared}: if the "
+                    "model has fewer kv heads, K/V are expanded to every query head before it, where "
+                    "GroupQueryAttention reads each kv head once per group"), node, node.layer, [], None)
+
+
+def _declarer(expected) -> str:
+    """Who states a head count: the policy, genai_config.json (never the graph: those are read from it)."""
+    return {"policy": "the policy declares", "genai_config": "genai_config.json declares"}.get(
+        expected.origin, "the graph suggests")
 
 
 @rule("OGF003", "fusedmatmul-missing", Severity.WARNING, needs=("optimized",))

@@ -9,10 +9,10 @@ from typing import Any
 from ortgate.config.expectations import Expected
 from ortgate.findings import Location, Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
-from ortgate.graph.patterns.attention import gqa_nodes
+from ortgate.graph.patterns.attention import attention_cores, gqa_nodes
 from ortgate.graph.patterns.common import find_down, is_op, matmul_weight
 from ortgate.graph.patterns.moe import fused_moe_nodes, moe_blocks
-from ortgate.graph.patterns.projections import gated_mlps, projection_dims
+from ortgate.graph.patterns.projections import decomposed_heads, gated_mlps, projection_dims
 from ortgate.knowledge.contracts import op_contract
 from ortgate.knowledge.families import family_labels, family_names, swiglu_parameters_text
 from ortgate.knowledge.fusions import attribute_default
@@ -263,15 +263,16 @@ _GQA_HEAD_ATTRIBUTES = (("num_heads", "num_heads"), ("kv_num_heads", "kv_num_hea
 
 @rule("OGM002", "gqa-config-mismatch", Severity.ERROR, needs=("attention",))
 def gqa_config_mismatch(ctx: RuleContext):
-    """GroupQueryAttention's num_heads, kv_num_heads or head size differ from the model's config.
+    """The attention's num_heads, kv_num_heads or head size in the graph differ from the model's config.
 
     ## What it checks
     Every com.microsoft GroupQueryAttention node of the graph ORT will run (the optimized dump when given, else the
     model): its `num_heads` and `kv_num_heads` attributes and its head size (from the KV cache shapes, the query
     width, or the input width of o_proj) against the policy's `model.num_heads`, `model.kv_num_heads` and
     `model.head_size`, else genai_config.json's `num_attention_heads`, `num_key_value_heads` and `head_size`.
-    One finding per attribute and value, listing the layers. A head size the graph does not show is reported as
-    undecided.
+    Decomposed attention too, where the graph shows its heads: the widths of its q and k projections over the head
+    size of the first 4-D Reshape after them (or of a packed projection's Split). One finding per attribute and
+    value, listing the layers. A GroupQueryAttention head size the graph does not show is reported as undecided.
 
     ## Why it costs throughput
     Heads that differ from the checkpoint compute a different attention: the wrong number of query groups, a KV
@@ -343,6 +344,38 @@ def gqa_config_mismatch(ctx: RuleContext):
             node=found[0], graph=graph, related=found[1:],
             fix=f"Re-export with {attr} {want.value} from config.json, or correct the {_expectation_key(want, attr)} "
                 f"if the model really has {have}.",
+            properties={"attribute": attr, "expected": want.value, "found": have, "nodes": len(found)},
+        )
+    yield from _decomposed_heads_mismatch(ctx, graph)
+
+
+_HEAD_WORDS = {"num_heads": "q heads", "kv_num_heads": "kv heads", "head_size": "head size"}
+
+
+def _decomposed_heads_mismatch(ctx: RuleContext, graph: Graph):
+    """Decomposed attention whose heads, as its projections show them, differ from the declared ones."""
+    mismatches: dict[tuple[str, int], list[Node]] = {}
+    how: dict[tuple[str, int], str] = {}
+    for core in attention_cores(graph):
+        heads = decomposed_heads(graph, core.softmax)
+        if heads is None:
+            continue
+        for attr, have in (("num_heads", heads.q_heads), ("kv_num_heads", heads.kv_heads),
+                           ("head_size", heads.head_size)):
+            want = ctx.expect.declared(attr)
+            if want is not None and _int(want.value) is not None and have != want.value:
+                mismatches.setdefault((attr, have), []).append(core.softmax)
+                how.setdefault((attr, have), heads.how)
+    for (attr, have), found in mismatches.items():
+        want = ctx.expect.declared(attr)
+        assert want is not None  # a mismatch is recorded only against a declared value
+        key = _expectation_key(want, attr)
+        yield ctx.finding(
+            f"decomposed attention has {have} {_HEAD_WORDS[attr]}{_layers(found)} ({how[(attr, have)]}), but "
+            f"{want.describe()} ({key})",
+            node=found[0], graph=graph, related=found[1:],
+            fix=f"Correct the {key} to {have} if the export is the model you mean (every check judged against it is "
+                f"off), or re-export with {attr} {want.value} from config.json.",
             properties={"attribute": attr, "expected": want.value, "found": have, "nodes": len(found)},
         )
 

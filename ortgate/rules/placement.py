@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ortgate.findings import Severity
+from ortgate.findings import SESSION_FAILS, Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import cached
 from ortgate.knowledge import (
@@ -168,7 +168,7 @@ def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
             f"{_target(list(group.labels), group.provider)})",
             node=node, graph=graph, related=nodes[1:], fix=_nowhere_fix(graph, node),
             properties={"provider": group.provider, "op": group.key, "nodes": len(nodes),
-                        "kernel_table": table.ort_version, "cpu_kernel": False},
+                        "kernel_table": table.ort_version, "cpu_kernel": False, SESSION_FAILS: True},
         )
     capture = _capture_providers(ctx).get(group.provider) if group.computes else None
     refused = (f"; {cuda_graph_option(capture[0])} is on, so ORT refuses to create the session (capture needs every "
@@ -179,7 +179,7 @@ def _cpu_group_finding(ctx: RuleContext, graph: Graph, group: CpuGroup):
         node=nodes[0], graph=graph, related=nodes[1:],
         fix=_placement_fix(table, group.provider, nodes[0]),
         properties={"provider": group.provider, "op": group.key, "nodes": len(nodes),
-                    "kernel_table": table.ort_version},
+                    "kernel_table": table.ort_version, **({SESSION_FAILS: True} if capture else {})},
     )
 
 

@@ -27,6 +27,7 @@ from ortgate.config.policy import Policy
 from ortgate.errors import InputError
 from ortgate.findings import Location
 from ortgate.graph.index import Graph
+from ortgate.graph.patterns.decoder import token_ids_input
 from ortgate.knowledge.dims import dim_role, dim_terms, dim_value, parse_dim
 from ortgate.runner.settings import RunnerSettings
 
@@ -164,9 +165,54 @@ def head_size(policy: Policy | None, genai: GenaiConfig | None) -> int | None:
 # ---- dims --------------------------------------------------------------------------------------------------
 
 
+def graph_dim_roles(graph: Graph) -> dict[str, str]:
+    """The roles of the symbolic dims whose names say none (transformers' exporter names them s54, s70, ...), read
+    from the input and axis they size: the token input's [batch, sequence], a KV-cache input's [batch, heads, past,
+    head size], the attention mask's [batch, past + new tokens] (the new tokens alone without a cache), position
+    ids' [batch, sequence]. A dim read with two different roles gets none (the runner then asks for a value)."""
+    found: dict[str, set[str]] = {}
+
+    def note(dim, role: str) -> None:
+        if isinstance(dim, str) and dim and parse_dim(dim) is None and dim_role(dim) is None:
+            found.setdefault(dim, set()).add(role)
+
+    tokens = token_ids_input(graph)
+    if tokens is not None and tokens.shape is not None and len(tokens.shape) == 2:
+        note(tokens.shape[0], "batch")
+        note(tokens.shape[1], "query")
+    cached = False
+    for info in graph.inputs:
+        name, shape = info.name.lower(), info.shape
+        if shape is None or info is tokens:
+            continue
+        if name.startswith("past") and len(shape) == 4 and info.dtype not in ("int64", "int32"):
+            note(shape[0], "batch")
+            note(shape[2], "past")
+            cached = True
+    for info in graph.inputs:
+        name, shape = info.name.lower(), info.shape
+        if shape is None or len(shape) != 2 or info is tokens:
+            continue
+        if "attention_mask" in name:
+            note(shape[0], "batch")
+            note(shape[1], "total" if cached else "query")
+        elif "position_ids" in name:
+            note(shape[0], "batch")
+            note(shape[1], "query")
+    return {dim: roles.pop() for dim, roles in found.items() if len(roles) == 1}
+
+
+
 def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides: dict[str, tuple[int, Location]],
-                 *, window: int | None, head: int | None, policy_file: str | None) -> tuple[dict[str, int], StepShape]:
-    """A value for every symbolic dim of the inputs, and the step shape they describe."""
+                 *, window: int | None, head: int | None, policy_file: str | None,
+                 roles: dict[str, str] | None = None) -> tuple[dict[str, int], StepShape]:
+    """A value for every symbolic dim of the inputs, and the step shape they describe. `roles`: the role of dims
+    whose names say none, read from the graph (which input and axis they size)."""
+    read_roles = roles or {}
+
+    def role_of(dim: str) -> str | None:
+        return read_roles.get(dim) or dim_role(dim)
+
     symbolic: dict[str, str] = {}  # dim -> first input using it (for messages)
     for spec in signature:
         for dim in spec.shape or ():
@@ -176,7 +222,7 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
     step = {"batch": settings.batch_size, "query": settings.sequence_length, "past": settings.past_sequence_length}
     step_source: dict[str, str] = {}
     for dim in symbolic:
-        role = dim_role(dim)
+        role = role_of(dim)
         if role not in step:
             continue
         pinned = _explicit_value(dim, settings, overrides)
@@ -196,7 +242,7 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
     shape = StepShape(step["batch"], step["query"], step["past"])
 
     def role_value(dim: str) -> int | None:
-        role = dim_role(dim)
+        role = role_of(dim)
         if role == "batch":
             return shape.batch_size
         if role == "query":
@@ -220,8 +266,10 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
             continue
         pinned = _explicit_value(dim, settings, overrides)
         found = pinned[0] if pinned is not None else role_value(dim)
+        if found is None and dim.strip().isdigit():
+            found = int(dim)  # a dim named by a number (transformers' exporter: a cache's head axes "2", "16")
         if found is None:
-            role = dim_role(dim)
+            role = role_of(dim)
             hint = {"sliding_past": " (no GroupQueryAttention local_window_size in the graph)",
                     "head": " (no head_size in genai_config.json or the policy's model block)",
                     "max": " (set runner.max_sequence_length)"}.get(role or "", "")

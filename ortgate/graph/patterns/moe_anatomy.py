@@ -17,6 +17,7 @@ from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
     cached,
     dequantized_output,
+    is_op,
     memo_table,
     producer_through,
     skip_back,
@@ -1014,7 +1015,24 @@ def _projection_part(graph: Graph, value: str, pick: int | None = None) -> tuple
         total = _out_features(graph, view) or 0
         stop = min(ends[0], total)
         return WeightView(view.initializer, view.index, view.transposed, (starts[0], stop, steps[0]), view.bias), x
+    if node.op_type == "SequenceAt" and node.domain == DEFAULT_DOMAIN:
+        raise _Refuse(_sequence_split_reason(graph, node))
     raise _Refuse(f"an expert projection is computed by {node.op_type}, not MatMul/Gemm")
+
+
+def _sequence_split_reason(graph: Graph, at: Node) -> str:
+    """Why the rewrite leaves a part taken by SequenceAt: what is split, by what, and the export that it reads."""
+    split = graph.producer(at.input(0))
+    linear = None
+    if is_op(split, "SplitToSequence") and split.inputs:
+        linear, _ = _linear_and_bias(graph, split.input(0))
+    if linear is None:
+        return (f"an expert's input is taken by SequenceAt {at.display_name} from a sequence the rewrite does not "
+                "read (a SplitToSequence of a projection is the form it knows of)")
+    return (f"the parts of expert projection {linear.op_type} {linear.display_name} (its gate and up halves) are "
+            f"taken by SplitToSequence -> SequenceAt, which the rewrite does not read: torch.onnx writes them for a "
+            "torch.split / chunk whose pieces it cannot make static; re-exported with static split sizes (a Python "
+            "int list, or torch.chunk of a fixed count) the halves are a Split, which `ortgate fix` rewrites")
 
 
 def _split_view(graph: Graph, node: Node, pick: int | None) -> tuple[WeightView, str, tuple[int, ...]]:

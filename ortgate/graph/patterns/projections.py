@@ -198,6 +198,101 @@ def _judge(graph: Graph, attention: Node, layer: int | None, q_in: str, k_in: st
                           traced=None not in (q, k, v))
 
 
+@dataclass(frozen=True)
+class AttentionHeads:
+    """A decomposed attention's head counts as its graph shows them, never as a config declares them."""
+
+    q_heads: int
+    kv_heads: int
+    head_size: int
+    how: str  # what in the graph says so: "q and k projections 64 and 32 wide at head size 16"
+
+
+def decomposed_heads(graph: Graph, softmax: Node) -> AttentionHeads | None:
+    """The q and kv heads of the decomposed attention core at `softmax`: the widths of its q and k projections over
+    the head size, the head size (and heads) from the first 4-D Reshape after each projection ([.., .., heads,
+    head_size]). None when the graph does not show both (a packed projection without a Split of constant sizes, no
+    such Reshape), or when what it shows does not add up."""
+    found = next((p for p in qkv_projections(graph) if p.attention is softmax and not p.fused), None)
+    if found is None or found.q is None or found.k is None:
+        return None
+    if found.packed:
+        split = _split_after(graph, found.q)
+        if split is None:
+            return None
+        (q_out, q_width), (k_out, k_width) = split
+    else:
+        q_dims, k_dims = linear_dims(graph, found.q), linear_dims(graph, found.k)
+        if not q_dims or not k_dims:
+            return None
+        q_out, q_width, k_out, k_width = found.q.outputs[0], q_dims[-1], found.k.outputs[0], k_dims[-1]
+    q_heads, q_size = _head_reshape(graph, q_out)
+    kv_heads, k_size = _head_reshape(graph, k_out)
+    core = next((c for c in attention_cores(graph) if c.softmax is softmax), None)
+    size = q_size or k_size or (core.qk_head_size if core is not None else None) or _cache_head_size(graph, k_out)
+    if not size or (q_size and k_size and q_size != k_size) or q_width % size or k_width % size:
+        return None
+    q, kv = q_width // size, k_width // size
+    if (q_heads and q_heads != q) or (kv_heads and kv_heads != kv) or not q or not kv:
+        return None
+    packed = "a packed projection split into q and k parts" if found.packed else "q and k projections"
+    how = f"{packed} {q_width} and {k_width} wide at head size {size}"
+    return AttentionHeads(q, kv, size, how)
+
+
+_HEAD_PATH = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Mul", "Div", "Add", "Sub", "Neg", "Concat",
+                        "Slice", "Split", "Pow", "ReduceMean", "Sqrt", "Reciprocal", "Unsqueeze", "Squeeze"})
+
+
+def _head_reshape(graph: Graph, value: str, depth: int = 12) -> tuple[int | None, int | None]:
+    """(heads, head size) of the first Reshape to a constant 4-D shape [.., .., heads, head_size] below `value`
+    (a projection's output) along one path of views, elementwise ops and a fused rotary; a -1 or 0 there is None."""
+    for _ in range(depth):
+        readers = [c for c in graph.consumers(value) if (c.domain == DEFAULT_DOMAIN and c.op_type in _HEAD_PATH)
+                   or (c.domain, c.op_type) in FUSED_ROTARY_OPS]
+        if not readers:
+            return None, None
+        node = readers[0]
+        if node.op_type == "Reshape" and len(node.inputs) > 1:
+            shape = graph.constant_value(node.input(1)) or graph.shape(node.outputs[0]) if node.outputs else None
+            if shape is not None and len(shape) == 4:
+                heads, size = shape[2], shape[3]
+                return (heads if isinstance(heads, int) and heads > 0 else None), (
+                    size if isinstance(size, int) and size > 0 else None)
+        if not node.outputs:
+            return None, None
+        value = node.outputs[0]
+    return None, None
+
+
+def _cache_head_size(graph: Graph, key: str) -> int | None:
+    """The head size a KV cache declares: the last dim of the past-key graph input the key is concatenated to."""
+    for node in graph.consumers(key)[:4]:
+        for reader in [node, *graph.consumers(node.outputs[0] if node.outputs else "")][:6]:
+            if is_op(reader, "Concat"):
+                for name in reader.inputs:
+                    shape = graph.shape(name) if name in graph.input_names else None
+                    if shape and len(shape) == 4 and isinstance(shape[3], int) and shape[3] > 0:
+                        return shape[3]
+    return None
+
+
+def _split_after(graph: Graph, projection: Node) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """((q part, its width), (k part, its width)) of the Split of constant sizes a packed projection's output is
+    cut into [q | k | v]; None without one."""
+    value = projection.outputs[0] if projection.outputs else ""
+    readers = graph.consumers(value)
+    while len(readers) == 1 and readers[0].domain == DEFAULT_DOMAIN and readers[0].op_type in (
+            "Clip", "Cast", "Identity") and readers[0].outputs:  # DBRX clamps its packed Wqkv before the Split
+        readers = graph.consumers(readers[0].outputs[0])
+    for node in readers:
+        if is_op(node, "Split") and len(node.outputs) == 3 and len(node.inputs) > 1:
+            sizes = graph.constant_value(node.input(1))
+            if sizes is not None and len(sizes) == 3 and all(int(x) > 0 for x in sizes):
+                return (node.outputs[0], int(sizes[0])), (node.outputs[1], int(sizes[1]))
+    return None
+
+
 @dataclass
 class GatedMlp:
     """SiLU(gate) * up as found in the graph."""
