@@ -116,6 +116,10 @@ class Finding:
     anchor: str | None = None
     position: int | None = None
     occurrence: int = 0
+    # The models linted when the rule found it (set by the pipeline; none for a finding about the policy alone): a
+    # finding about a shared file (the policy's `model.moe_layers`) is still about the models it was found in, and
+    # a baseline entry written for it accepts it in those models only.
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _clean(self, "message", "node", "graph", "fix")

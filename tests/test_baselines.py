@@ -127,7 +127,7 @@ def test_entries_of_rules_that_did_not_run_are_neither_stale_nor_pruned(make_mod
     assert {e["rule"] for e in json.loads(baseline.read_text())["findings"]} == {"moe-not-fused", "gqa-not-fused"}
 
 
-def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_3(tmp_path):
+def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_the_current_version(tmp_path):
     baseline = tmp_path / "baseline.json"
     shutil.copy(V1_BASELINE, baseline)
     code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline)
@@ -135,7 +135,7 @@ def test_a_version_1_baseline_still_loads_and_prune_rewrites_it_as_version_3(tmp
     code, report = lint_json(UNFUSED, "--policy", CPU_POLICY, "--baseline", baseline, "--prune-baseline")
     assert code == 0 and active(report) == []
     doc = json.loads(baseline.read_text())
-    assert doc["version"] == 3 and all("fingerprint" in e and "identity" not in e for e in doc["findings"])
+    assert doc["version"] == 4 and all("fingerprint" in e and "identity" not in e for e in doc["findings"])
     assert len(doc["findings"]) == len(json.loads(V1_BASELINE.read_text())["findings"])
 
 
@@ -153,7 +153,7 @@ def test_a_version_1_baseline_loses_renamed_nodes_and_says_how_to_migrate(tmp_pa
 
 def test_a_baseline_from_a_newer_ortgate_is_an_input_error(tmp_path):
     path = tmp_path / "b.json"
-    path.write_text('{"format": "ortgate-baseline", "version": 4, "findings": []}')
+    path.write_text('{"format": "ortgate-baseline", "version": 5, "findings": []}')
     code, out, err = run_cli("lint", UNFUSED, "--baseline", path)
     assert code == 2 and "newer ortgate" in err and err.count("\n") == 1
 
@@ -185,7 +185,7 @@ def test_a_baseline_of_one_model_never_accepts_another_models_findings(tmp_path)
     still = {f["file"] for f in active(report) if f["file"].endswith(".onnx")}
     assert still == {str(b / "model.onnx")}  # a's findings accepted, b's all reported
     doc = json.loads(baseline.read_text())
-    assert doc["version"] == 3 and {e["file"] for e in doc["findings"]} >= {(a / "model.onnx").as_posix()}
+    assert doc["version"] == 4 and {e["file"] for e in doc["findings"]} >= {(a / "model.onnx").as_posix()}
 
 
 def test_fingerprints_name_the_path_relative_to_the_working_directory(tmp_path, monkeypatch):
@@ -220,5 +220,63 @@ def test_a_version_2_baseline_still_matches_by_file_name_and_says_so(tmp_path):
     assert note["severity"] == "info" and "version 2" in note["message"] and "every model of that name" in note["message"]
     code, report = lint_json(b, "--policy", CPU_POLICY, "--baseline", baseline, "--prune-baseline")
     doc = json.loads(baseline.read_text())
-    assert doc["version"] == 3 and all(e["file"] == (b / "model.onnx").as_posix() for e in doc["findings"]
+    assert doc["version"] == 4 and all(e["file"] == (b / "model.onnx").as_posix() for e in doc["findings"]
                                        if e["file"].endswith(".onnx"))
+
+
+# ---- every entry names the model it was written for -----------------------------------------------------------
+
+
+def _two_models_and_a_policy(tmp_path, monkeypatch, make_model):
+    monkeypatch.chdir(tmp_path)
+    for name, layers in (("a", 2), ("b", 1)):
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        shutil.move(str(make_model(layers=layers)), folder / "model.onnx")
+    (tmp_path / "p.yaml").write_text("name: p\nexecution_provider:\n  name: cpu\nmodel:\n  moe_layers: 48\n"
+                                     "  attention_layers: 48\n")
+    return "models/a", "models/b", "p.yaml"
+
+
+def test_a_baseline_written_for_one_model_never_suppresses_anothers_findings(tmp_path, monkeypatch, make_model):
+    a, b, policy = _two_models_and_a_policy(tmp_path, monkeypatch, make_model)
+    assert lint_json(a, "--policy", policy, "--write-baseline", "bl.json")[0] == 0
+    entries = json.loads(Path("bl.json").read_text())["findings"]
+    mismatch = [e for e in entries if e["rule"] == "moe-layer-count-mismatch"]
+    assert mismatch and all(e["model"] == "models/a/model.onnx" and e["file"] == "p.yaml" for e in mismatch)
+    assert all(e.get("model") == "models/a/model.onnx" for e in entries)
+    code, report = lint_json(b, "--policy", policy, "--baseline", "bl.json")
+    assert code == 1
+    assert {"moe-layer-count-mismatch", "attention-layer-count-mismatch"} <= {f["rule"] for f in active(report)}
+    stale = [f for f in report["findings"] if f["rule"] == "baseline-entry-stale"]
+    assert not stale, stale  # a's entries were not judged: a was not linted
+    assert lint_json(a, "--policy", policy, "--baseline", "bl.json")[0] == 0
+
+
+def test_a_baseline_of_two_models_accepts_each_ones_findings_in_it_only(tmp_path, monkeypatch, make_model):
+    a, b, policy = _two_models_and_a_policy(tmp_path, monkeypatch, make_model)
+    assert lint_json(a, b, "--policy", policy, "--write-baseline", "bl.json")[0] == 0
+    models = {e.get("model") for e in json.loads(Path("bl.json").read_text())["findings"]
+              if e["rule"] == "moe-layer-count-mismatch"}
+    assert models == {"models/a/model.onnx", "models/b/model.onnx"}
+    assert lint_json(b, "--policy", policy, "--baseline", "bl.json")[0] == 0
+
+
+def test_a_version_3_baseline_still_loads_its_entries_accepting_any_model_and_lint_says_so(tmp_path, monkeypatch,
+                                                                                            make_model):
+    a, b, policy = _two_models_and_a_policy(tmp_path, monkeypatch, make_model)
+    assert lint_json(a, "--policy", policy, "--write-baseline", "bl.json")[0] == 0
+    doc = json.loads(Path("bl.json").read_text())
+    doc["version"] = 3
+    for entry in doc["findings"]:
+        entry.pop("model", None)
+    Path("v3.json").write_text(json.dumps(doc))
+    code, report = lint_json(b, "--policy", policy, "--baseline", "v3.json")
+    notes = [f for f in report["findings"] if f["rule"] == "baseline-entry-stale" and "name no model" in f["message"]]
+    assert notes and notes[0]["severity"] == "info", report["findings"]
+    assert "moe-layer-count-mismatch" not in {f["rule"] for f in active(report)}  # as version 3 read it
+    assert lint_json(a, "--policy", policy, "--baseline", "v3.json", "--prune-baseline")[0] == 0
+    pruned = json.loads(Path("v3.json").read_text())
+    assert pruned["version"] == 4
+    assert {e.get("model") for e in pruned["findings"] if e["rule"] == "moe-layer-count-mismatch"} == \
+        {"models/a/model.onnx"}

@@ -307,6 +307,9 @@ def test_graph_edited_models_are_linted_without_crashing(workdir, seed, edits, f
     code, out, err = run_cli(*args)
     if code == 2 and "the ONNX graph has no nodes" in err:  # every node deleted: refused as unreadable
         return
+    if code == 2 and "the session will fail" in err:  # an opset or IR version ORT refuses to load: said, one line
+        assert_clean_outcome(code, out, err)
+        return
     assert_clean_outcome(code, out, err, readable=True)
 
 

@@ -142,7 +142,7 @@ def test_a_baseline_accepts_existing_findings_and_fails_only_on_new_ones(make_mo
     code, _, err = run_cli("lint", v1, "--select", "OGF001,OGF002", "--write-baseline", baseline)
     assert (code, err) == (0, "")
     doc = json.loads(baseline.read_text())
-    assert doc["format"] == "ortgate-baseline" and doc["version"] == 3
+    assert doc["format"] == "ortgate-baseline" and doc["version"] == 4
     assert {(e["rule"], e["node"]) for e in doc["findings"]} == {
         ("moe-not-fused", "/model/layers.0/moe/router/MatMul"), ("moe-not-fused", "/model/layers.1/moe/router/MatMul"),
         ("gqa-not-fused", "/model/layers.0/attn/Softmax"), ("gqa-not-fused", "/model/layers.1/attn/Softmax")}

@@ -310,9 +310,20 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
+def _killed_fix_staging(out: Path) -> Path:
+    """A staging folder as a fix to `out` makes it, left by a process that is gone."""
+    code = ("import sys; from pathlib import Path; from ortgate.fix.pipeline import staging_folder; "
+            "f = staging_folder(Path(sys.argv[1])); (f / 'model.onnx').write_bytes(b'partial'); print(f)")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return Path(done.stdout.strip())
+
+
 def test_the_next_fix_removes_staging_a_killed_fix_left_and_nothing_else(tmp_path, make_model):
     src = make_model(moe="dense_loop")
     out = tmp_path / "out"
+    stale = _killed_fix_staging(out)
+    marker = json.loads((stale / ".ortgate-staging").read_text())
 
     def staging(name: str, marker: dict | None) -> Path:
         folder = tmp_path / name
@@ -322,14 +333,16 @@ def test_the_next_fix_removes_staging_a_killed_fix_left_and_nothing_else(tmp_pat
             (folder / ".ortgate-staging").write_text(json.dumps(marker))
         return folder
 
-    stale = staging(".out.ortgate-tmp-killed", {"pid": _dead_pid(), "start": "1", "output": "out"})
-    live = staging(".out.ortgate-tmp-running", {"pid": os.getpid(), "start": _process_start(os.getpid()),
-                                                "output": "out"})
+    live = staging(f".out.ortgate-tmp-{os.getpid()}-running", {"pid": os.getpid(),
+                                                              "start": _process_start(os.getpid()), "output": "out"})
     other_out = staging(".other.ortgate-tmp-killed", {"pid": _dead_pid(), "start": "1", "output": "other"})
     unmarked = staging(".out.ortgate-tmp-user", None)
+    copied = tmp_path / f".out.ortgate-tmp-{marker['pid']}-{'0' * 16}"
+    shutil.copytree(stale, copied)  # a copy: the marker names another folder (inode)
+    (copied / ".ortgate-staging").write_text(json.dumps({**marker, "token": "0" * 16}))
     assert main(["fix", str(src), "-o", str(out), "--select", "moe-not-fused", "--no-verify"]) == 0
     assert not stale.exists()
-    assert live.exists() and other_out.exists() and unmarked.exists()
+    assert live.exists() and other_out.exists() and unmarked.exists() and copied.exists()
 
 
 def test_a_disk_that_fills_while_writing_sarif_leaves_no_file(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ from ortgate.knowledge.fusions import OrtFusions
 from ortgate.knowledge.group_router import _GroupRouterFile
 from ortgate.knowledge.kernels import KernelTable, _KernelAdditionsFile
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.model_format import _ModelFormatFile
 from ortgate.knowledge.moe_op import _OrtMoeFile
 from ortgate.knowledge.op_schemas import _LimitsFile, _SchemasFile
 from ortgate.knowledge.producers import _ProducersFile
@@ -47,6 +48,7 @@ SCHEMAS = {
     "producers.json": _ProducersFile,
     "deployment_facts.json": _FactsFile,
     "cache_exports.json": _CacheExportsFile,
+    "model_format.json": _ModelFormatFile,
     "ort_group_router.json": _GroupRouterFile,
     "ort_releases.json": _ReleasesFile,
     "ort_cpu_limits.json": _LimitsFile,

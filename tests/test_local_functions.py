@@ -80,6 +80,63 @@ def test_run_does_not_take_a_local_function_for_a_custom_op(tmp_path):
     assert code in (0, 1), (code, err)
 
 
+def _doubling_functions(tmp_path, levels: int):
+    """F0 is one Relu; each F(i) calls F(i-1) twice: the graph's one call of the last inlines to 2^levels nodes."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    functions = [helper.make_function("local", "F0", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])], opsets)]
+    for i in range(1, levels + 1):
+        body = [helper.make_node(f"F{i - 1}", ["a"], ["t"], domain="local"),
+                helper.make_node(f"F{i - 1}", ["t"], ["b"], domain="local")]
+        functions.append(helper.make_function("local", f"F{i}", ["a"], ["b"], body, opsets))
+    graph = helper.make_graph([helper.make_node(f"F{levels}", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])])
+    path = tmp_path / "doubling.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, functions=functions), path)
+    return path
+
+
+def test_functions_that_expand_exponentially_are_refused_before_inlining(tmp_path, capsys):
+    """A 3 KB model whose functions each call the previous one twice: 2^30 nodes once inlined. Refused at once,
+    naming the first function past the bound (2^20 nodes: F20)."""
+    import time
+
+    path = _doubling_functions(tmp_path, 30)
+    assert path.stat().st_size < 4096
+    start = time.monotonic()
+    assert main(["lint", str(path)]) == 2
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert err.startswith(f"ortgate: error: {path}: local function 'local::F20' expands to more than 1,000,000 nodes"), err
+    assert err.count("\n") == 1
+
+
+def test_functions_that_expand_moderately_are_inlined(tmp_path):
+    path = _doubling_functions(tmp_path, 4)
+    assert [n.op_type for n in build_graph(load_model(path), str(path)).nodes] == ["Relu"] * 16
+
+
+def test_external_data_outside_the_folder_inside_a_local_function_is_refused(tmp_path, capsys):
+    """A Constant in a function's body pointing at ../../outside.data: ORT would read it after inlining."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    value = onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[4],
+                             data_location=onnx.TensorProto.EXTERNAL)
+    for key, text in (("location", "../../../outside.data"), ("offset", "0"), ("length", "16")):
+        value.external_data.add(key=key, value=text)
+    body = [helper.make_node("Constant", [], ["w"], value=value), helper.make_node("Add", ["a", "w"], ["b"])]
+    f = helper.make_function("local", "F", ["a"], ["b"], body, opsets)
+    graph = helper.make_graph([helper.make_node("F", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, functions=[f]), path)
+    for command in (["lint", str(path)], ["estimate", str(path), "--device", "h100-sxm"],
+                    ["fix", str(path), "-o", str(tmp_path / "out"), "--dry-run"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith(f"ortgate: error: {path}: external data location '../../../outside.data' is outside"), err
+
+
 def _one_relu_model(tmp_path, name: str, *, shadow: bool):
     """x -> y through a local function calling Relu, or through a Relu with a local function named Relu beside it
     (a step the cost model prices at no bytes and no FLOPs)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 from xml.etree import ElementTree as ET
 
@@ -98,3 +99,49 @@ def test_reporters_fuzzed_with_hostile_values_forge_no_line(key, reason, name, n
     result = LintResult(findings, decide(findings, Severity.ERROR), summary, [])
     for fmt in FORMATS:
         assert_unforged(fmt, render(fmt, result))
+
+
+FORGED_PATH = "o\n::error::FORGED-OUT[bold]\x1b[2K"
+
+
+def test_fix_text_report_prints_out_and_the_model_on_one_line(tmp_path):
+    model = tmp_path / FORGED_PATH.replace("o", "m", 1)
+    shutil.copytree(UNFUSED, model)
+    code, out, err = run_cli("fix", model, "-o", tmp_path / FORGED_PATH, "--no-verify")
+    assert code == 0, err
+    assert_unforged("text", out)
+    assert "o\\n::error::FORGED-OUT" in out
+
+
+def test_estimate_text_report_prints_the_models_path_on_one_line(tmp_path):
+    model = tmp_path / FORGED_PATH
+    shutil.copytree(UNFUSED, model)
+    code, out, err = run_cli("estimate", model, "--device", "h100-sxm")
+    assert code == 0, err  # a `[bold]` in a path is text, not markup
+    assert_unforged("text", out)
+    assert "FORGED-OUT[bold]" in out
+
+
+@pytest.mark.parametrize("command", ["validate", "show"])
+def test_policy_commands_print_a_forged_file_name_on_one_line(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    base = "b\n::error::FORGED.yaml"
+    (tmp_path / base).write_text("name: base\nexecution_provider:\n  name: cpu\n")
+    policy = tmp_path / "::error::p.yaml"
+    policy.write_text(f"name: child\nextends: {json.dumps(base)}\n")
+    code, out, err = run_cli("policy", command, policy.name)
+    assert "::error::" in out, (code, out, err)
+    assert_unforged("text", out)
+
+
+def test_run_text_report_prints_the_models_path_on_one_line(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from tests.conftest import POLICIES
+
+    model = tmp_path / FORGED_PATH
+    shutil.copytree(UNFUSED, model)
+    code, out, err = run_cli("run", model, "--policy", POLICIES / "tiny-moe-cpu.yaml", "--allow-cpu",
+                             "--iterations", "2", "--warmup", "1")
+    assert code in (0, 1), err
+    assert_unforged("text", out)
+    assert "o\\n::error::FORGED-OUT[bold]" in out

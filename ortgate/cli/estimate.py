@@ -149,15 +149,14 @@ def compared_text(base: str, comparison) -> str:
 def render_text(est, inputs, *, width: int = 120) -> str:
     import sys
 
-    from rich.console import Console
     from rich.table import Table
 
     from ortgate.cost.estimate import format_bandwidth, format_bytes, format_ms, format_rate
 
     buffer = io.StringIO()
     color = sys.stdout.isatty()
-    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width, highlight=False,
-                      soft_wrap=True)
+    console = _OneLineConsole(file=buffer, force_terminal=color, no_color=not color, width=width, highlight=False,
+                              soft_wrap=True, markup=False)
     s, d = est.setup, est.device
     a, w = est.as_exported, est.with_fixes
     tokens = "token" if s.shape.new_tokens == 1 else "tokens"
@@ -220,7 +219,9 @@ def render_text(est, inputs, *, width: int = 120) -> str:
     for line in deployment_lines(inputs):
         console.print(line)
     console.print(f"Every figure is an estimate for {d.name}, never a measurement.")
-    return buffer.getvalue()
+    from ortgate.report import unforgeable
+
+    return unforgeable(buffer.getvalue())
 
 
 def deployment_lines(inputs) -> list[str]:
@@ -381,6 +382,25 @@ def _savings(est):
             out.append((kind, _repair_scope(kind, repairs), saving))
     out.sort(key=lambda x: -x[2].ms_per_token)
     return out
+
+
+def _one_line_console():
+    from rich.console import Console
+
+    from ortgate.report import clean
+
+    class OneLineConsole(Console):
+        """Each printed text is one line whatever the model's paths and names hold (ortgate.report.clean); nothing
+        is read as markup."""
+
+        def print(self, *objects, **kwargs) -> None:
+            super().print(*(clean(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    return OneLineConsole
+
+
+def _OneLineConsole(**kwargs):
+    return _one_line_console()(**kwargs)
 
 
 # ---- json ---------------------------------------------------------------------------------------------------------

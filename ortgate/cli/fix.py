@@ -60,6 +60,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
     if args.policy:
         from ortgate.config.deployment import resolve_release, setup_from_policy
         from ortgate.config.policy import load_policy
+        from ortgate.config.reads import policy_reads
         from ortgate.runner.settings import runner_settings
 
         policy = load_policy(args.policy)
@@ -68,7 +69,7 @@ def cmd_fix(args: argparse.Namespace) -> int:
         setup = setup_from_policy(policy)
         provider = setup.provider_name
         dims = dict(runner_settings(policy).dims)  # runner.dims: values for symbolic dims the graph cannot name
-        policy_files = policy.chain  # the policy and every file it extends: OUT may neither be nor hold one
+        policy_files = tuple(policy_reads(policy))  # the policy, its bases, its calibration: OUT may neither be nor hold one
         context = policy.get("throughput", "context_length")
         if args.context_length is None and isinstance(context, int):
             args.context_length = context

@@ -39,6 +39,7 @@ def cmd_policy_validate(args: argparse.Namespace) -> int:
     from ortgate.cli.output import error
     from ortgate.config.policy import display_source
     from ortgate.engine.policy_check import check_policy
+    from ortgate.report import unforgeable
 
     code = EXIT_PASS
     for file in args.files:
@@ -50,8 +51,8 @@ def cmd_policy_validate(args: argparse.Namespace) -> int:
             for p in check.problems:
                 where = f"{display_source(p.file)}:{p.line}" if p.line else display_source(p.file)
                 rule = f" [{p.rule}]" if p.rule else ""
-                print(f"{printable(where)}: {p.severity}: {p.message}{rule}")
-            print(_verdict(file, check))
+                print(unforgeable(printable(f"{where}: {p.severity}: {p.message}{rule}")))
+            print(unforgeable(_verdict(file, check)))
         code = max(code, check.exit_code)
     return code
 
@@ -62,7 +63,7 @@ def _verdict(file: str, check) -> str:
     counts = {level: sum(p.severity == level for p in check.problems) for level in ("error", "warning", "info")}
     said = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n)
     chain = " <- ".join(display_source(p) for p in check.policy.chain[1:])
-    head = f"{printable(file)}: valid policy {check.policy.name!r}" + (f" (extends {chain})" if chain else "")
+    head = printable(f"{file}: valid policy {check.policy.name!r}" + (f" (extends {chain})" if chain else ""))
     if check.exit_code == 1:
         return f"{head}; lint reports {said} about it"
     return head + (f"; {said}" if said else "")
@@ -71,8 +72,9 @@ def _verdict(file: str, check) -> str:
 def cmd_policy_show(args: argparse.Namespace) -> int:
     from ortgate.config.policy import load_policy
     from ortgate.config.show import effective_policy_json, effective_policy_yaml
+    from ortgate.report import unforgeable
 
     policy = load_policy(args.file)
-    print(effective_policy_json(policy) if args.format == "json" else effective_policy_yaml(policy), end="")
+    print(effective_policy_json(policy) if args.format == "json" else unforgeable(effective_policy_yaml(policy)), end="")
     return EXIT_PASS
 

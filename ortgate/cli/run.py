@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ortgate.cli.lint import (
     LINT_FORMATS,
@@ -148,8 +147,6 @@ def run_outputs(args: argparse.Namespace, reports: list[tuple[str, str | None]])
 
 
 def run_reads(inputs) -> list:
-    """The files `ortgate run` reads: the lint inputs and the custom-op libraries the policy names."""
-    setup = inputs.deployment.policy_setup
-    libraries = setup.custom_op_libraries if setup is not None else ()
-    # Relative to the policy file that names it, as the runner resolves it (an absolute path replaces the folder).
-    return [*inputs.files_read, *(Path(s.location.file).parent / Path(str(s.value)).expanduser() for s in libraries)]
+    """The files `ortgate run` reads: the lint inputs, which hold the custom-op libraries the policy names
+    (ortgate.config.reads)."""
+    return list(inputs.files_read)

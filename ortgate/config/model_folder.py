@@ -30,6 +30,7 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
         config = p / GENAI_CONFIG_NAME
         candidates = [p / "model.onnx"]
         if config.is_file():
+            _inside(config, p)  # checked before it is read
             genai = load_genai_config(config)
             filename = genai.decoder_filename
             if filename:
@@ -47,12 +48,12 @@ def resolve_model_path(path: str | Path) -> ModelFiles:
         found = f"{len(onnx_files)} .onnx files" if onnx_files else "no .onnx file"
         raise InputError(f"folder holds no model.onnx ({found}); name the model file instead", p)
     config = p.parent / GENAI_CONFIG_NAME
-    return ModelFiles(p, config if config.is_file() else None)
+    return ModelFiles(p, _inside(config, p.parent) if config.is_file() else None)
 
 
 def _inside(file: Path, folder: Path) -> Path:
-    """A file the model folder names must be in it once symlinks are followed: a decoder symlinked out of the
-    folder is refused, not read."""
+    """A file the model folder names must be in it once symlinks are followed: a decoder or a genai_config.json
+    symlinked out of the folder is refused, not read."""
     try:
         inside = file.resolve().is_relative_to(folder.resolve())
     except (OSError, RuntimeError):

@@ -228,21 +228,7 @@ def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
     if candidate.is_dir() or (candidate.exists() and not candidate.is_file()):
         what = "a directory" if candidate.is_dir() else "not a regular file"
         raise InputError(f"extends: {target!r} is {what}, expected a policy file", doc.path, line=line)
-    try:
-        real = candidate.resolve()
-    except (OSError, RuntimeError):
-        raise InputError(f"extends: {target!r} cannot be resolved (a loop of symbolic links?)", doc.path,
-                         line=line) from None
-    system = next((p.parts[1] for p in (candidate.absolute(), real) if p.parts[1:2] and p.parts[1] in _SYSTEM_TREES),
-                  None)
-    if system is not None:
-        raise InputError(f"extends: {target!r} is in /{system}, not a policy file; ortgate does not read it",
-                         doc.path, line=line)
-    roots = _extends_roots(doc.path)
-    if not any(real.is_relative_to(root) for root in roots):
-        raise InputError(f"extends: {target!r} ({real}) is outside the working directory and the repository of "
-                         f"{doc.path.name}; ortgate reads a base there only when it is given as --policy itself "
-                         "(copy the base next to the policy, or run from a folder that holds it)", doc.path, line=line)
+    confine(candidate, doc.path, f"extends: {target!r}", line, "a base")
     if not candidate.is_file():
         raise InputError(f"extends: {target!r} does not exist (resolved to {candidate})", doc.path, line=line)
     return candidate
@@ -252,11 +238,37 @@ def _resolve_extends(target: str, doc: LocatedDocument) -> Path:
 _SYSTEM_TREES = frozenset({"proc", "sys", "dev"})
 
 
+def confine(candidate: Path, policy: Path, key: str, line: int | None, what: str) -> Path:
+    """The one rule for a file a policy names (`extends:`, `throughput.calibration`): once every symlink is
+    followed (in the file's name and in the folders that lead to it) it is inside the working directory, the
+    policy's folder or the repository that holds the policy, and never under /proc, /sys or /dev. Returns the
+    resolved path; InputError (at `policy`'s `line`) otherwise."""
+    try:
+        real = candidate.resolve(strict=False)
+    except (OSError, RuntimeError):
+        raise InputError(f"{key} cannot be resolved (a loop of symbolic links?)", policy, line=line) from None
+    system = next((p.parts[1] for p in (candidate.absolute(), real) if p.parts[1:2] and p.parts[1] in _SYSTEM_TREES),
+                  None)
+    if system is not None:
+        raise InputError(f"{key} is in /{system}, not a policy's file; ortgate does not read it", policy, line=line)
+    roots = _extends_roots(policy)
+    if not any(real.is_relative_to(root) for root in roots):
+        raise InputError(f"{key} ({real}) is outside the working directory and the repository of {policy.name}; "
+                         f"ortgate reads {what} there only when it is given on the command line itself (copy it "
+                         "next to the policy, or run from a folder that holds it)", policy, line=line)
+    return real
+
+
 def _extends_roots(policy: Path) -> list[Path]:
-    """Where a policy's `extends` may lead (after symlinks): the working directory and the repository that holds
-    the policy (the nearest folder above it with a .git), or the policy's own folder when it is in none. The
-    policy named on the command line may be anywhere; what it pulls in may not."""
-    here = policy.resolve().parent
+    """Where a policy's `extends` (or calibration file) may lead (after symlinks): the working directory and the
+    repository that holds the policy (the nearest folder above it with a .git), or the policy's own folder when it
+    is in none. The policy named on the command line may be anywhere; what it pulls in may not. The policy's folder
+    is the one that holds the file as named: a policy that is itself a symbolic link opens no door to the folder
+    it points into."""
+    try:
+        here = Path(os.path.abspath(policy.parent)).resolve()
+    except (OSError, RuntimeError):
+        here = Path(os.path.abspath(policy.parent))
     roots = [Path.cwd().resolve(), here]
     for folder in (here, *here.parents):
         if (folder / ".git").exists():

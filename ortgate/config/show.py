@@ -12,6 +12,7 @@ import yaml
 
 from ortgate.config.policy import Policy, display_source
 from ortgate.config.source import KeyPath, format_key_path
+from ortgate.errors import printable
 
 COMMENT_COLUMN = 48
 
@@ -28,16 +29,16 @@ def _flow(value: Any) -> str:
 
 
 def _line(text: str, origin: str) -> str:
-    return f"{text.ljust(COMMENT_COLUMN - 2)}  # {origin}"
+    return f"{text.ljust(COMMENT_COLUMN - 2)}  # {printable(origin)}"
 
 
 def effective_policy_yaml(policy: Policy) -> str:
     chain = " <- ".join(display_source(p) for p in policy.chain)
-    out = [f"# effective policy {policy.name!r}: {chain}"]
+    out = [printable(f"# effective policy {policy.name!r}: {chain}")]
     _mapping(policy, policy.data, (), 0, out)
     for path, loc in sorted(policy.removed.items(), key=lambda item: format_key_path(item[0])):
         where = f"{display_source(loc.file)}:{loc.line}" if loc.line else display_source(loc.file)
-        out.append(f"# {format_key_path(path)}: removed (null) by {where}")
+        out.append(printable(f"# {format_key_path(path)}: removed (null) by {where}"))
     return "\n".join(out) + "\n"
 
 

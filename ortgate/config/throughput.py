@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortgate.config.policy import Policy, policy_schema
+from ortgate.config.policy import Policy, confine, policy_schema
 from ortgate.config.source import load_yaml
 from ortgate.errors import InputError
 from ortgate.findings import Location
@@ -220,7 +220,8 @@ def _calibration(policy: Policy, value: Any) -> Calibration | None:
     if isinstance(value, dict):
         return _calibration_from(value, f"{Path(where.file).name}:{where.line}" if where.line else where.file,
                                  where.file, where.line)
-    path = Path(where.file).parent / str(value)
+    path = calibration_file(policy)
+    assert path is not None
     if not path.is_file():
         raise InputError(f"throughput.calibration: {value!r} is not a file (resolved to {path})", where.file,
                          line=where.line)
@@ -234,6 +235,18 @@ def _calibration(policy: Policy, value: Any) -> Calibration | None:
     calibration = _calibration_from(data["figures"], str(path), str(path), doc.line_of(("figures",)))
     return Calibration(calibration.figures, calibration.tflops, str(path), data.get("device"), data.get("measured_on"),
                        path)
+
+
+def calibration_file(policy: Policy) -> Path | None:
+    """The calibration file the policy names (relative to the policy file that names it), confined as `extends:`
+    is (ortgate.config.policy.confine); None when it names none or gives the figures inline."""
+    value = policy.get("throughput", "calibration")
+    if value is None or isinstance(value, dict):
+        return None
+    where = policy.where("throughput", "calibration")
+    path = Path(where.file).parent / str(value)
+    confine(path, Path(where.file), f"throughput.calibration: {value!r}", where.line, "a calibration file")
+    return path
 
 
 def _calibration_from(data: dict, source: str, file: str, line: int | None) -> Calibration:

@@ -16,6 +16,7 @@ from ortgate.engine.baseline import (
     GATE_FAMILY,
     LEGACY_VERSION,
     V2_VERSION,
+    V3_VERSION,
     Baseline,
     baseline_from_text,
     baseline_text,
@@ -234,12 +235,23 @@ def stale_baseline_findings(config: GateConfig, files: list[str], matched: Abstr
             code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
             message=(f"this baseline's entries are version {V2_VERSION} fingerprints, which name a model by its file "
                      "name alone: an entry accepts the same finding in every model of that name (a/model.onnx and "
-                     f"b/model.onnx alike); version {BASELINE_VERSION} names it by its path relative to the working "
+                     f"b/model.onnx alike); version {V3_VERSION} names it by its path relative to the working "
                      "directory"),
             location=Location(baseline.path or "", None, "version"),
             fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), from the "
                 "directory the gate runs in.",
             properties=(("baseline_version", V2_VERSION),)))
+    if baseline.modelless:
+        out.append(Finding(
+            code=stale_rule.code, rule=stale_rule.name, severity=stale_rule.severity,
+            message=(f"{baseline.modelless} entr{'y' if baseline.modelless == 1 else 'ies'} of this baseline "
+                     f"(version {V3_VERSION}) name no model: an entry about a file several models share (the "
+                     "policy's model.moe_layers, genai_config.json) accepts its finding in every model linted with "
+                     f"that file; version {BASELINE_VERSION} names the model each entry was written for"),
+            location=Location(baseline.path or "", None, "version"),
+            fix=f"Rewrite it as version {BASELINE_VERSION}: add --prune-baseline (with --baseline FILE), linting the "
+                "models it was written for.",
+            properties=(("baseline_version", V3_VERSION),)))
     for i in baseline.stale(files, ran, matched):
         entry = baseline.entries[i]
         what = ", ".join(f"{k} {entry.data[k]}" for k in ("rule", "file", "layer", "node", "key_path")

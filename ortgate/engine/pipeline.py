@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ortgate.config.deployment import Deployment, build_deployment
+from ortgate.config.deployment import Deployment, build_deployment, resolve_release
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.policy import Policy, load_policy
+from ortgate.config.reads import model_reads, policy_reads
 from ortgate.engine.gate import GateConfig, Verdict, decide, gate, selected_rules, stale_baseline_findings
 from ortgate.engine.pricing import EstimateHeadline, estimate_summary, price_findings
 from ortgate.engine.throughput import CostOverrides, resolve_cost
@@ -24,6 +25,7 @@ from ortgate.errors import InputError
 from ortgate.findings import Finding, number_occurrences
 from ortgate.graph import Graph, build_graph
 from ortgate.graph.dump import optimization_mismatch
+from ortgate.graph.index import ort_load_refusal
 from ortgate.graph.load import read_model_indexed
 from ortgate.rules import Rule
 from ortgate.rules.context import LintInputs, PolicyInputs, RuleContext
@@ -56,6 +58,12 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note(f"indexing {len(proto.graph.node):,} nodes of {files.model.name}")
     model = build_graph(proto, str(files.model), role="model", initializers=weights)
     del proto, weights
+    # A pinned release (--ort-version, the policy's) is judged; an assumed one is not enough to refuse the model as
+    # bad input: without a pin, only what no release ortgate has measured loads is refused.
+    ort = resolve_release(policy, request.ort_version)
+    refusal = ort_load_refusal(model, ort.version if ort.pinned else None)
+    if refusal is not None:
+        raise InputError(refusal, files.model)
     optimized = None
     if request.optimized:
         note(f"loading {request.optimized}")
@@ -70,11 +78,10 @@ def load_inputs(request: LintRequest, progress: Callable[[str], None] | None = N
     note("matching MoE and attention patterns")
     deployment = build_deployment(policy, genai, request.ort_version)
     expect = resolve_expectations(policy, genai, model)
-    read = [files.model, *_external_data(model), files.genai_config, Path(config_path) if config_path else None,
-            *(policy.chain if policy else ())]
+    files_read = [*model_reads(files.model, model.external_data_files, files.genai_config,
+                               Path(config_path) if config_path else None), *policy_reads(policy)]
     if optimized is not None:
-        read += [Path(optimized.path), *_external_data(optimized)]
-    files_read = [p for p in read if p is not None]
+        files_read += model_reads(Path(optimized.path), optimized.external_data_files)
     return build_inputs(model, optimized, deployment, expect, policy, genai, files_read, request.cost)
 
 
@@ -87,21 +94,12 @@ def build_inputs(model: Graph, optimized: Graph | None, deployment: Deployment, 
     throughput, setup, gap = (resolve_cost(policy, deployment, optimized=optimized is not None, overrides=cost)
                               if priced else (None, None, None))
     read = list(files_read)
-    if throughput is not None and throughput.calibration is not None and throughput.calibration.path is not None:
-        read.append(throughput.calibration.path)
     overrides = cost or CostOverrides()
     prompt = overrides.prompt or (throughput.prompt_length if throughput is not None else None)
     batches = overrides.batches or (throughput.batch_sizes if throughput is not None else ())
     return LintInputs(model, optimized, deployment, expect, policy, genai, files_read=tuple(dict.fromkeys(read)),
                       cost=setup, throughput=throughput, prompt_length=prompt, batch_sizes=tuple(batches),
                       cost_gap=gap)
-
-
-def _external_data(graph) -> list[Path]:
-    """The weight files a model names (never opened): they are the user's files all the same. Beside the model
-    as named and, for a symlinked model, beside the file it points to."""
-    folders = dict.fromkeys((Path(graph.path).parent, Path(graph.path).resolve().parent))
-    return [folder / location for folder in folders for location in graph.external_data_files]
 
 
 def run_rules(inputs: LintInputs | PolicyInputs, rules: Iterable[Rule],
@@ -123,6 +121,10 @@ def run_rules(inputs: LintInputs | PolicyInputs, rules: Iterable[Rule],
             if strict:
                 raise
             findings.append(ctx.internal_error(exc))
+    model = inputs.model.path if isinstance(inputs, LintInputs) else None  # a policy validated alone: no model
+    if model:
+        about_policy = {r.code for r in rules if r.policy_only}
+        findings = [f if f.code in about_policy else replace(f, models=(model,)) for f in findings]
     return findings
 
 
@@ -263,17 +265,21 @@ def collect(inputs: LintInputs | list[LintInputs], rules: list[Rule],
     """The rules' findings over `inputs`, priced, before the gate: each fact about a shared file once."""
     many = inputs if isinstance(inputs, list) else [inputs]
     raw: list[Finding] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for one in many:
         found = run_rules(one, rules, progress)
         if one.estimate is not None and progress is not None:
             progress("pricing the findings")
         for f in price_findings(found, one):
-            # The same fact about a shared file (the policy, a base it extends) is reported once, not per model.
-            key = repr(f)
+            # The same fact about a shared file (the policy, a base it extends) is reported once, not per model;
+            # it remembers every model it was found in.
+            key = repr(replace(f, models=()))
             if key not in seen:
-                seen.add(key)
+                seen[key] = len(raw)
                 raw.append(f)
+            else:
+                first = raw[seen[key]]
+                raw[seen[key]] = replace(first, models=tuple(dict.fromkeys((*first.models, *f.models))))
     return raw
 
 

@@ -6,7 +6,6 @@ discards it: an interrupted or failed fix never leaves a folder named OUT behind
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import secrets
@@ -18,6 +17,7 @@ from pathlib import Path
 import onnx
 
 from ortgate.config.model_folder import resolve_model_path
+from ortgate.config.reads import model_reads
 from ortgate.errors import InputError
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
 from ortgate.fix.genai_config import GenaiSettings, write_or_keep
@@ -55,7 +55,7 @@ from ortgate.fix.weights import (
     set_external,
 )
 from ortgate.graph import build_graph
-from ortgate.graph.index import Graph
+from ortgate.graph.index import Graph, ort_load_refusal
 from ortgate.graph.load import load_model
 from ortgate.knowledge.group_router import group_router_facts
 from ortgate.knowledge.moe_op import moe_op_facts
@@ -91,7 +91,7 @@ class FixRequest:
     runner_dims: dict[str, int] = field(default_factory=dict)  # the policy's runner.dims: values of symbolic dims
     policy: str | None = None  # read by the caller: OUT must not hold it either
     session_setup: object | None = None  # the policy's SessionSetup: verification runs with its session options
-    policy_files: tuple[Path, ...] = ()  # the policy's whole `extends` chain, read by the caller
+    policy_files: tuple[Path, ...] = ()  # every file the policy leads to (ortgate.config.reads.policy_reads)
     # Checks OUT against every file the fix reads (the command line's shared output-safety check), once they are known.
     check_output: Callable[[list[Path]], None] | None = None
     genai: GenaiSettings | None = None  # what genai_config.json needs that the graph cannot tell
@@ -173,6 +173,7 @@ class StagedFix:
                 with contextlib.suppress(OSError):
                     _rename_noreplace(old, out)
             raise InputError(f"cannot write: {exc.strerror or exc}", out) from None
+        _OWN_STAGING.discard(self.folder)  # moved into place: nothing of ours is left there
         self.folder = None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -181,6 +182,8 @@ class StagedFix:
     def discard(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+            if not os.path.lexists(self.folder):  # else discard_own_staging tries again
+                _OWN_STAGING.discard(self.folder)
             self.folder = None
 
 
@@ -235,9 +238,35 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _write_marker(folder: Path, out: Path) -> None:
-    text = json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()), "output": out.name}, allow_nan=False)
-    (folder / STAGING_MARKER).write_text(text + "\n")
+# The staging folders this process created (their paths, chosen before mkdir): the only ones an interrupted fix
+# removes, whatever line the signal landed on.
+_OWN_STAGING: set[Path] = set()
+
+
+def staging_folder(out: Path) -> Path:
+    """A new staging folder beside `out` named `.OUT.ortgate-tmp-PID-TOKEN` (TOKEN random), created private (0700)
+    and holding the marker that lets a later fix prove it is stale: this process's pid and start time, OUT's name,
+    the token and the folder's own device and inode. Its path is recorded before it exists, so whenever a signal
+    lands, discard_own_staging knows what to remove. OSError when it cannot be created."""
+    token = secrets.token_hex(8)
+    folder = out.resolve().parent / f".{out.name[:100]}.ortgate-tmp-{os.getpid()}-{token}"
+    _OWN_STAGING.add(folder)
+    try:
+        os.mkdir(folder, 0o700)  # never replaces: a folder already there (a user's, however named) stops here
+    except BaseException:
+        _OWN_STAGING.discard(folder)  # not ours
+        raise
+    _write_marker(folder, out, token)
+    return folder
+
+
+def _write_marker(folder: Path, out: Path, token: str) -> None:
+    st = os.lstat(folder)
+    text = json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()), "output": out.name, "token": token,
+                       "folder": [st.st_dev, st.st_ino]}, allow_nan=False)
+    fd = os.open(folder / STAGING_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text + "\n")
 
 
 def _clear_marker(folder: Path) -> None:
@@ -245,42 +274,108 @@ def _clear_marker(folder: Path) -> None:
         (folder / STAGING_MARKER).unlink()
 
 
-def remove_stale_staging(out: Path) -> list[Path]:
+# A marker is a few hundred bytes; a larger file there is not ortgate's.
+MAX_MARKER_BYTES = 4096
+
+
+def _read_marker(folder: Path) -> dict | None:
+    """The marker of a staging folder, read without following a symbolic link (a marker that is a link, or is not
+    a regular file of this user, is not ortgate's): None when there is none or it is not ortgate's."""
+    import stat
+
+    try:
+        fd = os.open(folder / STAGING_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_MARKER_BYTES:
+            return None
+        data = os.read(fd, MAX_MARKER_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        marker = json.loads(data)
+    except ValueError:
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _is_stale_staging(folder: Path, out: Path, inputs: list[Path]) -> bool:
+    """Whether `folder` is provably a staging folder a fix to `out` created and left when it was killed: a real
+    folder (not a link) of this user, named `.OUT.ortgate-tmp-PID-TOKEN`, whose marker (a regular file, not a link)
+    names this OUT, that pid, that token and this very folder's device and inode (a copy of a staging folder, or a
+    folder made to look like one, has another inode), whose process is gone, and which neither is nor holds a file
+    this fix reads."""
+    import stat
+
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    prefix = f".{out.name[:100]}.ortgate-tmp-"
+    if not folder.name.startswith(prefix):
+        return False
+    pid_text, _, token = folder.name[len(prefix):].partition("-")
+    marker = _read_marker(folder)
+    if marker is None or not token or marker.get("token") != token or marker.get("output") != out.name:
+        return False
+    pid, start = marker.get("pid"), marker.get("start")
+    if not isinstance(pid, int) or isinstance(pid, bool) or str(pid) != pid_text or not isinstance(start, str):
+        return False
+    if marker.get("folder") != [st.st_dev, st.st_ino]:
+        return False
+    if _process_start(pid) == start:
+        return False  # that fix is still running
+    real = folder.resolve()
+    return not any(real == given or real in given.parents for given in _resolved(inputs))
+
+
+def _resolved(paths: list[Path]) -> list[Path]:
+    out = []
+    for path in paths:
+        try:
+            out.append(Path(path).resolve())
+        except (OSError, RuntimeError):
+            out.append(Path(os.path.abspath(path)))
+    return out
+
+
+def remove_stale_staging(out: Path, inputs: tuple[Path, ...] | list[Path] = ()) -> list[Path]:
     """Remove the staging folders beside `out` that a fix to `out` left when it was killed (SIGKILL, a power cut):
-    only folders holding ortgate's marker for this OUT whose process is gone (no process with that pid, or one
-    started at another time). Returns what it removed."""
+    only what _is_stale_staging proves this program created, never an input or a folder that holds one. Returns
+    what it removed."""
     removed: list[Path] = []
     parent = out.resolve().parent
     try:
         entries = [p for p in parent.iterdir() if ".ortgate-tmp-" in p.name]
     except OSError:
         return removed
+    read = list(inputs)
     for folder in entries:
-        try:
-            if folder.is_symlink() or not folder.is_dir():
-                continue
-            marker = json.loads((folder / STAGING_MARKER).read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(marker, dict) or marker.get("output") != out.name:
-            continue
-        pid, start = marker.get("pid"), marker.get("start")
-        if not isinstance(pid, int) or start is None:
-            continue
-        if _process_start(pid) == start:
-            continue  # that fix is still running
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
+        if _is_stale_staging(folder, out, read):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
 
 
 def discard_own_staging(output: str | Path) -> None:
-    """Remove every staging folder this process made beside OUT (its pid is in the name): the last cleanup of an
-    interrupted fix, whatever line the signal landed on."""
-    out = Path(output)
-    with contextlib.suppress(OSError, RuntimeError):
-        for folder in out.resolve().parent.glob(f".{glob.escape(out.name[:100])}.ortgate-tmp-{os.getpid()}-*"):
-            shutil.rmtree(folder, ignore_errors=True)
+    """Remove every staging folder this process made beside OUT (recorded by staging_folder): the last cleanup of
+    an interrupted fix, whatever line the signal landed on."""
+    try:
+        parent = Path(output).resolve().parent
+    except (OSError, RuntimeError):
+        return
+    for folder in [f for f in _OWN_STAGING if f.parent == parent]:
+        with contextlib.suppress(OSError):
+            if not folder.is_symlink() and folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.lexists(folder):
+            _OWN_STAGING.discard(folder)
 
 
 def fix_kinds(select: list[str] | None, ignore: list[str] | None) -> tuple[str, ...]:
@@ -371,9 +466,11 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
+    refusal = ort_load_refusal(graph, request.target_ort)  # the policy's release; none: what no release loads
+    if refusal is not None:
+        raise InputError(refusal, files.model)
     source = WeightSource(original, files.model)
-    inputs = [files.model] + ([files.genai_config] if files.genai_config else [])
-    inputs += [files.model.parent / loc for loc in graph.external_data_files]
+    inputs = model_reads(files.model, graph.external_data_files, files.genai_config)
     if request.policy:
         inputs.append(Path(request.policy))
     inputs += [Path(p) for p in request.policy_files]
@@ -456,20 +553,15 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
     if request.dry_run or not result.changed:
         return StagedFix(result, None, None, graph, files.model.parent, original)
 
-    remove_stale_staging(out)
-    # The name is chosen before the folder exists, so whenever a signal lands (even between mkdir and the next
-    # line) the cleanup below knows what to remove.
-    folder = out.resolve().parent / f".{out.name[:100]}.ortgate-tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    remove_stale_staging(out, inputs)
+    try:
+        folder = staging_folder(out)
+    except OSError as exc:
+        discard_own_staging(out)  # created, but its marker could not be written
+        raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}", out) from None
     staged = StagedFix(result, folder, folder / files.model.name, graph, files.model.parent, original,
                        out_identity=out_identity)
     try:
-        try:
-            os.mkdir(folder, 0o700)
-        except OSError as exc:
-            staged.folder = None  # nothing of ours there
-            raise InputError(f"cannot create the folder beside it to write into: {exc.strerror or exc}",
-                             out) from None
-        _write_marker(folder, out)
         say(f"writing {len(fixed.graph.initializer)} tensors")
         _write(fixed, planned, source, staged)
         if files.genai_config:

@@ -62,6 +62,15 @@ def canonical_domain(domain: str) -> str:
     return DEFAULT_DOMAIN if domain in ("", DEFAULT_DOMAIN) else domain
 
 
+def ort_load_refusal(graph: Graph, release: str | None) -> str | None:
+    """Why ONNX Runtime `release` (the deployment's pinned one; None: the newest ortgate has measured) refuses to
+    create a session of this model for its IR version or opset imports (ortgate.knowledge.model_format), or None."""
+    from ortgate.knowledge.model_format import model_format_refusal
+
+    used = {node.domain for node in graph.nodes}
+    return model_format_refusal(graph.ir_version, graph.opsets, used, release)
+
+
 def parse_op_key(key: str) -> tuple[str, str]:
     """"com.microsoft.MoE" -> ("com.microsoft", "MoE"); "MatMul" -> ("ai.onnx", "MatMul")."""
     domain, _, op_type = key.rpartition(".")
@@ -548,6 +557,7 @@ class Graph:
         self._producer_name: str = model.producer_name
         self._producer_version: str = model.producer_version
         self.opsets: dict[str, int] = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
+        self.ir_version: int = int(model.ir_version)
         self.nodes: list[Node] = []
         self._by_op: dict[tuple[str, str], list[Node]] = defaultdict(list)
         self._producer: dict[str, Node] = {}

@@ -182,10 +182,62 @@ def inline_local_functions(model: onnx.ModelProto, path: Path) -> onnx.ModelProt
     if cycle:
         names = " -> ".join(f"{d}::{n}" if d else n for d, n in cycle)
         raise InputError(f"local functions call each other in a cycle ({names}); ONNX Runtime cannot inline them", path)
+    _check_inlined_size(model, chosen, path)
     try:
         return onnx.inliner.inline_selected_functions(model, list(chosen), exclude=False)
     except Exception as exc:  # onnx's C++ inliner: its refusal is about this model
         raise InputError(f"local functions cannot be inlined: {' '.join(str(exc).split())}", path) from None
+
+
+# Nodes the inlined graph may have. Exported LLM graphs have up to about 10^5 nodes; a model whose local functions
+# expand past this (functions calling functions several times each: the size doubles per level) is refused before
+# it is built, instead of taking minutes and gigabytes to inline.
+MAX_INLINED_NODES = 1_000_000
+
+
+def _check_inlined_size(model: onnx.ModelProto, chosen: dict, path: Path) -> None:
+    """Count the nodes the inlined graph would have (each function's expansion counted once, memoized; subgraphs
+    included) and refuse, naming the function, a model that would pass MAX_INLINED_NODES. The call graph has no
+    cycle (checked before)."""
+    sizes: dict[tuple[str, str], int] = {}
+
+    def node_size(node) -> int:
+        key = (node.domain, node.op_type)
+        if key in chosen:
+            return function_size(key)
+        total = 1
+        for attr in node.attribute:
+            if attr.type == ATTR_GRAPH:
+                total += graph_size(attr.g.node)
+            elif attr.type == ATTR_GRAPHS:
+                total += sum(graph_size(g.node) for g in attr.graphs)
+        return total
+
+    def graph_size(nodes) -> int:
+        total = 0
+        for node in nodes:
+            total += node_size(node)
+            if total > MAX_INLINED_NODES:
+                return total  # past the bound: the exact figure does not matter
+        return total
+
+    def function_size(key: tuple[str, str]) -> int:
+        if key not in sizes:
+            size = graph_size(chosen[key].node)
+            sizes[key] = size
+            if size > MAX_INLINED_NODES:
+                domain, name = key
+                raise InputError(f"local function {f'{domain}::{name}' if domain else name!r} expands to more than "
+                                 f"{MAX_INLINED_NODES:,} nodes when inlined (its calls of other functions multiply); "
+                                 "ortgate does not build a graph that large", path)
+        return sizes[key]
+
+    total = graph_size(model.graph.node)
+    if total > MAX_INLINED_NODES:
+        largest = max(sizes, key=lambda k: sizes[k]) if sizes else None
+        named = f" (the largest, {largest[1]!r}, expands to {sizes[largest]:,})" if largest else ""
+        raise InputError(f"its local functions expand to more than {MAX_INLINED_NODES:,} nodes when inlined"
+                         f"{named}; ortgate does not build a graph that large", path)
 
 
 def _function_cycle(calls: dict[tuple[str, str], set[tuple[str, str]]]) -> list[tuple[str, str]] | None:
@@ -319,21 +371,26 @@ def check_external_data_locations(model: onnx.ModelProto, locations_in_bytes: in
 
 
 def _all_tensors(model: onnx.ModelProto, *, initializers_first: bool = False, skip_initializers: bool = False):
-    """Initializers, sparse initializers and tensor attributes of the graph and every subgraph. With
+    """Initializers, sparse initializers and tensor attributes of the graph, every subgraph and every local
+    function's body. With
     `initializers_first`, the main graph's initializers come first (none with `skip_initializers`), then a None
     marker, then the rest."""
     if initializers_first:
         if not skip_initializers:
             yield from model.graph.initializer
         yield None
-    stack = [model.graph]
-    while stack:
-        g = stack.pop()
-        if not (initializers_first and g is model.graph):
-            yield from g.initializer
-        for sparse in g.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
+    stack: list = [model.graph]
+    # A local function's body is a graph ORT inlines: a Constant there pointing at external data is read as
+    # any other (its nodes are walked after the graph's, as a graph with no initializers).
+    functions = list(model.functions)
+    while stack or functions:
+        g = stack.pop() if stack else functions.pop()
+        if hasattr(g, "initializer"):  # a GraphProto (a FunctionProto has nodes only)
+            if not (initializers_first and g is model.graph):
+                yield from g.initializer
+            for sparse in g.sparse_initializer:
+                yield sparse.values
+                yield sparse.indices
         for node in g.node:
             for attr in node.attribute:
                 if attr.type == ATTR_GRAPH:

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 from ortgate.findings import Kind
+from ortgate.report import clean, unforgeable
 
 FIX_REPORT_VERSION = 1
 
@@ -185,7 +186,9 @@ def render_fix_text(outcome) -> str:
         lines.append(f"dry run: {r.nodes_before} -> {r.nodes_after} nodes; nothing written")
     else:
         lines.append("nothing to fix: nothing written")
-    return "\n".join(lines) + "\n"
+    # Each entry is one line: whatever a path, a node name or a reason holds stays on it (clean), and no line can
+    # pass for a workflow command (unforgeable).
+    return unforgeable("\n".join(clean(line) for line in lines) + "\n")
 
 
 def fix_json(outcome) -> dict:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.evidence import Measurement, RunEvidence
+from ortgate.report import clean, unforgeable
 
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
 
@@ -43,19 +44,19 @@ def render_figures(evidence: RunEvidence, *, width: int = 110) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=False, no_color=True, width=width, highlight=False, soft_wrap=True)
     _write(console, evidence)
-    return buffer.getvalue()
+    return unforgeable(buffer.getvalue())
 
 
 def _line(console: Console, label: str, text: str) -> None:
     line = Text(f"{label:<11}", style="bold")
-    line.append(text)
+    line.append(clean(text))  # one line, whatever a path, a key or ORT's message holds
     console.print(line)
 
 
 def _write(console: Console, ev: RunEvidence) -> None:
     s = ev.session
     p = s.provider
-    console.print(Text(f"ortgate run: {ev.model} (policy {ev.policy})", style="bold underline"))
+    console.print(Text(clean(f"ortgate run: {ev.model} (policy {ev.policy})"), style="bold underline"))
     cpu = " [CPU]" if ev.cpu_figures else ""
     if ev.cpu_figures:
         console.print(Text(f"CPU FIGURES: {p.requested} is not available here; the policy's config ran on "
@@ -174,6 +175,6 @@ def _profile(console: Console, ev: RunEvidence, cpu: str) -> None:
     console.print(providers)
     ops = Table("op type", "provider", "calls", "time (us)", "us/run", "share", box=None, pad_edge=False)
     for row in pr.op_types:
-        ops.add_row(row["op_type"], row["provider"], str(row["calls"]), f"{row['total_us']:.0f}",
+        ops.add_row(clean(row["op_type"]), row["provider"], str(row["calls"]), f"{row['total_us']:.0f}",
                     f"{row['avg_us_per_run']:.1f}", f"{row['share']:.1%}")
     console.print(ops)

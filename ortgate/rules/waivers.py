@@ -76,7 +76,10 @@ def baseline_entry_stale(ctx: RuleContext):
     a re-export that only renames nodes keeps matching. A version-1 baseline (written before fingerprints left
     node names out) matches by node name: after such a re-export its entries are reported here. A version-2
     baseline names a model by its file name alone, so one entry accepts the finding in every model of that name:
-    lint says so once (version 3 names the model's path relative to the working directory).
+    lint says so once (version 3 names the model's path relative to the working directory). A version-3 baseline
+    names no model in its entries, so an entry about a file several models share (the policy's
+    `model.moe_layers`) accepts its finding in every model linted with it: lint says so once (version 4 names the
+    model each entry was written for). An entry written for a model this run did not lint is not judged.
 
     ## Why it costs throughput
     A stale entry accepts nothing today and may silently accept a new regression tomorrow, when a finding with
@@ -96,6 +99,6 @@ def baseline_entry_stale(ctx: RuleContext):
 
     ## Fix
     `ortgate lint MODEL --baseline FILE --prune-baseline` rewrites FILE without its stale entries (and as
-    version 3), keeping the entries this run could not judge.
+    version 4), keeping the entries this run could not judge.
     """
     return ()  # raised by the gate, which owns the baseline
