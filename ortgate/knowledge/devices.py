@@ -68,6 +68,8 @@ class Device:
     cache_bandwidth_gb_s: Figure = Figure(None, "no cache figure", "default")
     # Memory capacity in GiB (None: not in the catalog, as for the cpu device, whose memory is the machine's).
     memory_gib: Figure = Figure(None, "no memory figure", "default")
+    # NVIDIA compute capability, major.minor (None: not an NVIDIA GPU, or not in the catalog).
+    compute_capability: Figure = Figure(None, "no compute capability in the catalog", "default")
 
     @property
     def memory_bytes(self) -> float | None:
@@ -175,6 +177,7 @@ class _DeviceEntry:
     cache_bytes: _FigureEntry | None = None
     cache_bandwidth_gb_s: _FigureEntry | None = None
     memory_gib: _FigureEntry | None = None
+    compute_capability: _FigureEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,8 @@ def _build(name: str, data: _DeviceEntry) -> Device:
         cache_bandwidth_gb_s=(data.cache_bandwidth_gb_s.figure() if data.cache_bandwidth_gb_s
                               else Figure(None, "no cache figure", "default")),
         memory_gib=data.memory_gib.figure() if data.memory_gib else Figure(None, "no memory figure", "default"),
+        compute_capability=(data.compute_capability.figure() if data.compute_capability
+                            else Figure(None, "no compute capability in the catalog", "default")),
     )
 
 

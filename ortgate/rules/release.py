@@ -173,7 +173,10 @@ def provider_refuses_node(ctx: RuleContext):
       zero points with a block size below 32 or per-column scales, nvfp4 with a block size other than 16; a
       MatMulNBits with prepacked weights (`weight_prepacked=1`) outside the wheel's compact fpA_intB set
       (float16/bfloat16 activations, INT2 at block 64 or INT4/INT8 at block 32, scales only: no zero points,
-      bias or g_idx).
+      bias or g_idx). Where the policy names a device (`throughput.device`), its compute capability
+      (knowledge/devices.json, NVIDIA's table) decides two more: prepacked fpA_intB needs 7.5 or later for float16
+      and 8.0 or later for bfloat16 activations, and a QMoE with FP4 experts (`quant_type` fp4 or nvfp4) 9.0 or
+      later ("FP4 MoE GEMM requires SM90+"). Without a device these are not judged.
     - Any provider but CPU and CUDA: a GroupQueryAttention with `query_seqlens` (input 16), which "other EPs
       must reject" (the 1.32.0 schema).
 
@@ -271,6 +274,7 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
     facts = cuda_contracts()
     if not at_least(ctx.deployment.ort.judged_as, facts.since):
         return
+    cc = compute_capability(ctx)
     found: dict[str, list[Node]] = {}
     for node in nodes:
         if node.op_type == "QMoE":
@@ -285,10 +289,17 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
                 found.setdefault("zero_points_row_wise", []).append(node)
             if quant == "nvfp4" and block != 16:
                 found.setdefault("nvfp4_block", []).append(node)
+            if quant in facts.fp4_qmoe.quant_types and cc is not None and cc < facts.fp4_qmoe.min_compute_capability:
+                found.setdefault("fp4_compute_capability", []).append(node)
         elif node.op_type == "MatMulNBits" and node.attr("weight_prepacked", 0) == 1:
             if _outside_fpa_intb(graph, node, facts):
                 found.setdefault("fpa_intb", []).append(node)
+            elif cc is not None and cc < facts.fpa_intb_compute_capability.get(graph.dtype(node.input(0)) or "", 0.0):
+                found.setdefault("fpa_intb_compute_capability", []).append(node)
     for key, hit in found.items():
+        if key in ("fpa_intb_compute_capability", "fp4_compute_capability"):
+            yield _compute_capability_refusal(ctx, graph, key, hit, facts)
+            continue
         message = facts.matmulnbits_fpa_intb.message if key == "fpa_intb" else facts.refusal(key).message
         op = hit[0].op_type
         yield ctx.finding(
@@ -301,6 +312,45 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
                  "blocks of 32 or more, nvfp4 at block 16)."),
             properties={"refusal": key, "release": ctx.deployment.ort.version, "nodes": len(hit)},
         )
+
+
+def compute_capability(ctx: RuleContext) -> float | None:
+    """The compute capability of the policy's device (`throughput.device`, knowledge/devices.json); None when the
+    policy names no device or the catalog gives it none (not an NVIDIA GPU): then nothing that needs it is judged."""
+    tp = ctx.inputs.throughput
+    device = tp.device if tp is not None else None
+    return device.compute_capability.value if device is not None else None
+
+
+def _compute_capability_refusal(ctx: RuleContext, graph: Graph, key: str, hit: list[Node], facts):
+    tp = ctx.inputs.throughput
+    assert tp is not None and tp.device is not None
+    device = tp.device
+    cc = device.compute_capability
+    if key == "fp4_compute_capability":
+        need = facts.fp4_qmoe.min_compute_capability
+        quant = _text(hit[0].attr("quant_type", "int"))
+        what = f"QMoE with FP4 experts (quant_type={quant})"
+        message = facts.fp4_qmoe.message
+        fix = ("Deploy on compute capability 9.0 or later (H100, H200, B200), or quantize the experts as INT4/INT8 "
+               "for this device.")
+    else:
+        dtype = graph.dtype(hit[0].input(0)) or "?"
+        need = facts.fpa_intb_compute_capability[dtype]
+        what = f"MatMulNBits with prepacked weights (fpA_intB) and {dtype} activations"
+        message = facts.matmulnbits_fpa_intb.message
+        fix = ("Deploy on a device the compact fpA_intB build supports, use float16 activations (7.5 or later), or "
+               "write raw weights (weight_prepacked=0).")
+    return ctx.finding(
+        f"{_where(hit)}: com.microsoft.{what} on {device.label} (compute capability {cc.value:.1f}, NVIDIA's table): "
+        f"the CUDA provider of {release_text(ctx)} needs compute capability {need:.1f} or later for it: "
+        f"'{message}' ({facts.source})",
+        node=hit[0], graph=graph, related=hit[1:],
+        fix=fix,
+        properties={"refusal": key, "release": ctx.deployment.ort.version, "device": device.name,
+                    "compute_capability": cc.value, "compute_capability_source": cc.source,
+                    "required_compute_capability": need, "nodes": len(hit)},
+    )
 
 
 def _outside_fpa_intb(graph: Graph, node: Node, facts) -> bool:
