@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.config.deployment import Deployment, build_deployment, resolve_release
+from ortgate.config.deployment import Deployment, OrtRelease, build_deployment, resolve_release
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
@@ -227,6 +227,13 @@ def linted_files(inputs: LintInputs | list[LintInputs]) -> list[str]:
                         *(str(p) for p in (inputs.policy.chain if inputs.policy else ()))) if p]
 
 
+def release_summary(ort: OrtRelease) -> dict:
+    """The release the report judges: where it comes from and, when none is pinned, that it is assumed and how to
+    pin it."""
+    return {"version": ort.version, "source": ort.source, "assumed": not ort.pinned, "judged_as": ort.judged_as,
+            "pin": None if ort.pinned else "execution_provider.onnxruntime_version or --ort-version"}
+
+
 def summarize(inputs: LintInputs | list[LintInputs]) -> dict:
     """What was linted. Several models: `models` lists each one's summary; the shared policy and provider and
     the total node count stay at the top, `model` is None."""
@@ -236,7 +243,8 @@ def summarize(inputs: LintInputs | list[LintInputs]) -> dict:
         each = [summarize(one) for one in inputs]
         return {"models": each, "model": None, "optimized": None, "genai_config": None, "layers": None,
                 "layer_attribution": None, "policy": each[0]["policy"], "policy_file": each[0]["policy_file"],
-                "provider": each[0]["provider"], "nodes": sum(s["nodes"] for s in each)}
+                "provider": each[0]["provider"], "deployment": each[0]["deployment"],
+                "nodes": sum(s["nodes"] for s in each)}
     model = inputs.model
     return {
         "model": model.path,
@@ -245,6 +253,7 @@ def summarize(inputs: LintInputs | list[LintInputs]) -> dict:
         "policy_file": str(inputs.policy.path) if inputs.policy else None,
         "genai_config": str(inputs.genai.path) if inputs.genai else None,
         "provider": inputs.deployment.provider,
+        "deployment": {"onnxruntime_version": release_summary(inputs.deployment.ort)},
         "nodes": len(model.nodes),
         "layers": decoder_layer_count(model),  # found in the graph, whatever the policy expects
         "layer_attribution": model.layer_source,
