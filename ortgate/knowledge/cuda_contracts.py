@@ -65,6 +65,18 @@ class Fp4Qmoe:
 
 
 @dataclass(frozen=True)
+class FpaIntBOptIn:
+    key: str  # the session config entry that turns fpA_intB on for raw-layout weights
+    source: str
+
+
+@dataclass(frozen=True)
+class Fp4DequantGemv:
+    message: str
+    opt_in_env: str
+
+
+@dataclass(frozen=True)
 class CudaContracts:
     schema: Literal[1]
     reflects: str
@@ -74,6 +86,8 @@ class CudaContracts:
     matmulnbits_fpa_intb: FpaIntB
     fpa_intb_compute_capability: Mapping[str, float]  # activation dtype -> the lowest compute capability
     fp4_qmoe: Fp4Qmoe
+    fpa_intb_opt_in: FpaIntBOptIn
+    fp4_dequant_gemv: Fp4DequantGemv
     qmoe_refusals: tuple[Refusal, ...]
     qmoe_gemv: QmoeGemv
     gqa_fused_head_size: GqaHeadSize

@@ -952,3 +952,158 @@ def qmoe_gemv_fast_path_missed(ctx: RuleContext):
             properties={"tier": "grouped GEMM", "reported_speedup_of_fast_path": gemv.speedup,
                         "source": gemv.source, "nodes": len(slow_qmoe)},
         )
+
+
+TIER_OPS = ("QMoE", "MoE", "MatMulNBits", "GroupQueryAttention")
+NOT_PRICED = "its cost beside the fast path is not priced: no published figure"
+
+
+@rule("OGK014", "cuda-kernel-tier", Severity.INFO, needs=("provider",))
+def cuda_kernel_tier(ctx: RuleContext):
+    """The CUDA kernel tier of every QMoE, MoE, MatMulNBits and GroupQueryAttention node, and what decides it.
+
+    Each tier is the fast path, a fallback, the default kernel, refused or not decided, with the condition that
+    decides it and whether the cost model prices it.
+
+    ## What it checks
+    On the CUDA provider, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json, the strings of the
+    onnxruntime-gpu 1.31.1 wheel's CUDA provider), one finding per op kind the model holds, counting its nodes per
+    tier:
+    - QMoE with float16/bfloat16 activations: integer experts at INT4/INT8 with block 0, 32, 64 or 128 take the
+      batch-1 GEMV fast path; other integer forms the grouped GEMM (priced: qmoe-gemv-fast-path-missed, the fast
+      path is worth about 15% of decode, microsoft/onnxruntime#29037, #29038); MXFP4 (`quant_type=fp4`) the
+      dequant/GEMV path (the native FP4 CUTLASS GEMM is opt-in), twice the resident weights outside k % 64 and
+      n % 16; other forms, and float32 activations, are not decided.
+    - MoE: no tier of the CUDA MoE kernel is known: not decided.
+    - MatMulNBits: prepacked weights (`weight_prepacked=1`) in the compact fpA_intB set run fpA_intB (outside it the
+      session is refused: provider-refuses-node); raw weights run fpA_intB only with the session config entry
+      `ep.cuda.fpa_intb_gemm=1` (microsoft/onnxruntime#29585), else the default MatMulNBits kernel; float32
+      activations never take fpA_intB.
+    - GroupQueryAttention: head size 256 or less runs fused attention, above it the unfused path (reported 4.3% of
+      Gemma-4's whole decode on H200, onnxruntime/mobius#263, not priced per node).
+    A path without a published figure says "not priced". Where the policy names a device, its compute capability
+    decides the FP4 and fpA_intB forms it refuses (provider-refuses-node).
+
+    ## Why it costs throughput
+    A fused node on a slow kernel runs on the GPU, so nothing else shows it; the tier is what decides its time.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32>(a, b, scales)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CPUExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32>(a, b, scales)
+    }
+    ```
+
+    ## Fix
+    Nothing to fix where every node is on its fast path. Otherwise follow the tier's condition: re-quantize QMoE
+    experts as INT4/INT8 at block 32, 64 or 128; write MatMulNBits prepacked in the compact fpA_intB set or set
+    `ep.cuda.fpa_intb_gemm=1` and measure with `ortgate run`.
+    """
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
+        return
+    graph = ctx.inputs.executed
+    opt_in = any(s.config_entry(facts.fpa_intb_opt_in.key) == "1" for s in ctx.deployment.setups)
+    by_op: dict[str, dict[tuple[str, str, str, str], list[Node]]] = {}
+    for node in _ms_nodes(graph):
+        if node.op_type in TIER_OPS:
+            tier = _kernel_tier(graph, node, facts, opt_in)
+            by_op.setdefault(node.op_type, {}).setdefault(tier, []).append(node)
+    for op in TIER_OPS:
+        tiers = by_op.get(op)
+        if not tiers:
+            continue
+        nodes = [n for hit in tiers.values() for n in hit]
+        parts = [f"{len(hit)} on {name} ({kind}: {condition}; {price})"
+                 for (name, kind, condition, price), hit in sorted(tiers.items(), key=lambda t: -len(t[1]))]
+        yield ctx.finding(
+            f"{_where(nodes)}: com.microsoft.{op} on {CUDA} ({release_text(ctx)}): " + "; ".join(parts),
+            node=nodes[0], graph=graph, related=nodes[1:],
+            fix=(None if all(kind == "fast path" for (_, kind, _, _) in tiers) else
+                 "A fallback's or default's condition says what moves its nodes to the fast path; measure with "
+                 "`ortgate run --profile`."),
+            properties={"op": op, "tiers": [
+                {"tier": name, "kind": kind, "condition": condition, "price": price, "nodes": len(hit)}
+                for (name, kind, condition, price), hit in sorted(tiers.items())]},
+        )
+
+
+def _kernel_tier(graph: Graph, node: Node, facts, opt_in: bool) -> tuple[str, str, str, str]:
+    """(tier, "fast path" | "fallback" | "default" | "refused" | "not decided", the deciding condition, its price)."""
+    from ortgate.cost.estimate import qmoe_off_gemv
+
+    dtype = graph.dtype(node.input(0))
+    if node.op_type == "QMoE":
+        gemv = facts.qmoe_gemv
+        if dtype not in gemv.activation_dtypes:
+            return ("unknown kernel", "not decided", (f"{dtype or 'unknown'} activations: the knowledge holds CUDA QMoE "
+                    "tiers for float16/bfloat16 only"), "not priced")
+        quant = _text(node.attr("quant_type", "int"))
+        bits, block = node.attr("expert_weight_bits", 4), node.attr("block_size", 0)
+        if quant == "int":
+            if qmoe_off_gemv(graph, node):
+                return ("grouped GEMM", "fallback", (f"INT{bits} at block {block} is outside the batch-1 GEMV fast "
+                        f"path (INT{'/INT'.join(map(str, gemv.bits))}, block {'/'.join(map(str, gemv.block_sizes))})"),
+                        (f"priced by qmoe-gemv-fast-path-missed: the fast path is worth about {gemv.speedup:.0%} of "
+                        "batch-1 decode, microsoft/onnxruntime#29037, #29038"))
+            return ("batch-1 GEMV", "fast path", f"INT{bits} at block {block}", "the estimate's baseline")
+        if quant == "fp4":
+            shape = graph.shape(node.input(2))
+            n, k2 = (shape[1], shape[2]) if shape is not None and len(shape) == 3 else (None, None)
+            if isinstance(n, int) and isinstance(k2, int) and (
+                    (2 * k2) % facts.mxfp4_shape.k_multiple or n % facts.mxfp4_shape.n_multiple):
+                return ("MXFP4 outside the interleaved GEMV", "fallback", (f"expert shape outside k % "
+                        f"{facts.mxfp4_shape.k_multiple} == 0 and n % {facts.mxfp4_shape.n_multiple} == 0: twice "
+                        "the resident expert weights"), "not priced: the figure is memory, not time")
+            return ("MXFP4 dequant/GEMV", "default", (f"'{facts.fp4_dequant_gemv.message}' (opt in: "
+                    f"{facts.fp4_dequant_gemv.opt_in_env})"), NOT_PRICED)
+        return ("unknown kernel", "not decided", f"quant_type={quant}: no CUDA tier for it in the knowledge",
+                "not priced")
+    if node.op_type == "MoE":
+        return ("the CUDA MoE kernel", "not decided", "no fast path or fallback of it is known", "not priced")
+    if node.op_type == "MatMulNBits":
+        if dtype is not None and dtype not in facts.matmulnbits_fpa_intb.activation_dtypes:
+            return ("default MatMulNBits kernel", "default", f"{dtype} activations never take fpA_intB", NOT_PRICED)
+        if node.attr("weight_prepacked", 0) == 1:
+            if _outside_fpa_intb(graph, node, facts):
+                return ("none", "refused", "prepacked outside the compact fpA_intB set (provider-refuses-node)",
+                        "not priced: the session fails")
+            return ("fpA_intB (prepacked)", "fast path", "prepacked in the compact fpA_intB set", "the estimate's baseline")
+        if opt_in:
+            return ("fpA_intB (opt-in)", "fast path", f"raw weights with {facts.fpa_intb_opt_in.key}=1",
+                    "the estimate's baseline")
+        return ("default MatMulNBits kernel", "default", (f"raw weights; fpA_intB is opt-in ({facts.fpa_intb_opt_in.key}"
+                "=1, microsoft/onnxruntime#29585)"), NOT_PRICED)
+    head = _head_size(graph, node)
+    fused = facts.gqa_fused_head_size
+    if head is None:
+        return ("unknown kernel", "not decided", "head size not known from the graph", "not priced")
+    if head > fused.max:
+        return ("unfused attention", "fallback", f"head size {head} > {fused.max}",
+                (f"not priced per node (reported: {fused.slowdown:.1%} of a whole model's decode, "
+                f"{fused.source.split(' (')[0]})"))
+    return ("fused attention", "fast path", f"head size {head} <= {fused.max}", "the estimate's baseline")
