@@ -62,3 +62,33 @@ def test_prepacked_fpa_intb_is_judged_on_the_devices_compute_capability(tmp_path
     assert props["compute_capability"] == capability
     assert props["required_compute_capability"] == (8.0 if dtype == "bfloat16" else 7.5)
     assert "compute capability" in found[0].message and dtype in found[0].message
+
+
+OFFLOAD_MOE = """
+<ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+moe_layer (float16[T, 8] x, float16[T, 4] logits) => (float16[T, 8] y)
+<float16[4, 16, 8] fc1, float16[4, 8, 8] fc2>
+{
+  y = com.microsoft.MoE<k = 2, activation_type = "swiglu", swiglu_fusion = 1>(x, logits, fc1, , fc2)
+}
+"""
+OFFLOAD_POLICY = """execution_provider: {name: CUDAExecutionProvider, onnxruntime_version: "1.32.0"}
+session:
+  config_entries: {session.moe.offload.mode: required}
+throughput: {device: a10g}
+"""
+
+
+@pytest.mark.parametrize(("capability", "refused"), [(7.5, True), (8.0, False), (None, False)])
+def test_required_moe_offload_is_judged_on_the_devices_compute_capability(tmp_path, capability, refused):
+    request, _ = RuleInputs(model_text=OFFLOAD_MOE, policy=OFFLOAD_POLICY).write(tmp_path)
+    inputs = load_inputs(request)
+    assert inputs.throughput is not None and inputs.throughput.device is not None
+    device = inputs.throughput.device.with_figures(compute_capability=Figure(capability, "a test device", "datasheet"))
+    inputs = replace(inputs, throughput=replace(inputs.throughput, device=device))
+    config = gate_config_from(inputs.policy, cli_select=["OGP013"], cli_ignore=None, fail_on=None,
+                              baseline=None, baseline_path=None)
+    found = [f for f in lint(inputs, config).findings if f.code == "OGP013"]
+    assert len(found) == (1 if refused else 0)
+    if refused:
+        assert "compute capability 8.0 or later" in found[0].message and "7.5" in found[0].message

@@ -440,7 +440,8 @@ def moe_offload_unsupported(ctx: RuleContext):
     MoE / QMoE nodes with float16 or bfloat16 activations; no `use_sparse_mixer=1`; no
     `swiglu_limit_after_activation=1`; and for QMoE with integer weights only the forms (4 bits,
     weights_prepacked=1, block 32), (3 bits, weights_prepacked=0, block 32/64/128) or (2 bits,
-    weights_prepacked=1, block 32/64/128). The device's compute capability (SM80 or later) is not checked.
+    weights_prepacked=1, block 32/64/128); compute capability 8.0 or later, judged where the policy names a
+    device (`throughput.device`, knowledge/devices.json), not judged without one.
     With `mode=auto` (or the `on` / `1` ORT also accepts) nothing is said: whether ORT then runs without offload
     was not verified.
 
@@ -500,6 +501,10 @@ def moe_offload_unsupported(ctx: RuleContext):
         reasons: dict[str, list[Node]] = {}
         if setup.provider_name != facts.provider:
             reasons[f"it runs only on {facts.provider}, not {setup.provider_name}"] = []
+        elif (cc := compute_capability(ctx)) is not None and cc < facts.min_compute_capability:
+            assert ctx.inputs.throughput is not None and ctx.inputs.throughput.device is not None
+            reasons[f"it needs compute capability {facts.min_compute_capability:.1f} or later, and "
+                    f"{ctx.inputs.throughput.device.label} has {cc:.1f}"] = []
         for node in [n for n in _ms_nodes(graph) if n.op_type in ("MoE", "QMoE")]:
             dtype = graph.dtype(node.input(0))
             if dtype is not None and dtype not in facts.activation_dtypes:
