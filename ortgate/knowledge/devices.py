@@ -139,6 +139,7 @@ class Device:
             "cache_bytes": self.cache_bytes.to_dict(),
             "cache_bandwidth_gb_s": self.cache_bandwidth_gb_s.to_dict(),
             "memory_gib": self.memory_gib.to_dict(),
+            "compute_capability": self.compute_capability.to_dict(),
         }
 
 
