@@ -92,3 +92,35 @@ def test_required_moe_offload_is_judged_on_the_devices_compute_capability(tmp_pa
     assert len(found) == (1 if refused else 0)
     if refused:
         assert "compute capability 8.0 or later" in found[0].message and "7.5" in found[0].message
+
+
+MXFP4 = """
+<ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+moe (float16[T, 64] x, float16[T, 4] logits) => (float16[T, 64] y)
+<uint8[4, {n}, 32] w1, uint8[4, {n}, 2] s1, uint8[4, 64, {k2}] w2, uint8[4, 64, {s2}] s2>
+{{
+  y = com.microsoft.QMoE<k = 2, expert_weight_bits = 4, block_size = 32, quant_type = "fp4", activation_type = "swiglu", swiglu_fusion = 1>(
+      x, logits, w1, s1, , w2, s2)
+}}
+"""
+
+
+@pytest.mark.parametrize(("n", "provider", "doubled"), [
+    (264, "CUDAExecutionProvider", True),    # 264 % 16 != 0: outside the interleaved GEMV rules
+    (256, "CUDAExecutionProvider", False),   # inside them
+    (264, "CUDAExecutionProvider, onnxruntime_version: '1.30.0'", False),  # before the release read
+])
+def test_mxfp4_experts_outside_the_gemv_rules_count_twice_in_the_memory_estimate(tmp_path, n, provider, doubled):
+    model = MXFP4.format(n=n, k2=n // 4, s2=n // 64 if n % 64 == 0 else n // 64 + 1)
+    policy = f"execution_provider: {{name: {provider}}}\nthroughput: {{device: h100-sxm}}\n"
+    request, _ = RuleInputs(model_text=model, policy=policy).write(tmp_path)
+    inputs = load_inputs(request)
+    memory = inputs.memory
+    assert memory is not None
+    parts = {p.name: p for p in memory.parts}
+    if not doubled:
+        assert "mxfp4_repack" not in parts
+        return
+    expert_bytes = 4 * n * 32 + 4 * 64 * (n // 4)  # fc1 and fc2 expert weights, uint8
+    assert parts["mxfp4_repack"].bytes == expert_bytes
+    assert "doubles the persistent MoE weight footprint" in parts["mxfp4_repack"].how

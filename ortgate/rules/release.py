@@ -782,7 +782,8 @@ def cuda_kernel_fallback(ctx: RuleContext):
     - GroupQueryAttention with a head size above 256: no fused CUDA attention, the unfused path (Gemma-4's head
       size 512 layers cost 4.3% of its whole decode on H200, onnxruntime/mobius#263);
     - MXFP4 QMoE (`quant_type=fp4`) with an expert shape outside k % 64 == 0 and n % 16 == 0: the interleaved GEMV
-      cannot take it and the persistent MoE weights take twice the memory.
+      cannot take it and the persistent MoE weights take twice the memory (the memory estimate counts the
+      second copy: part `mxfp4_repack`).
     Each finding carries the reported figure and its source; the decode estimate does not price these paths (the
     figures are whole-model ones). A QMoE off the GEMV fast path is qmoe-gemv-fast-path-missed's, which is priced.
 
