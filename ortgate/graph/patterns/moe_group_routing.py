@@ -24,6 +24,7 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import producer_through
 from ortgate.graph.patterns.moe import RoutingForm, sum_of_weights
 from ortgate.graph.patterns.moe_anatomy import (
+    _CAST_VIEWS,
     MoeAnatomy,
     _read_experts,
     _Refuse,
@@ -33,7 +34,7 @@ from ortgate.graph.patterns.moe_anatomy import (
 )
 from ortgate.knowledge.group_router import group_router_facts
 
-_VIEWS = frozenset({"Cast", "Identity"})
+_VIEWS = _CAST_VIEWS  # the rewrite's exact casts (no Q/DQ: see moe_anatomy)
 
 
 @dataclass(frozen=True)
