@@ -205,12 +205,13 @@ def test_zero_computation_experts_read_no_weights_in_the_estimate():
     assert [(f.experts, f.experts_read) for f in forms] == [(4, 4.0)]  # 4 FFN experts of the router's 6 columns
 
 
-def test_qdq_blocks_are_read_and_the_rewrite_says_why_it_leaves_them():
-    """quantize_static QDQ of Mixtral: both MoE layers read through Q -> DQ; the rewrite's refusal names the QDQ
-    routing, not a routing form it misread."""
+@pytest.mark.parametrize("name", ["quantqdq-mixtral", "modelopt-int8-mixtral"])
+def test_qdq_blocks_are_read_and_the_rewrite_says_why_it_leaves_them(name):
+    """quantize_static QDQ and ModelOpt int8 (QDQ, float16 elsewhere) of Mixtral: both MoE layers read through
+    Q -> DQ; the rewrite's refusal names the QDQ routing, not a routing form it misread."""
     from ortgate.graph.patterns.moe_anatomy import block_verdict
 
-    graph = _graph(EXPORTED / "quantqdq-mixtral" / "model.onnx")
+    graph = _graph(EXPORTED / name / "model.onnx")
     blocks = moe_blocks(graph)
     assert [b.layer for b in blocks] == [0, 1] and not moe_misses(graph)
     for block in blocks:
