@@ -507,7 +507,7 @@ def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, 
             if not value:
                 break
             continue
-        elif node.op_type not in ("Cast", "Identity", "Softmax"):
+        elif node.op_type != "Softmax" and node.op_type not in _CAST_VIEWS:
             break
         inputs = [i for i in node.inputs if i and not graph.is_constant(i)]
         if not inputs:
@@ -612,9 +612,8 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
 
 
 # Ops a routing weight passes through on its way to the expert it scales (selection and reshaping, no arithmetic).
-_ROUTE_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Gather",
-                        "GatherND", "GatherElements", "ScatterElements", "Transpose", "Equal", "NonZero", "Where",
-                        "Split", "OneHot", "Not", "Greater", "Less"})
+_ROUTE_OPS = _VIEW_OPS | frozenset({"Slice", "Gather", "GatherND", "GatherElements", "ScatterElements", "Transpose",
+                                    "Equal", "NonZero", "Where", "Split", "OneHot", "Not", "Greater", "Less"})
 
 
 def _token_sort(graph: Graph, block: MoeBlock) -> Node | None:
@@ -832,8 +831,7 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
 
 _GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
 # Ops that compute a row index from the routing indices (NonZero of an expert's mask, row * k + choice).
-_INDEX_OPS = frozenset({"Add", "Mul", "Sub", "Squeeze", "Unsqueeze", "Split", "Transpose", "NonZero", "Cast",
-                        "Reshape", "Flatten", "Concat", "Expand", "Slice", "Identity"})
+_INDEX_OPS = _VIEW_OPS | frozenset({"Add", "Mul", "Sub", "Split", "Transpose", "NonZero", "Concat", "Slice"})
 
 
 def _on_expert_axis(graph: Graph, value: str, axis: int | None) -> bool:
@@ -861,7 +859,7 @@ def _expert_axis(graph: Graph, value: str) -> tuple[int, int] | None:
     node = graph.producer(value)
     if node is None or node.domain != DEFAULT_DOMAIN:
         return None
-    if node.op_type in ("Cast", "Identity"):
+    if node.op_type in _CAST_VIEWS:
         return _expert_axis(graph, node.input(0))
     if node.op_type == "Transpose":
         inner = _expert_axis(graph, node.input(0))
@@ -1250,7 +1248,7 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
             if c.index in members or c.domain != DEFAULT_DOMAIN:
                 continue
             op_type = c.op_type
-            if op_type in ("Cast", "Identity", "Expand"):
+            if op_type in _CAST_VIEWS or op_type == "Expand":
                 ok = c.input(0) == value  # the weighted rows on their way to a scatter
             elif op_type == "Add":
                 ok = True
