@@ -250,3 +250,17 @@ def test_a_block_whose_integer_experts_are_refused_keeps_its_float_twin_rewritab
 
     graph = _graph(EXPORTED / "quantdyn-olmoe" / "model.onnx")
     assert all(block_verdict(graph, b).rewritable for b in moe_blocks(graph))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name, why", [("tfexp-qwen3_moe-cpu", "the experts read the tokens sorted by expert"),
+                                       ("dynamo-jetmoe", "the experts read the tokens sorted by expert"),
+                                       ("quantdyn-qwen3_moe", "4 of the block's 8 expert linears are integer")])
+def test_fix_reports_the_true_form_it_leaves(name, why, tmp_path):
+    """`ortgate fix` plans from the same verdict: its report names each block it leaves with that form."""
+    from tests.test_fix import fix_json
+
+    code, report = fix_json(EXPORTED / name / "model.onnx", "-o", tmp_path / "out", "--select", "moe-not-fused",
+                            "--dry-run")
+    assert code == 0 and not report["rewrites"]
+    assert [r["layer"] for r in report["refusals"]] == [0, 1]
+    assert all(r["reason"].startswith(why) for r in report["refusals"]), report["refusals"]
