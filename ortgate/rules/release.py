@@ -987,6 +987,7 @@ def cuda_kernel_tier(ctx: RuleContext):
       activations never take fpA_intB.
     - GroupQueryAttention: head size 256 or less runs fused attention, above it the unfused path (reported 4.3% of
       Gemma-4's whole decode on H200, onnxruntime/mobius#263, not priced per node).
+    A node without a CUDA kernel for its dtypes (a float32 GroupQueryAttention) is op-not-on-ep's, not judged here.
     A path without a published figure says "not priced". Where the policy names a device, its compute capability
     decides the FP4 and fpA_intB forms it refuses (provider-refuses-node).
 
@@ -1033,10 +1034,13 @@ def cuda_kernel_tier(ctx: RuleContext):
     if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
         return
     graph = ctx.inputs.executed
+    from ortgate.rules.placement import cpu_bound
+
     opt_in = any(s.config_entry(facts.fpa_intb_opt_in.key) == "1" for s in ctx.deployment.setups)
+    on_cpu = {id(p.node) for p in cpu_bound(graph, CUDA)}  # no CUDA kernel for its dtypes: op-not-on-ep's
     by_op: dict[str, dict[tuple[str, str, str, str], list[Node]]] = {}
     for node in _ms_nodes(graph):
-        if node.op_type in TIER_OPS:
+        if node.op_type in TIER_OPS and id(node) not in on_cpu:
             tier = _kernel_tier(graph, node, facts, opt_in)
             by_op.setdefault(node.op_type, {}).setdefault(tier, []).append(node)
     for op in TIER_OPS:
@@ -1047,9 +1051,10 @@ def cuda_kernel_tier(ctx: RuleContext):
         parts = [f"{len(hit)} on {name} ({kind}: {condition}; {price})"
                  for (name, kind, condition, price), hit in sorted(tiers.items(), key=lambda t: -len(t[1]))]
         yield ctx.finding(
-            f"{_where(nodes)}: com.microsoft.{op} on {CUDA} ({release_text(ctx)}): " + "; ".join(parts),
+            f"{_where(nodes)}: com.microsoft.{op} on {CUDA}, onnxruntime {ctx.deployment.ort.version}: "
+            + "; ".join(parts),
             node=nodes[0], graph=graph, related=nodes[1:],
-            fix=(None if all(kind == "fast path" for (_, kind, _, _) in tiers) else
+            fix=(None if all(kind in ("fast path", "not decided") for (_, kind, _, _) in tiers) else
                  "A fallback's or default's condition says what moves its nodes to the fast path; measure with "
                  "`ortgate run --profile`."),
             properties={"op": op, "tiers": [
