@@ -176,7 +176,8 @@ def provider_refuses_node(ctx: RuleContext):
       bias or g_idx). Where the policy names a device (`throughput.device`), its compute capability
       (knowledge/devices.json, NVIDIA's table) decides two more: prepacked fpA_intB needs 7.5 or later for float16
       and 8.0 or later for bfloat16 activations, and a QMoE with FP4 experts (`quant_type` fp4 or nvfp4) 9.0 or
-      later ("FP4 MoE GEMM requires SM90+"). Without a device these are not judged.
+      later ("FP4 MoE GEMM requires SM90+": the wheel's error string, not run on a GPU). Without a device these
+      are not judged.
     - Any provider but CPU and CUDA: a GroupQueryAttention with `query_seqlens` (input 16), which "other EPs
       must reject" (the 1.32.0 schema).
 
