@@ -252,3 +252,34 @@ def test_a_new_cache_that_cannot_be_proven_is_not_delivered(tmp_path, monkeypatc
     assert report["attention_kept"] and report["tokens"] is None
     inputs, _ = io_names(out / "model.onnx")
     assert not any(name.startswith("past_key_values.") for name in inputs)
+
+
+@pytest.mark.parametrize(("folder", "plain"), [
+    ("dynamo-deepseek_v3", "multi-head latent attention: GroupQueryAttention has no latent projection"),
+    ("dynamo-gpt_oss", "attention sinks: not written"),
+    ("dynamo-qwen3_next", "gated attention output: not written"),
+    ("dynamo-jamba", "mamba / linear-attention layers"),
+])
+def test_an_attention_gqa_cannot_express_is_left_with_a_plain_reason(tmp_path, folder, plain):
+    """MLA, attention sinks, a gated output and hybrids with mamba / linear-attention layers keep their attention: the
+    report says which form it is, in words, and keeps the rule's near-miss (onnxscript's MatchingTracer) as the
+    detail."""
+    code, report = fix_json(EXPORTED / folder / "model.onnx", "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0
+    missed = [layer["missed"]["attention"]["reason"] for layer in report["fusions"]["layers"]
+              if "attention" in layer["missed"]]
+    assert missed
+    for reason in missed:
+        assert reason.startswith("left as it is: ") and plain in reason, reason
+        assert "ortgate's GroupQueryAttention rule came closest at" in reason
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops
+
+
+def test_attention_gqa_expresses_gets_no_plain_reason():
+    import onnx_ir as ir
+
+    from ortgate.fix.attention import plain_reasons
+
+    for folder in ("dynamo-qwen3_moe", "dynamo-mixtral", "optimum-llama-past", "optimum-qwen3_moe-past"):
+        assert plain_reasons(ir.load(str(EXPORTED / folder / "model.onnx"))) == [], folder

@@ -531,6 +531,109 @@ def fuse_gqa_with_cache(ir_model, options: dict) -> int:
     return len(state.rewrites)
 
 
+_SCORE_PATH = {"Add", "Sub", "Mul", "Div", "Where", "Concat", "Cast"}
+_OPERAND_PATH = {"Mul", "Div", "Transpose", "Reshape", "Cast"}
+PLAIN_REASONS = {
+    "mla": "multi-head latent attention: GroupQueryAttention has no latent projection (q and k are a non-rotated part "
+           "concatenated with a separately rotated one, k and v expanded from a compressed latent)",
+    "sinks": "attention sinks: not written (the softmax runs over a learned sink logit per head beside the scores)",
+    "gated": "gated attention output: not written (a sigmoid gate multiplies the attention before the output "
+             "projection)",
+    "recurrent": "mamba / linear-attention layers (a causal depthwise Conv over the sequence): GroupQueryAttention "
+                 "cannot express them and fix writes no cache for their conv and recurrent state, so the attention "
+                 "layers beside them are not given a KV cache either",
+}
+
+
+def _scores_matmul(softmax, depth: int = 6):
+    """The MatMul of two computed values (q . k^T) upstream of a Softmax's input, or None."""
+    frontier = [(softmax.inputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        node = value.producer() if value is not None else None
+        if node is None or d > depth:
+            continue
+        if node.op_type == "MatMul":
+            if all(i is not None and i.producer() is not None for i in node.inputs[:2]):
+                return node
+            continue
+        if node.op_type in _SCORE_PATH:
+            frontier.extend((i, d + 1) for i in node.inputs)
+    return None
+
+
+def _split_head(value, depth: int = 4) -> bool:
+    """Whether `value` is, through scalings and layout, a Concat of two parts on the last axis."""
+    node = value.producer() if value is not None else None
+    for _ in range(depth):
+        if node is None:
+            return False
+        if node.op_type == "Concat":
+            return len(node.inputs) == 2 and node.attributes.get_int("axis", 0) in (-1, 3)
+        if node.op_type == "ScatterND" and len(node.inputs) == 3:
+            # k's rotated part written into its tail, one rotated key shared by every head (Expand)
+            update = node.inputs[2].producer() if node.inputs[2] is not None else None
+            while update is not None and update.op_type in ("Transpose", "Reshape", "Cast"):
+                update = update.inputs[0].producer() if update.inputs[0] is not None else None
+            return update is not None and update.op_type == "Expand"
+        if node.op_type not in _OPERAND_PATH:
+            return False
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    return False
+
+
+def _gated_output(softmax) -> bool:
+    """Whether the attention output, Reshape(Transpose(Softmax . V)), is multiplied by a Sigmoid."""
+    frontier = [(softmax.outputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        for user, _ in value.uses():
+            if user.op_type == "Mul" and any(i is not None and i.producer() is not None
+                                             and i.producer().op_type == "Sigmoid" for i in user.inputs):
+                return True
+            if d < 5 and user.op_type in ("MatMul", "Transpose", "Reshape", "Where", "Slice", "Cast"):
+                frontier.append((user.outputs[0], d + 1))
+    return False
+
+
+def plain_reasons(ir_model) -> list[str]:
+    """Why the model's attention is a form GroupQueryAttention (as ortgate writes it) does not express, in plain
+    words, read from the graph: multi-head latent attention, attention sinks, a gated output, mamba / linear-attention
+    layers beside a cache-less attention. Empty where none of these is seen."""
+    found: dict[str, None] = {}
+    for node in ir_model.graph:
+        if node.op_type != "Softmax":
+            continue
+        scores = _scores_matmul(node)
+        if scores is None:
+            continue  # a router's or another softmax, not attention's
+        if _split_head(scores.inputs[0]) and _split_head(scores.inputs[1]):
+            found["mla"] = None
+        users = [user.op_type for user, _ in node.outputs[0].uses()]
+        if "Slice" in users and _has_concat_before(node):
+            found["sinks"] = None
+        if _gated_output(node):
+            found["gated"] = None
+    inputs = [value.name or "" for value in ir_model.graph.inputs]
+    if not any(name.startswith("past_key_values.") for name in inputs) and any(
+            node.op_type == "Conv" and node.attributes.get_int("group", 1) > 1 for node in ir_model.graph):
+        found["recurrent"] = None
+    return [PLAIN_REASONS[key] for key in found]
+
+
+def _has_concat_before(softmax, depth: int = 3) -> bool:
+    frontier = [(softmax.inputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        node = value.producer() if value is not None else None
+        if node is None or d > depth:
+            continue
+        if node.op_type == "Concat" and node.attributes.get_int("axis", 0) in (-1, 3):
+            return True
+        frontier.extend((i, d + 1) for i in node.inputs)
+    return False
+
+
 def near_miss(ir_model) -> str | None:
     """Why the GroupQueryAttention rule stopped where it came closest (onnxscript's MatchingTracer), or None."""
     from onnxscript.rewriter import _basics, pattern
