@@ -283,3 +283,76 @@ def test_attention_gqa_expresses_gets_no_plain_reason():
 
     for folder in ("dynamo-qwen3_moe", "dynamo-mixtral", "optimum-llama-past", "optimum-qwen3_moe-past"):
         assert plain_reasons(ir.load(str(EXPORTED / folder / "model.onnx"))) == [], folder
+
+
+def _with_mask(tmp_path, how: str, window: int = 8):
+    """dynamo-qwen3_moe (cache-less) with its additive attention mask changed, still computed from attention_mask:
+    "window" adds a band hiding the positions `window` or more before the diagonal (a sliding window of `window`
+    positions, as Mistral's); "open" multiplies it by 0 (no mask: bidirectional, not causal)."""
+    model = onnx.load(str(EXPORTED / "dynamo-qwen3_moe" / "model.onnx"))
+    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
+    masks = {n.input[1] for n in model.graph.node if n.op_type == "Add" and n.output[0] in softmax_inputs}
+    assert len(masks) == 1
+    (mask,) = masks
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Add" and node.output[0] in softmax_inputs:
+            node.input[1] = f"{mask}_changed"
+        nodes.append(node)
+        if mask in node.output and how == "window":
+            nodes += [helper.make_node("Shape", [mask], [f"{mask}_shape"]),
+                      helper.make_node("ConstantOfShape", [f"{mask}_shape"], [f"{mask}_full"],
+                                       value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [-1e9])),
+                      helper.make_node("Trilu", [f"{mask}_full", f"{mask}_k"], [f"{mask}_band"], upper=0),
+                      helper.make_node("Add", [mask, f"{mask}_band"], [f"{mask}_changed"])]
+            model.graph.initializer.append(helper.make_tensor(f"{mask}_k", onnx.TensorProto.INT64, [], [-window]))
+        elif mask in node.output:
+            nodes.append(helper.make_node("Mul", [mask, f"{mask}_zero"], [f"{mask}_changed"]))
+            model.graph.initializer.append(helper.make_tensor(f"{mask}_zero", onnx.TensorProto.FLOAT, [], [0.0]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    path = tmp_path / how / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_sliding_window_mask_becomes_local_window_size_proven_past_the_window(tmp_path):
+    """A mask that is a sliding window of 8 positions is not plain causal: GroupQueryAttention gets
+    local_window_size=8 (ORT's kernels keep that many positions up to the diagonal), and the 32 greedy tokens after
+    an 8-token prompt, reaching 40 positions past the window, are the original's."""
+    source = _with_mask(tmp_path, "window", 8)
+    out = tmp_path / "out"
+    code, report = fix_json(source, "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"]
+    assert all(b["prompt_length"] + b["steps"] > 8 for b in report["tokens"]["batches"])
+    gqa = [n for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+           if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    assert all({a.name: helper.get_attribute_value(a) for a in n.attribute}["local_window_size"] == 8 for n in gqa)
+
+
+def test_a_wrong_local_window_size_fails_the_token_proof(tmp_path, monkeypatch):
+    """The proof by tokens is what holds the window: one position short of the mask's, the tokens diverge and the
+    attention is kept."""
+    import ortgate.fix.attention as attention
+
+    monkeypatch.setattr(attention, "_sliding_window_size", lambda width: width - 1)
+    source = _with_mask(tmp_path, "window", 8)
+    code, report = fix_json(source, "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0 and report["attention_kept"] and "diverge" in report["attention_kept"]
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops
+
+
+def test_a_mask_that_is_not_causal_is_not_rewritten_to_causal_gqa(tmp_path):
+    source = _with_mask(tmp_path, "open")
+    out = tmp_path / "out"
+    code, report = fix_json(source, "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    notes = report["fusions"]["attention_notes"]
+    assert notes and all("lets positions above the diagonal" in note and "not causal" in note for note in notes)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)

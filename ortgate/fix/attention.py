@@ -45,6 +45,7 @@ class AttentionRewrite:
     head_size: int
     scale: float
     rotary: bool = False  # folded in (do_rotary=1)
+    window: int | None = None  # local_window_size: the graph's mask is a sliding window of this many positions
     packed: bool = False  # q, k and v from one MatMul (packed QKV)
 
 
@@ -58,6 +59,12 @@ class AttentionPass:
     caches: dict = field(default_factory=dict)  # id(cos value) -> (cos_cache, sin_cache) initializers, shared
     packed_bytes: int = 0  # packed QKV weights built in memory so far
     gained_cache: int = 0  # layers of a cache-less export given past / present
+
+
+def _sliding_window_size(width: int) -> int:
+    """GroupQueryAttention's local_window_size for a sliding window of `width` positions up to the diagonal: ORT's
+    kernels keep local_window_size positions (measured on ORT 1.32 CPU against the graph's own band mask)."""
+    return width
 
 
 def _projection_width(value, depth: int = 24) -> int | None:
@@ -253,6 +260,7 @@ def _rules(state: AttentionPass):
             self.pending: list[tuple[object, object, object, object]] = []
             self.gained: list[tuple] = []  # (layer, past_key, past_value, present_key, present_value): new cache
             self.own_shapes: set[int] = set()  # Shape(attention_mask) values the rewrite made
+            self._window: int | None = None  # local_window_size of the match being rewritten
 
         def pattern(self, op, q, k, v, past_key, past_value, mask, qs, ks, ss, zero):
             present_k = op.Concat(past_key, k, _outputs=["present_k"])
@@ -336,8 +344,9 @@ def _rules(state: AttentionPass):
                 if got is None or got == 0.0:
                     return result.fail(f"the {tag.replace('_', ' ')} is not a constant scalar")
                 scale *= got if kind == "Mul" else 1.0 / got
-            causal = self._plain_causal(context.model, mask, kv_heads, head)
+            causal, self._window = self._plain_causal(context.model, mask, kv_heads, head)
             if causal is not None:
+                state.misses.append(causal)
                 return result.fail(causal, mask)
             self._rotary = self._fold_rotary(context.model, q, k, kv_heads, head)
             if not has_cache and self._rotary is None:
@@ -347,10 +356,13 @@ def _rules(state: AttentionPass):
             self._found = (heads, kv_heads, head, scale, mask_input)
             return result
 
-        def _plain_causal(self, model, mask, kv_heads: int, head: int) -> str | None:
-            """None where the additive mask, computed by the graph's own subgraph for a prompt of MASK_CHECK_LENGTH
-            tokens (attention_mask all ones), is the plain causal mask GroupQueryAttention applies: 0 at and below
-            the diagonal, a large negative number above it. Otherwise why not (a sliding window, a prefix...)."""
+        def _plain_causal(self, model, mask, kv_heads: int, head: int) -> tuple[str | None, int | None]:
+            """(None, None) where the additive mask, computed by the graph's own subgraph for a prompt of
+            MASK_CHECK_LENGTH tokens (attention_mask all ones), is the plain causal mask GroupQueryAttention applies:
+            0 at and below the diagonal, a large negative number above it; (None, W) where it is a sliding window
+            of W positions (0 for the W positions up to the diagonal, large negative elsewhere), which
+            GroupQueryAttention (ORT's kernels) applies as local_window_size W. Otherwise why not (a prefix, a bidirectional
+            mask...), None."""
             import numpy as np
 
             length = min(state.context_length or MASK_CHECK_LENGTH, MASK_CHECK_LENGTH)
@@ -362,18 +374,25 @@ def _rules(state: AttentionPass):
                     state.tables[key] = f"it could not be computed alone ({type(exc).__name__})"
             got = state.tables[key]
             if got is None or isinstance(got, str):
-                return f"the additive mask is not proven causal: {got or 'it depends on more than the prompt'}"
+                return f"the additive mask is not proven causal: {got or 'it depends on more than the prompt'}", None
             values = np.asarray(got[0], np.float64)
             if values.shape[-2:] != (length, length):
-                return f"the additive mask for a {length}-token prompt has shape {list(values.shape)}"
+                return f"the additive mask for a {length}-token prompt has shape {list(values.shape)}", None
             values = values.reshape(-1, length, length)
             below = np.tril(np.ones((length, length), bool))
-            if not (values[:, below] == 0).all():
-                return (f"the additive mask hides positions at or below the diagonal of a {length}-token prompt (a "
-                        "sliding window or another mask GroupQueryAttention's causal mask is not)")
             if not (values[:, ~below] <= -1e4).all():
-                return f"the additive mask lets positions above the diagonal of a {length}-token prompt through"
-            return None
+                return ((f"the additive mask lets positions above the diagonal of a {length}-token prompt through "
+                        "(not causal): GroupQueryAttention's causal mask would hide them"), None)
+            if (values[:, below] == 0).all():
+                return None, None
+            # a sliding window of W positions: row i sees i - W + 1 .. i
+            width = int((values[:, -1, :] == 0).sum(axis=-1).min())
+            rows, cols = np.indices((length, length))
+            window = below & (rows - cols < width)
+            if width > 0 and (values[:, window] == 0).all() and (values[:, below & ~window] <= -1e4).all():
+                return None, _sliding_window_size(width)
+            return ((f"the additive mask hides positions at or below the diagonal of a {length}-token prompt, and "
+                    "not as a sliding window GroupQueryAttention's local_window_size writes"), None)
 
         def _fold_rotary(self, model, q, k, kv_heads: int, head: int):
             """(q before the rotation, k before it, cos_cache, sin_cache) where the rotary can be folded in."""
@@ -437,6 +456,9 @@ def _rules(state: AttentionPass):
             attributes = {"num_heads": heads, "kv_num_heads": kv_heads}
             if not math.isclose(scale, 1.0 / math.sqrt(head), rel_tol=1e-6):
                 attributes["scale"] = scale
+            window = self._window
+            if window is not None:
+                attributes["local_window_size"] = window
             rotary = self._rotary
             extra = []
             packed = None
@@ -473,7 +495,7 @@ def _rules(state: AttentionPass):
             else:
                 self.gained.append((*gained, new_k, new_v))
             state.rewrites.append(AttentionRewrite("", past_key.name or "", heads, kv_heads, head, scale,
-                                                   rotary is not None, packed is not None))
+                                                   rotary is not None, window, packed is not None))
             return out
 
     return DecomposedGqa
@@ -527,6 +549,7 @@ def fuse_gqa_with_cache(ir_model, options: dict) -> int:
     rotary; `options["notes"]` gets why a rotary stayed beside)."""
     state = fuse_gqa(ir_model, options.get("context_length"))
     options.setdefault("notes", []).extend(dict.fromkeys(state.rotary_notes))
+    options.setdefault("attention_notes", []).extend(dict.fromkeys(state.misses))
     options["gained_cache"] = options.get("gained_cache", 0) + state.gained_cache
     return len(state.rewrites)
 

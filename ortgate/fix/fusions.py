@@ -74,6 +74,7 @@ class FusionReport:
     note: str | None = None
     attention_near_miss: str | None = None  # why ortgate's GroupQueryAttention rule stopped where it came closest
     attention_plain: list[str] = field(default_factory=list)  # the attention's form GQA does not express, in words
+    attention_notes: list[str] = field(default_factory=list)  # why ortgate's GQA rule matched but wrote no node
     options: dict = field(default_factory=dict)  # for ortgate's own steps: context_length in; notes out
 
     def total(self, kind: str) -> int:
@@ -160,6 +161,7 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
         if why:
             report.attention_near_miss = why
         report.attention_plain = plain
+    report.attention_notes = list(report.options.get("attention_notes", []))
     report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts,
                                near=misses, attention_why=report.attention_near_miss,
                                attention_plain=report.attention_plain,
