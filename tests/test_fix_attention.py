@@ -356,3 +356,19 @@ def test_a_mask_that_is_not_causal_is_not_rewritten_to_causal_gqa(tmp_path):
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)
+
+
+def test_an_export_that_writes_a_cache_it_never_reads_is_refused_with_the_reason(tmp_path):
+    """transformers' OnnxExporter (ort_fusions='cpu') writes GroupQueryAttention with cache.layers.N.keys / values
+    out and no past in, batch fixed at 1: fix does not rewire it to a KV cache and says why, with what to export."""
+    code, report = fix_json(EXPORTED / "tfexp-qwen3_moe-cpu", "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0
+    (warning,) = [w for w in report["warnings"] if "reads none" in w]
+    assert "cache.layers.0.keys" in warning and "2 GroupQueryAttention nodes" in warning
+    assert "batch is fixed at 1" in warning and "past_key_values inputs" in warning
+    assert report["tokens"] is None
+
+
+def test_an_export_with_its_cache_fed_back_gets_no_such_warning(tmp_path):
+    code, report = fix_json(EXPORTED / "optimum-llama-past", "-o", tmp_path / "out")
+    assert code == 0 and not [w for w in report["warnings"] if "reads none" in w]

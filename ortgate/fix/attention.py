@@ -678,3 +678,30 @@ def near_miss(ir_model) -> str | None:
         return None
     return (f"ortgate's GroupQueryAttention rule came closest at {best.root_node.name or best.root_node.op_type}: "
             f"{best.match_result.reason or 'no match'}")
+
+
+def cache_not_fed_back(model) -> str | None:
+    """Why a cache an export writes but never reads is not turned into a KV cache, or None: GroupQueryAttention nodes
+    with no past_key / past_value whose present outputs are graph outputs (transformers' OnnxExporter with
+    ort_fusions: `cache.layers.N.keys` out, no past in). Their seqlens_k, total_sequence_length, cos/sin caches,
+    position ids and attention bias are computed for this call's tokens alone, so giving them a past would mean
+    rewriting every one of those inputs; fix does not."""
+    outputs = {o.name for o in model.graph.output}
+    inputs = {i.name: i for i in model.graph.input}
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    cut = [n for n in nodes if (len(n.input) < 5 or not n.input[3] or not n.input[4])
+           and any(name in outputs for name in n.output[1:3])]
+    if not cut or any(i.startswith("past") for i in inputs):
+        return None
+    written = [name for n in cut for name in n.output[1:3] if name in outputs]
+    ids = inputs.get("input_ids")
+    batch = None
+    if ids is not None and ids.type.tensor_type.shape.dim:
+        first = ids.type.tensor_type.shape.dim[0]
+        batch = first.dim_value if first.HasField("dim_value") else None
+    fixed_batch = f"; its batch is fixed at {batch}" if batch else ""
+    return (f"the export writes a KV cache ({', '.join(written[:2])}{', ...' if len(written) > 2 else ''}: "
+            f"{len(cut)} GroupQueryAttention nodes) but reads none (no past inputs): each step recomputes the whole "
+            "sequence. Not rewired: its GroupQueryAttention's seqlens_k, total_sequence_length, cos/sin caches, "
+            f"position ids and attention bias are computed for this call's tokens alone{fixed_batch}. Export it "
+            "with past_key_values inputs (transformers' exporter given a cache, or onnxruntime-genai's builder)")
