@@ -372,3 +372,36 @@ def test_an_export_that_writes_a_cache_it_never_reads_is_refused_with_the_reason
 def test_an_export_with_its_cache_fed_back_gets_no_such_warning(tmp_path):
     code, report = fix_json(EXPORTED / "optimum-llama-past", "-o", tmp_path / "out")
     assert code == 0 and not [w for w in report["warnings"] if "reads none" in w]
+
+
+def test_a_partial_rotary_is_folded_into_group_query_attention_proven_by_tokens(tmp_path):
+    """GLM-4.5-MoE rotates the first 16 of its 32 head dims (partial_rotary_factor 0.5) and passes the rest through:
+    GroupQueryAttention folds it in with cos/sin caches 8 wide (half the rotated dims), and the cache-less export,
+    given a KV cache, generates the original's 32 greedy tokens at batch 1 and 2."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe-rotary16", "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"] and all(b["steps"] >= 32 for b in report["tokens"]["batches"])
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    caches = {t.name: list(t.dims) for t in model.graph.initializer}
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    for node in gqa:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 0
+        assert caches[node.input[7]] == [64, 8] and caches[node.input[8]] == [64, 8]
+    fixed = lint_findings(out / "model.onnx")
+    assert not [f for f in fixed if f.rule in ("decoder-without-kv-cache", "gqa-not-fused", "rotary-not-fused")]
+
+
+def test_a_partial_rotary_ort_cannot_take_stays_beside_with_the_reason(tmp_path):
+    """8 of 16 head dims rotated: cos/sin caches 4 wide, which ONNX Runtime's GroupQueryAttention refuses (narrower
+    than half the head only in multiples of 8): the rotary and attention stay, and the report says why."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe", "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    reasons = [layer["missed"]["rotary"]["reason"] for layer in report["fusions"]["layers"]
+               if "rotary" in layer["missed"]]
+    assert reasons and all("a partial rotary of 8 of 16 head dims" in r and "multiples of 8" in r for r in reasons)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)

@@ -31,6 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 MASK_CHECK_LENGTH = 1024  # prompt tokens the mask is computed for (a sliding window shorter than this is seen)
+# ONNX Runtime's GroupQueryAttention (CPU, 1.31-1.32, group_query_attention_helper.h) refuses at run time a cos_cache
+# whose width is not "<= head_size / 2 and a multiple of 8" unless it is exactly head_size / 2
+GQA_PARTIAL_COS_MULTIPLE = 8
 PACK_BUDGET = 1 << 30  # packed QKV weights are built in memory: beyond this, q, k and v stay separate
 _DATA_PATH = {"Reshape", "Transpose", "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization",
               "Add", "Mul", "Cast", "Identity", "Squeeze", "Unsqueeze", "Concat", "Slice", "Neg"}
@@ -115,6 +118,7 @@ class Rotation:
     x: object  # the value before the rotation (ir.Value, [B, H, S, Dh])
     cos: object  # the cos table as multiplied (ir.Value, broadcast to [B, 1, S, Dh])
     sin: object
+    partial: bool = False  # only the first rotary_dim channels are rotated, the rest passed through
 
 
 def _other(node, value):
@@ -155,6 +159,54 @@ def rotation_of(value) -> Rotation | None:
                 continue
             return Rotation(x, _other(plain, x), _other(rotated, r_input))
     return None
+
+
+def _ints(value) -> list[int] | None:
+    """The int64 numbers of a constant (an initializer or a Constant node's output), else None."""
+    if value is None:
+        return None
+    tensor = value.const_value
+    node = value.producer()
+    if tensor is None and node is not None and node.op_type == "Constant":
+        attr = node.attributes.get("value")
+        tensor = attr.value if attr is not None else None
+    if tensor is None:
+        return None
+    try:
+        return [int(i) for i in tensor.numpy().reshape(-1)]
+    except (TypeError, ValueError):
+        return None
+
+
+def _last_axis_slice(value):
+    """(data, start, end) where value = Slice(data, [start], [end], [-1 | 3]) with constant bounds, else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 4:
+        return None
+    starts, ends, axes = (_ints(node.inputs[i]) for i in (1, 2, 3))
+    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if not starts or not ends or axes not in ([-1], [3]) or steps != [1] or len(starts) != 1 or len(ends) != 1:
+        return None
+    return node.inputs[0], starts[0], ends[0]
+
+
+def partial_rotation_of(value) -> Rotation | None:
+    """The partial rotation Concat(rotation(Slice(x, 0, r)), Slice(x, r, end), axis=-1) (GLM's partial_rotary_factor:
+    the first r channels rotated half-split, the rest passed through) whose output is `value`, or None. Its x is the
+    whole head, its tables r wide."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Concat" or len(node.inputs) != 2:
+        return None
+    if node.attributes.get_int("axis", 0) not in (-1, 3):
+        return None
+    rotation = rotation_of(node.inputs[0])
+    rotated = _last_axis_slice(rotation.x) if rotation is not None else None
+    passed = _last_axis_slice(node.inputs[1])
+    if rotation is None or rotated is None or passed is None:
+        return None
+    if rotated[0] is not passed[0] or rotated[1] != 0 or passed[1] != rotated[2] or rotated[2] <= 0:
+        return None
+    return Rotation(rotated[0], rotation.cos, rotation.sin, partial=True)
 
 
 def position_tables(ir_model, values: list, length: int, kv_heads: int, head: int) -> list | None:
@@ -255,8 +307,10 @@ def _rules(state: AttentionPass):
         return float(got) if isinstance(got, (int, float)) else None
 
     class DecomposedGqa(pattern.RewriteRuleClassBase):
-        def __init__(self, name: str):
+        def __init__(self, name: str, cache: bool | None = None):
             super().__init__(name, remove_nodes=False)
+            # None: a Concat(past, k) cache or none; False: no cache (where a Concat on k is the partial rotary's)
+            self.cache = cache
             self.pending: list[tuple[object, object, object, object]] = []
             self.gained: list[tuple] = []  # (layer, past_key, past_value, present_key, present_value): new cache
             self.own_shapes: set[int] = set()  # Shape(attention_mask) values the rewrite made
@@ -266,8 +320,11 @@ def _rules(state: AttentionPass):
             present_k = op.Concat(past_key, k, _outputs=["present_k"])
             present_v = op.Concat(past_value, v, _outputs=["present_v"])
             # a cache-less export attends over this step's k and v only
-            k_seq = pattern.OrValue([present_k, k], tag_var="has_cache", tag_values=[True, False])
-            v_seq = pattern.OrValue([present_v, v])
+            if self.cache is False:
+                k_seq, v_seq = k, v
+            else:
+                k_seq = pattern.OrValue([present_k, k], tag_var="has_cache", tag_values=[True, False])
+                v_seq = pattern.OrValue([present_v, v])
             k_rep = op.Reshape(op.Expand(op.Unsqueeze(k_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
             v_rep = op.Reshape(op.Expand(op.Unsqueeze(v_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
             k_all = pattern.OrValue([k_rep, k_seq], tag_var="repeat_kv", tag_values=[True, False])
@@ -286,7 +343,10 @@ def _rules(state: AttentionPass):
             scores = pattern.OrValue([op.Add(scores, mask), op.Add(mask, scores)])
             weights = op.Softmax(scores, axis=-1)
             weights = pattern.OrValue([op.Where(op.IsNaN(weights), zero, weights), weights])
-            out = op.Transpose(op.MatMul(weights, v_all), perm=[0, 2, 1, 3])
+            # torch.onnx (dynamo) may reshape the [B, H, S, D] product to itself before the transpose (GLM-4-MoE)
+            product = op.MatMul(weights, v_all)
+            product = pattern.OrValue([op.Reshape(product, pattern.ANY_VALUE), product])
+            out = op.Transpose(product, perm=[0, 2, 1, 3])
             return op.Reshape(out, pattern.ANY_VALUE, _outputs=["attention"])
 
         def check(self, context, q, k, v, past_key, past_value, mask, zero, attention, present_k=None,
@@ -294,7 +354,10 @@ def _rules(state: AttentionPass):
             result = pattern.MatchResult()
             graph = context.graph_or_function
             inputs = {value.name: value for value in graph.inputs}
-            has_cache = bool(tags.get("has_cache", True)) and present_k is not None
+            has_cache = (self.cache is not False and bool(tags.get("has_cache", True)) and present_k is not None
+                         and present_v is not None)
+            if self.cache is not False and tags.get("has_cache", True) and not has_cache:
+                return result.fail("k is a Concat but v is not: not a KV cache", k)
             if has_cache:
                 for concat in (present_k.producer(), present_v.producer()):
                     if concat.attributes.get_int("axis", 0) not in (-2, 2):
@@ -396,7 +459,7 @@ def _rules(state: AttentionPass):
 
         def _fold_rotary(self, model, q, k, kv_heads: int, head: int):
             """(q before the rotation, k before it, cos_cache, sin_cache) where the rotary can be folded in."""
-            rq, rk = rotation_of(q), rotation_of(k)
+            rq, rk = rotation_of(q) or partial_rotation_of(q), rotation_of(k) or partial_rotation_of(k)
             if rq is None or rk is None:
                 if rq is not None or rk is not None:
                     state.rotary_notes.append("q and k are not rotated alike: the rotary stays beside the node")
@@ -423,8 +486,19 @@ def _rules(state: AttentionPass):
                 return None
             import numpy as np
 
-            cos, sin = (np.asarray(t, np.float32).reshape(-1, head) for t in tables)
-            half = head // 2
+            width = int(np.asarray(tables[0]).shape[-1])  # the rotary dim: the head, or its first channels (partial)
+            if rq.partial != rk.partial or width % 2 or width > head or (width != head) != rq.partial:
+                state.rotary_notes.append(f"the cos/sin tables are {width} wide for a head of {head}: the rotary stays "
+                                          "beside the node")
+                return None
+            cos, sin = (np.asarray(t, np.float32).reshape(-1, width) for t in tables)
+            half = width // 2
+            if half != head // 2 and half % GQA_PARTIAL_COS_MULTIPLE:
+                state.rotary_notes.append(
+                    f"a partial rotary of {width} of {head} head dims: ONNX Runtime's GroupQueryAttention takes "
+                    f"cos/sin caches narrower than half the head only in multiples of {GQA_PARTIAL_COS_MULTIPLE} "
+                    f"(these are {half} wide): the rotary stays beside the node")
+                return None
             if (cos.shape[0] != state.context_length or not np.array_equal(cos[:, :half], cos[:, half:])
                     or not np.array_equal(sin[:, :half], sin[:, half:])):
                 state.rotary_notes.append("the cos/sin tables are not one row per position with duplicated halves: "
@@ -501,6 +575,17 @@ def _rules(state: AttentionPass):
     return DecomposedGqa
 
 
+def _both_rules(instance, rule_class) -> list:
+    """The rule as written (a Concat(past, k) cache or none), then one without a cache for graphs where k itself is a
+    Concat (a partial rotary's rotated and passed-through halves), sharing what the first records."""
+    from onnxscript.rewriter import pattern
+
+    plain = rule_class("DecomposedAttentionWithoutCache", cache=False)
+    plain.pending, plain.gained, plain.own_shapes = instance.pending, instance.gained, instance.own_shapes
+    return [pattern.RewriteRule(i.pattern, i.rewrite, i.check, name=i.name, remove_nodes=False)
+            for i in (instance, plain)]
+
+
 def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
     """Rewrite each decomposed attention with a KV cache into GroupQueryAttention; the cache outputs move to the new
     nodes under their names. With `context_length`, a half-split rotary of q and k is folded in (cos/sin caches of
@@ -511,9 +596,7 @@ def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
     state = AttentionPass(context_length=context_length)
     rule_class = _rules(state)
     instance = rule_class("DecomposedAttentionWithCache")
-    rule = pattern.RewriteRule(instance.pattern, instance.rewrite, instance.check, name=instance.name,
-                               remove_nodes=False)
-    rule_set = pattern.RewriteRuleSet([rule], commute=False)
+    rule_set = pattern.RewriteRuleSet(_both_rules(instance, rule_class), commute=False)
     rule_set.apply_to_model(ir_model)
     for old_k, new_k, old_v, new_v in instance.pending:
         for old, new in ((old_k, new_k), (old_v, new_v)):
@@ -659,16 +742,16 @@ def _has_concat_before(softmax, depth: int = 3) -> bool:
 
 def near_miss(ir_model) -> str | None:
     """Why the GroupQueryAttention rule stopped where it came closest (onnxscript's MatchingTracer), or None."""
-    from onnxscript.rewriter import _basics, pattern
+    from onnxscript.rewriter import _basics
 
     state = AttentionPass()
-    instance = _rules(state)("DecomposedAttentionWithCache")
-    rule = pattern.RewriteRule(instance.pattern, instance.rewrite, instance.check, name=instance.name,
-                               remove_nodes=False)
+    rule_class = _rules(state)
+    rules = _both_rules(rule_class("DecomposedAttentionWithCache"), rule_class)
     tracer = _basics.MatchingTracer()
     for node in list(ir_model.graph):
         if node.op_type == "Reshape":
-            rule.try_rewrite(ir_model, ir_model.graph, node, tracer=tracer)
+            for rule in rules:
+                rule.try_rewrite(ir_model, ir_model.graph, node, tracer=tracer)
     best = None
     for matches in tracer.best_matches_map.values():
         for info in matches:
