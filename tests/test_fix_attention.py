@@ -405,3 +405,43 @@ def test_a_partial_rotary_ort_cannot_take_stays_beside_with_the_reason(tmp_path)
     assert reasons and all("a partial rotary of 8 of 16 head dims" in r and "multiples of 8" in r for r in reasons)
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+
+
+def test_an_interleaved_partial_rotary_is_folded_in_proven_by_tokens(tmp_path):
+    """GLM-4 rotates adjacent channel pairs (x0, x1), (x2, x3)... of the first 16 of its 32 head dims: folded into
+    GroupQueryAttention with rotary_interleaved=1 and cos/sin caches of one value per pair, and the cache-less export,
+    given a KV cache, generates the original's 32 greedy tokens at batch 1 and 2; nothing is left for the lint."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4-interleaved", "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"] and all(b["steps"] >= 32 for b in report["tokens"]["batches"])
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    caches = {t.name: list(t.dims) for t in model.graph.initializer}
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    for node in gqa:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 1
+        assert caches[node.input[7]] == [64, 8]
+    fixed = lint_findings(out / "model.onnx")
+    assert not [f for f in fixed if f.rule in ("decoder-without-kv-cache", "gqa-not-fused", "rotary-not-fused",
+                                               "rmsnorm-not-fused", "skip-rmsnorm-not-fused")]
+
+
+def test_an_interleaved_rotary_read_as_half_split_is_not_folded(tmp_path, monkeypatch):
+    """The graph's own cos/sin tables hold the layout: read as half-split, GLM-4's pairwise tables are not [c, c]
+    halves, so the rotary stays beside, the cache-less export stays cache-less, and the report says why."""
+    import ortgate.fix.attention as attention
+
+    original = attention._rotate_half_of
+    monkeypatch.setattr(attention, "_rotate_half_of", lambda value: original(value) or
+                        attention._rotate_interleaved_of(value))
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4-interleaved", "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    reasons = [layer["missed"]["rotary"]["reason"] for layer in report["fusions"]["layers"]
+               if "rotary" in layer["missed"]]
+    assert reasons and all("each value twice (in halves)" in r for r in reasons), reasons
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)

@@ -119,6 +119,7 @@ class Rotation:
     cos: object  # the cos table as multiplied (ir.Value, broadcast to [B, 1, S, Dh])
     sin: object
     partial: bool = False  # only the first rotary_dim channels are rotated, the rest passed through
+    interleaved: bool = False  # channels rotated in adjacent pairs (0, 1), (2, 3)... rather than half-split
 
 
 def _other(node, value):
@@ -144,8 +145,42 @@ def _rotate_half_of(value):
     return x if first.inputs[0] is x else None
 
 
+def _strided_slice(value):
+    """(data, start, step) where value = Slice(data, [start], [end], [-1 | 3], [step]) with constant bounds."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 5:
+        return None
+    starts, axes, steps = _ints(node.inputs[1]), _ints(node.inputs[3]), _ints(node.inputs[4])
+    if not starts or len(starts) != 1 or axes not in ([-1], [3]) or not steps or len(steps) != 1:
+        return None
+    return node.inputs[0], starts[0], steps[0]
+
+
+def _rotate_interleaved_of(value):
+    """x where value = Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1), axis=-1)) (GLM's
+    and GPT-J's pairwise rotate: (-x1, x0), (-x3, x2)...), else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Reshape":
+        return None
+    concat = node.inputs[0].producer()
+    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != 2:
+        return None
+    if concat.attributes.get_int("axis", 0) not in (-1, 4):
+        return None
+    unsqueezed = [i.producer() for i in concat.inputs]
+    if any(u is None or u.op_type != "Unsqueeze" or _ints(u.inputs[1]) not in ([-1], [4]) for u in unsqueezed):
+        return None
+    neg = unsqueezed[0].inputs[0].producer()
+    if neg is None or neg.op_type != "Neg":
+        return None
+    odd, even = _strided_slice(neg.inputs[0]), _strided_slice(unsqueezed[1].inputs[0])
+    if odd is None or even is None or odd[0] is not even[0] or (odd[1], odd[2], even[1], even[2]) != (1, 2, 0, 2):
+        return None
+    return odd[0]
+
+
 def rotation_of(value) -> Rotation | None:
-    """The half-split rotation (not interleaved, over the whole head) whose output is `value`, or None."""
+    """The rotation x * cos + rotate(x) * sin (rotate: half-split or pairwise) whose output is `value`, or None."""
     add = value.producer() if value is not None else None
     if add is None or add.op_type != "Add" or len(add.inputs) != 2:
         return None
@@ -155,9 +190,12 @@ def rotation_of(value) -> Rotation | None:
     for plain, rotated in ((muls[0], muls[1]), (muls[1], muls[0])):
         for r_input in rotated.inputs:
             x = _rotate_half_of(r_input)
+            interleaved = x is None
+            if x is None:
+                x = _rotate_interleaved_of(r_input)
             if x is None or not any(i is x for i in plain.inputs):
                 continue
-            return Rotation(x, _other(plain, x), _other(rotated, r_input))
+            return Rotation(x, _other(plain, x), _other(rotated, r_input), interleaved=interleaved)
     return None
 
 
@@ -206,7 +244,7 @@ def partial_rotation_of(value) -> Rotation | None:
         return None
     if rotated[0] is not passed[0] or rotated[1] != 0 or passed[1] != rotated[2] or rotated[2] <= 0:
         return None
-    return Rotation(rotated[0], rotation.cos, rotation.sin, partial=True)
+    return Rotation(rotated[0], rotation.cos, rotation.sin, partial=True, interleaved=rotation.interleaved)
 
 
 def position_tables(ir_model, values: list, length: int, kv_heads: int, head: int) -> list | None:
@@ -499,12 +537,21 @@ def _rules(state: AttentionPass):
                     f"cos/sin caches narrower than half the head only in multiples of {GQA_PARTIAL_COS_MULTIPLE} "
                     f"(these are {half} wide): the rotary stays beside the node")
                 return None
-            if (cos.shape[0] != state.context_length or not np.array_equal(cos[:, :half], cos[:, half:])
-                    or not np.array_equal(sin[:, :half], sin[:, half:])):
-                state.rotary_notes.append("the cos/sin tables are not one row per position with duplicated halves: "
-                                          "the rotary stays beside the node")
+            if rq.interleaved != rk.interleaved:
+                state.rotary_notes.append("q is rotated in pairs and k half-split (or the reverse): the rotary stays "
+                                          "beside the node")
                 return None
-            return rq.x, rk.x, cos[:, :half].copy(), sin[:, :half].copy(), id(rq.cos)
+            # half-split: cos = [c, c]; interleaved (pairs): cos = [c0, c0, c1, c1, ...]
+            first, second = ((slice(None, None), slice(0, None, 2), slice(1, None, 2)) if rq.interleaved
+                             else (slice(None, None), slice(0, half), slice(half, None)))[1:]
+            if (cos.shape[0] != state.context_length or not np.array_equal(cos[:, first], cos[:, second])
+                    or not np.array_equal(sin[:, first], sin[:, second])):
+                state.rotary_notes.append("the cos/sin tables are not one row per position with each value twice "
+                                          f"({'in pairs' if rq.interleaved else 'in halves'}): the rotary stays "
+                                          "beside the node")
+                return None
+            return (rq.x, rk.x, np.ascontiguousarray(cos[:, first]), np.ascontiguousarray(sin[:, first]), id(rq.cos),
+                    rq.interleaved)
 
         def rewrite(self, op, q, k, v, past_key, past_value, present_k=None, present_v=None, **_):
             heads, kv_heads, head, scale, mask_input = self._found
@@ -537,13 +584,13 @@ def _rules(state: AttentionPass):
             extra = []
             packed = None
             if rotary is not None:
-                q, k, cos, sin, table = rotary
+                q, k, cos, sin, table, interleaved = rotary
                 if table not in state.caches:  # one cos/sin cache pair for every layer rotated by these tables
                     index = len(state.caches)
                     state.caches[table] = (op.initializer(ir.tensor(cos, name=f"rotary.{index}.cos_cache")),
                                            op.initializer(ir.tensor(sin, name=f"rotary.{index}.sin_cache")))
                 extra = list(state.caches[table])
-                attributes |= {"do_rotary": 1, "rotary_interleaved": 0}
+                attributes |= {"do_rotary": 1, "rotary_interleaved": int(interleaved)}
                 packed = packable(q, k, v)
                 size = sum(w.const_value.nbytes for w in packed[1]) if packed is not None else 0
                 if packed is not None and state.packed_bytes + size > PACK_BUDGET:
