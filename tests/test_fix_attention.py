@@ -445,3 +445,19 @@ def test_an_interleaved_rotary_read_as_half_split_is_not_folded(tmp_path, monkey
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)
+
+
+def test_a_group_query_attention_ort_refuses_at_run_time_keeps_the_attention(tmp_path, monkeypatch):
+    """Without the check on the cos/sin caches' width, GLM-4.5-MoE's 4-wide caches are written; ONNX Runtime's kernel
+    refuses them when the fixed model runs: the token proof fails with ORT's words, the export keeps its attention
+    and the rest of the fix lands (no internal error)."""
+    import ortgate.fix.attention as attention
+
+    monkeypatch.setattr(attention, "GQA_PARTIAL_COS_MULTIPLE", 1)
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe", "-o", out, "--context-length", "64")
+    assert code == 0 and report["verification"]["passed"]
+    assert "ONNX Runtime cannot run the fixed model" in report["attention_kept"], report["attention_kept"]
+    assert "cos_cache" in report["attention_kept"]
+    ops = [n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops and "SkipSimplifiedLayerNormalization" in ops
