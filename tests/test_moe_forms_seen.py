@@ -76,6 +76,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-llama4/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SIGMOID, 1)),
     # quantize_static QDQ of dynamo-mixtral: every router, expert and attention op reads DequantizeLinear outputs
     "quantqdq-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # ModelOpt 0.47 int8 of dynamo-mixtral: QDQ on the routers' and experts' Gemm inputs, float16 elsewhere
+    "modelopt-int8-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
     "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-gpt_oss_batched/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.TOPK_SOFTMAX, 2)),

@@ -119,7 +119,7 @@ def write_or_keep(model: onnx.ModelProto, folder: Path, filename: str, settings:
     config, note = build_config(model, filename, settings)
     if config is None:
         return GenaiOutcome(False, f"not written: {note}")
-    (folder / FILE).write_text(json.dumps(config, indent=4) + "\n")
+    (folder / FILE).write_text(json.dumps(config, indent=4, allow_nan=False) + "\n")
     return GenaiOutcome(True, note, config)
 
 

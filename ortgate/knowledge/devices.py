@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ortgate.knowledge.kernels import op_key, parse_op_key
 from ortgate.knowledge.loader import build, read_json
 
 DEVICES_JSON = Path(__file__).with_name("devices.json")
@@ -288,7 +289,7 @@ class OpCosts:
 
 
 def _op_key(key: str) -> str:
-    return key[len("ai.onnx."):] if key.startswith("ai.onnx.") else key
+    return op_key(*parse_op_key(key))
 
 
 @dataclass(frozen=True)
