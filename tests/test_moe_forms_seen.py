@@ -47,6 +47,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-mixtral-static/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # [1, 7] input
     "dynamo-glm4_moe/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    "dynamo-glm4-interleaved/model.onnx": [],  # dense GLM-4
+    "dynamo-glm4_moe-rotary16/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
     "dynamo-jamba/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2), first=1),  # MoE every 2nd
     "dynamo-mamba/model.onnx": [],  # no MoE
     "dynamo-qwen3_next/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
