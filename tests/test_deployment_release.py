@@ -219,3 +219,26 @@ def test_a_compared_base_is_judged_on_the_models_release(moe_model, tmp_path):
     assert load_base(str(base), model, str(policy)).deployment.ort.version == "1.32.0"
     model = load_inputs(LintRequest(str(moe_model), str(policy)))
     assert load_base(str(base), model, str(policy)).deployment.ort == model.deployment.ort
+
+
+def test_the_report_says_which_release_it_assumed_and_how_to_pin_it(moe_model, tmp_path):
+    import json
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY % "")
+    code, out, _ = run_cli("lint", moe_model, "--policy", policy, "--format", "json")
+    release = json.loads(out)["inputs"]["deployment"]["onnxruntime_version"]
+    assert release == {"version": assumed_release(), "source": "assumed", "assumed": True,
+                       "judged_as": assumed_release(),
+                       "pin": "execution_provider.onnxruntime_version or --ort-version"}
+    code, out, _ = run_cli("lint", moe_model, "--policy", policy)
+    assert (f"release: onnxruntime {assumed_release()}, assumed (pin it with "
+            "execution_provider.onnxruntime_version or --ort-version)") in out
+    # pinned (in the policy or by --ort-version): the JSON says where from, the text report adds no line
+    policy.write_text(POLICY % ", onnxruntime_version: '1.32.0'")
+    code, out, _ = run_cli("lint", moe_model, "--policy", policy, "--format", "json")
+    release = json.loads(out)["inputs"]["deployment"]["onnxruntime_version"]
+    assert release["assumed"] is False and release["source"] == "policy" and release["version"] == "1.32.0"
+    assert release["pin"] is None
+    code, out, _ = run_cli("lint", moe_model, "--policy", policy, "--ort-version", "1.30.0")
+    assert "release: onnxruntime" not in out

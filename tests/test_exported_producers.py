@@ -144,6 +144,10 @@ EXPECTED = {
     # GLM-4.5-MoE: layer 0 a dense MLP, layer 1 MoE; partial rotary (said in the rotary finding)
     "dynamo-glm4_moe": {"moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
                         "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1], "qkv-not-packed": [0, 1]},
+    # the same with a head of 32, 16 dims rotated (a partial rotary GroupQueryAttention can fold in)
+    "dynamo-glm4_moe-rotary16": {"moe-not-fused": [1], "gqa-not-fused": [0, 1], "rmsnorm-not-fused": [0, 1, OUT],
+                                 "skip-rmsnorm-not-fused": [0, 1, OUT], "rotary-not-fused": [0, 1],
+                                 "qkv-not-packed": [0, 1]},
     # Jamba: layer 0 Mamba (no attention, no rotary) + dense MLP, layer 1 attention (no rotary in Jamba) + MoE;
     # fixed to 7 tokens
     "dynamo-jamba": {"moe-not-fused": [1], "gqa-not-fused": [1], "rmsnorm-not-fused": [0, 1, OUT],
@@ -263,9 +267,11 @@ def test_qwen3_next_gated_norm_is_not_called_q_k():
     assert "2 per-head q/k" in _one("dynamo-qwen3_next", "rmsnorm-not-fused", 1).message  # its attention's q/k norms
 
 
-@pytest.mark.parametrize("fixture, layer, rotated", [("dynamo-glm4_moe", 1, 8), ("dynamo-qwen3_next", 1, 4)])
-def test_partial_rotary_says_the_rotated_dims(fixture, layer, rotated):
+@pytest.mark.parametrize("fixture, layer, rotated, head", [("dynamo-glm4_moe", 1, 8, 16),
+                                                                 ("dynamo-glm4_moe-rotary16", 1, 16, 32),
+                                                                 ("dynamo-qwen3_next", 1, 4, 16)])
+def test_partial_rotary_says_the_rotated_dims(fixture, layer, rotated, head):
     f = _one(fixture, "rotary-not-fused", layer)
-    assert f"rotary_embedding_dim={rotated}" in f.message and f"partial rotary, factor {rotated / 16:g}" in f.message
-    assert (dict(f.properties)["rotary_dim"], dict(f.properties)["head_dim"]) == (rotated, 16)
+    assert f"rotary_embedding_dim={rotated}" in f.message and f"partial rotary, factor {rotated / head:g}" in f.message
+    assert (dict(f.properties)["rotary_dim"], dict(f.properties)["head_dim"]) == (rotated, head)
     assert "partial" not in _one("dynamo-qwen3_moe", "rotary-not-fused", 1).message

@@ -252,3 +252,212 @@ def test_a_new_cache_that_cannot_be_proven_is_not_delivered(tmp_path, monkeypatc
     assert report["attention_kept"] and report["tokens"] is None
     inputs, _ = io_names(out / "model.onnx")
     assert not any(name.startswith("past_key_values.") for name in inputs)
+
+
+@pytest.mark.parametrize(("folder", "plain"), [
+    ("dynamo-deepseek_v3", "multi-head latent attention: GroupQueryAttention has no latent projection"),
+    ("dynamo-gpt_oss", "attention sinks: not written"),
+    ("dynamo-qwen3_next", "gated attention output: not written"),
+    ("dynamo-jamba", "mamba / linear-attention layers"),
+])
+def test_an_attention_gqa_cannot_express_is_left_with_a_plain_reason(tmp_path, folder, plain):
+    """MLA, attention sinks, a gated output and hybrids with mamba / linear-attention layers keep their attention: the
+    report says which form it is, in words, and keeps the rule's near-miss (onnxscript's MatchingTracer) as the
+    detail."""
+    code, report = fix_json(EXPORTED / folder / "model.onnx", "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0
+    missed = [layer["missed"]["attention"]["reason"] for layer in report["fusions"]["layers"]
+              if "attention" in layer["missed"]]
+    assert missed
+    for reason in missed:
+        assert reason.startswith("left as it is: ") and plain in reason, reason
+        assert "ortgate's GroupQueryAttention rule came closest at" in reason
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops
+
+
+def test_attention_gqa_expresses_gets_no_plain_reason():
+    import onnx_ir as ir
+
+    from ortgate.fix.attention import plain_reasons
+
+    for folder in ("dynamo-qwen3_moe", "dynamo-mixtral", "optimum-llama-past", "optimum-qwen3_moe-past"):
+        assert plain_reasons(ir.load(str(EXPORTED / folder / "model.onnx"))) == [], folder
+
+
+def _with_mask(tmp_path, how: str, window: int = 8):
+    """dynamo-qwen3_moe (cache-less) with its additive attention mask changed, still computed from attention_mask:
+    "window" adds a band hiding the positions `window` or more before the diagonal (a sliding window of `window`
+    positions, as Mistral's); "open" multiplies it by 0 (no mask: bidirectional, not causal)."""
+    model = onnx.load(str(EXPORTED / "dynamo-qwen3_moe" / "model.onnx"))
+    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
+    masks = {n.input[1] for n in model.graph.node if n.op_type == "Add" and n.output[0] in softmax_inputs}
+    assert len(masks) == 1
+    (mask,) = masks
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Add" and node.output[0] in softmax_inputs:
+            node.input[1] = f"{mask}_changed"
+        nodes.append(node)
+        if mask in node.output and how == "window":
+            nodes += [helper.make_node("Shape", [mask], [f"{mask}_shape"]),
+                      helper.make_node("ConstantOfShape", [f"{mask}_shape"], [f"{mask}_full"],
+                                       value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [-1e9])),
+                      helper.make_node("Trilu", [f"{mask}_full", f"{mask}_k"], [f"{mask}_band"], upper=0),
+                      helper.make_node("Add", [mask, f"{mask}_band"], [f"{mask}_changed"])]
+            model.graph.initializer.append(helper.make_tensor(f"{mask}_k", onnx.TensorProto.INT64, [], [-window]))
+        elif mask in node.output:
+            nodes.append(helper.make_node("Mul", [mask, f"{mask}_zero"], [f"{mask}_changed"]))
+            model.graph.initializer.append(helper.make_tensor(f"{mask}_zero", onnx.TensorProto.FLOAT, [], [0.0]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    path = tmp_path / how / "model.onnx"
+    path.parent.mkdir()
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_sliding_window_mask_becomes_local_window_size_proven_past_the_window(tmp_path):
+    """A mask that is a sliding window of 8 positions is not plain causal: GroupQueryAttention gets
+    local_window_size=8 (ORT's kernels keep that many positions up to the diagonal), and the 32 greedy tokens after
+    an 8-token prompt, reaching 40 positions past the window, are the original's."""
+    source = _with_mask(tmp_path, "window", 8)
+    out = tmp_path / "out"
+    code, report = fix_json(source, "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"]
+    assert all(b["prompt_length"] + b["steps"] > 8 for b in report["tokens"]["batches"])
+    gqa = [n for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+           if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    assert all({a.name: helper.get_attribute_value(a) for a in n.attribute}["local_window_size"] == 8 for n in gqa)
+
+
+def test_a_wrong_local_window_size_fails_the_token_proof(tmp_path, monkeypatch):
+    """The proof by tokens is what holds the window: one position short of the mask's, the tokens diverge and the
+    attention is kept."""
+    import ortgate.fix.attention as attention
+
+    monkeypatch.setattr(attention, "_sliding_window_size", lambda width: width - 1)
+    source = _with_mask(tmp_path, "window", 8)
+    code, report = fix_json(source, "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0 and report["attention_kept"] and "diverge" in report["attention_kept"]
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops
+
+
+def test_a_mask_that_is_not_causal_is_not_rewritten_to_causal_gqa(tmp_path):
+    source = _with_mask(tmp_path, "open")
+    out = tmp_path / "out"
+    code, report = fix_json(source, "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    notes = report["fusions"]["attention_notes"]
+    assert notes and all("lets positions above the diagonal" in note and "not causal" in note for note in notes)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)
+
+
+def test_an_export_that_writes_a_cache_it_never_reads_is_refused_with_the_reason(tmp_path):
+    """transformers' OnnxExporter (ort_fusions='cpu') writes GroupQueryAttention with cache.layers.N.keys / values
+    out and no past in, batch fixed at 1: fix does not rewire it to a KV cache and says why, with what to export."""
+    code, report = fix_json(EXPORTED / "tfexp-qwen3_moe-cpu", "-o", tmp_path / "out", "--context-length", "64")
+    assert code == 0
+    (warning,) = [w for w in report["warnings"] if "reads none" in w]
+    assert "cache.layers.0.keys" in warning and "2 GroupQueryAttention nodes" in warning
+    assert "batch is fixed at 1" in warning and "past_key_values inputs" in warning
+    assert report["tokens"] is None
+
+
+def test_an_export_with_its_cache_fed_back_gets_no_such_warning(tmp_path):
+    code, report = fix_json(EXPORTED / "optimum-llama-past", "-o", tmp_path / "out")
+    assert code == 0 and not [w for w in report["warnings"] if "reads none" in w]
+
+
+def test_a_partial_rotary_is_folded_into_group_query_attention_proven_by_tokens(tmp_path):
+    """GLM-4.5-MoE rotates the first 16 of its 32 head dims (partial_rotary_factor 0.5) and passes the rest through:
+    GroupQueryAttention folds it in with cos/sin caches 8 wide (half the rotated dims), and the cache-less export,
+    given a KV cache, generates the original's 32 greedy tokens at batch 1 and 2."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe-rotary16", "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"] and all(b["steps"] >= 32 for b in report["tokens"]["batches"])
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    caches = {t.name: list(t.dims) for t in model.graph.initializer}
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    for node in gqa:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 0
+        assert caches[node.input[7]] == [64, 8] and caches[node.input[8]] == [64, 8]
+    fixed = lint_findings(out / "model.onnx")
+    assert not [f for f in fixed if f.rule in ("decoder-without-kv-cache", "gqa-not-fused", "rotary-not-fused")]
+
+
+def test_a_partial_rotary_ort_cannot_take_stays_beside_with_the_reason(tmp_path):
+    """8 of 16 head dims rotated: cos/sin caches 4 wide, which ONNX Runtime's GroupQueryAttention refuses (narrower
+    than half the head only in multiples of 8): the rotary and attention stay, and the report says why."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe", "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    reasons = [layer["missed"]["rotary"]["reason"] for layer in report["fusions"]["layers"]
+               if "rotary" in layer["missed"]]
+    assert reasons and all("a partial rotary of 8 of 16 head dims" in r and "multiples of 8" in r for r in reasons)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+
+
+def test_an_interleaved_partial_rotary_is_folded_in_proven_by_tokens(tmp_path):
+    """GLM-4 rotates adjacent channel pairs (x0, x1), (x2, x3)... of the first 16 of its 32 head dims: folded into
+    GroupQueryAttention with rotary_interleaved=1 and cos/sin caches of one value per pair, and the cache-less export,
+    given a KV cache, generates the original's 32 greedy tokens at batch 1 and 2; nothing is left for the lint."""
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4-interleaved", "-o", out, "--context-length", "64")
+    assert code == 0 and report["attention_kept"] is None
+    assert report["tokens"]["passed"] and all(b["steps"] >= 32 for b in report["tokens"]["batches"])
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    caches = {t.name: list(t.dims) for t in model.graph.initializer}
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2
+    for node in gqa:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 1
+        assert caches[node.input[7]] == [64, 8]
+    fixed = lint_findings(out / "model.onnx")
+    assert not [f for f in fixed if f.rule in ("decoder-without-kv-cache", "gqa-not-fused", "rotary-not-fused",
+                                               "rmsnorm-not-fused", "skip-rmsnorm-not-fused")]
+
+
+def test_an_interleaved_rotary_read_as_half_split_is_not_folded(tmp_path, monkeypatch):
+    """The graph's own cos/sin tables hold the layout: read as half-split, GLM-4's pairwise tables are not [c, c]
+    halves, so the rotary stays beside, the cache-less export stays cache-less, and the report says why."""
+    import ortgate.fix.attention as attention
+
+    original = attention._rotate_half_of
+    monkeypatch.setattr(attention, "_rotate_half_of", lambda value: original(value) or
+                        attention._rotate_interleaved_of(value))
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4-interleaved", "-o", out, "--context-length", "64")
+    assert code == 0 and report["tokens"] is None
+    reasons = [layer["missed"]["rotary"]["reason"] for layer in report["fusions"]["layers"]
+               if "rotary" in layer["missed"]]
+    assert reasons and all("each value twice (in halves)" in r for r in reasons), reasons
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert not any(i.name.startswith("past_key_values.") for i in model.graph.input)
+
+
+def test_a_group_query_attention_ort_refuses_at_run_time_keeps_the_attention(tmp_path, monkeypatch):
+    """Without the check on the cos/sin caches' width, GLM-4.5-MoE's 4-wide caches are written; ONNX Runtime's kernel
+    refuses them when the fixed model runs: the token proof fails with ORT's words, the export keeps its attention
+    and the rest of the fix lands (no internal error)."""
+    import ortgate.fix.attention as attention
+
+    monkeypatch.setattr(attention, "GQA_PARTIAL_COS_MULTIPLE", 1)
+    out = tmp_path / "out"
+    code, report = fix_json(EXPORTED / "dynamo-glm4_moe", "-o", out, "--context-length", "64")
+    assert code == 0 and report["verification"]["passed"]
+    assert "ONNX Runtime cannot run the fixed model" in report["attention_kept"], report["attention_kept"]
+    assert "cos_cache" in report["attention_kept"]
+    ops = [n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node]
+    assert "GroupQueryAttention" not in ops and "SkipSimplifiedLayerNormalization" in ops

@@ -55,7 +55,8 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 @pytest.mark.skipif(not GENAI_PYTHON, reason="ORTGATE_GENAI_PYTHON names no Python with onnxruntime-genai")
-@pytest.mark.parametrize("folder", ["optimum-qwen3_moe-past", "optimum-llama-past", "dynamo-qwen3_moe"])
+@pytest.mark.parametrize("folder", ["optimum-qwen3_moe-past", "optimum-llama-past", "dynamo-qwen3_moe",
+                                    "dynamo-glm4-interleaved", "dynamo-glm4_moe-rotary16"])
 def test_the_fixed_folder_generates_the_same_ids_in_onnxruntime_genai(tmp_path, folder):
     out = tmp_path / "out"
     code, report = fix_json(EXPORTED / folder, "-o", out, *FLAGS)

@@ -47,6 +47,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-mixtral-static/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),  # [1, 7] input
     "dynamo-glm4_moe/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
+    "dynamo-glm4-interleaved/model.onnx": [],  # dense GLM-4
+    "dynamo-glm4_moe-rotary16/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SIGMOID_GROUP_TOPK, 2), first=1),
     "dynamo-jamba/model.onnx": _layers(1, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2), first=1),  # MoE every 2nd
     "dynamo-mamba/model.onnx": [],  # no MoE
     "dynamo-qwen3_next/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
@@ -74,6 +76,8 @@ EXPECTED: dict[str, list[tuple]] = {
     "dynamo-llama4/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.TOPK_SIGMOID, 1)),
     # quantize_static QDQ of dynamo-mixtral: every router, expert and attention op reads DequantizeLinear outputs
     "quantqdq-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
+    # ModelOpt 0.47 int8 of dynamo-mixtral: QDQ on the routers' and experts' Gemm inputs, float16 elsewhere
+    "modelopt-int8-mixtral/model.onnx": _layers(2, (ExpertForm.DENSE, RoutingForm.SOFTMAX_TOPK, 2)),
     # transformers' batched_mm experts (GatherND / Gather of stacked weights + batched MatMul)
     "dynamo-olmoe/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.SOFTMAX_TOPK, 2)),
     "dynamo-gpt_oss_batched/model.onnx": _layers(2, (ExpertForm.BATCHED, RoutingForm.TOPK_SOFTMAX, 2)),

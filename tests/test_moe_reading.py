@@ -205,15 +205,62 @@ def test_zero_computation_experts_read_no_weights_in_the_estimate():
     assert [(f.experts, f.experts_read) for f in forms] == [(4, 4.0)]  # 4 FFN experts of the router's 6 columns
 
 
-def test_qdq_blocks_are_read_and_the_rewrite_says_why_it_leaves_them():
-    """quantize_static QDQ of Mixtral: both MoE layers read through Q -> DQ; the rewrite's refusal names the QDQ
-    routing, not a routing form it misread."""
+@pytest.mark.parametrize("name", ["quantqdq-mixtral", "modelopt-int8-mixtral"])
+def test_qdq_blocks_are_read_and_the_rewrite_says_why_it_leaves_them(name):
+    """quantize_static QDQ and ModelOpt int8 (QDQ, float16 elsewhere) of Mixtral: both MoE layers read through
+    Q -> DQ; the rewrite's refusal names the QDQ routing, not a routing form it misread."""
     from ortgate.graph.patterns.moe_anatomy import block_verdict
 
-    graph = _graph(EXPORTED / "quantqdq-mixtral" / "model.onnx")
+    graph = _graph(EXPORTED / name / "model.onnx")
     blocks = moe_blocks(graph)
     assert [b.layer for b in blocks] == [0, 1] and not moe_misses(graph)
     for block in blocks:
         verdict = block_verdict(graph, block)
         assert verdict is not None and not verdict.rewritable and verdict.expressible
         assert "QDQ graph" in verdict.reason
+
+
+@pytest.mark.parametrize("name, why", [
+    # transformers' exporter and JetMoE sort the tokens by expert with a second TopK over the picked expert indices
+    # (and CumSum offsets): a dispatch, not expert groups or expert capacity
+    ("tfexp-qwen3_moe-cpu", "the experts read the tokens sorted by expert (a second TopK"),
+    ("dynamo-jetmoe", "the experts read the tokens sorted by expert (a second TopK"),
+    # quantize_dynamic's experts: MatMulInteger of activations quantized at run time
+    ("quantdyn-qwen3_moe", "4 of the block's 8 expert linears are integer matmuls (MatMulInteger"),
+])
+def test_the_rewrite_refuses_each_read_block_for_its_true_form(name, why):
+    """Lint reads these blocks; the rewrite's refusal names the form it does not rewrite, never a form the block
+    does not have (expert groups, expert capacity) nor a bare "no expert output ... found"."""
+    from ortgate.graph.patterns.moe_anatomy import block_verdict
+
+    graph = _graph(EXPORTED / name / "model.onnx")
+    blocks = moe_blocks(graph)
+    assert len(blocks) == 2 and not any(b.routing_form.name.endswith("GROUP_TOPK") for b in blocks)
+    for block in blocks:
+        verdict = block_verdict(graph, block)
+        assert verdict is not None and not verdict.rewritable and verdict.reason is not None
+        assert verdict.reason.startswith(why), verdict.reason
+        for wrong in ("group-limited", "more than one TopK", "capacity", "no expert output weighted"):
+            assert wrong not in verdict.reason
+
+
+def test_a_block_whose_integer_experts_are_refused_keeps_its_float_twin_rewritable():
+    """quantize_dynamic of OLMoE leaves the batched experts float (only the router is integer): still rewritten."""
+    from ortgate.graph.patterns.moe_anatomy import block_verdict
+
+    graph = _graph(EXPORTED / "quantdyn-olmoe" / "model.onnx")
+    assert all(block_verdict(graph, b).rewritable for b in moe_blocks(graph))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name, why", [("tfexp-qwen3_moe-cpu", "the experts read the tokens sorted by expert"),
+                                       ("dynamo-jetmoe", "the experts read the tokens sorted by expert"),
+                                       ("quantdyn-qwen3_moe", "4 of the block's 8 expert linears are integer")])
+def test_fix_reports_the_true_form_it_leaves(name, why, tmp_path):
+    """`ortgate fix` plans from the same verdict: its report names each block it leaves with that form."""
+    from tests.test_fix import fix_json
+
+    code, report = fix_json(EXPORTED / name / "model.onnx", "-o", tmp_path / "out", "--select", "moe-not-fused",
+                            "--dry-run")
+    assert code == 0 and not report["rewrites"]
+    assert [r["layer"] for r in report["refusals"]] == [0, 1]
+    assert all(r["reason"].startswith(why) for r in report["refusals"]), report["refusals"]

@@ -57,7 +57,8 @@ def test_seed_config_findings(qwen36_fp16):
         # capture over the hybrid's linear-attention state (onnxruntime#32243, onnxruntime-genai#2446)
         ("cuda-graph-recurrent-state", "warning", line_of("enable_cuda_graph"), None),
     ])  # CPU fallback: CUDA graph capture already refuses compute nodes on CPU
-    by_key = {(f.rule, f.op_type): f for f in found if f.node is not None}
+    # cuda-kernel-tier states each fused node's CUDA kernel (an info), not a problem of the config
+    by_key = {(f.rule, f.op_type): f for f in found if f.node is not None and f.rule != "cuda-kernel-tier"}
     # the ops newer than OperatorKernels.md are decided from the 1.31.1 CUDA binary's kernel classes: none undecided
     assert by_key == {}
     assert all(kernel_table().supports("CUDAExecutionProvider", *op.rsplit(".", 1), 1, None) == Support.YES
@@ -90,4 +91,5 @@ def test_corrected_config_passes(make_model, write_policy):
         "execution_provider:\n  name: CUDAExecutionProvider\n"
         '  options: {device_id: 0, enable_cuda_graph: "1", use_tf32: "1"}\n')
     found = lint_findings(make_model(dtype="float16"), policy, select=FAMILIES)
-    assert found == []
+    # cuda-kernel-tier's infos state each fused node's CUDA kernel: nothing to correct
+    assert [f for f in found if f.rule != "cuda-kernel-tier"] == []

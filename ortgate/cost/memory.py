@@ -153,6 +153,41 @@ def weight_bytes(graph: Graph) -> tuple[float, dict[str, float], list[str]]:
     return total, by_dtype, unsized
 
 
+def mxfp4_repack_bytes(graph: Graph, cuda_release: str | None) -> tuple[float, str]:
+    """The second copy of the expert weights of MXFP4 QMoE nodes whose expert shape is outside the CUDA interleaved
+    GEMV rules: 'doubles the persistent MoE weight footprint; shapes with k % 64 == 0 and n % 16 == 0 avoid it'
+    (knowledge/ort_cuda_contracts.json, onnxruntime-gpu 1.31.1 and later). (0, "") where none is, or not on CUDA."""
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if cuda_release is None or not at_least(cuda_release, facts.since):
+        return 0.0, ""
+    rule = facts.mxfp4_shape
+    total, nodes = 0.0, 0
+    for node in graph.by_op("com.microsoft", "QMoE"):
+        quant = node.attr("quant_type", "int")
+        if (quant.decode() if isinstance(quant, bytes) else str(quant)) != "fp4":
+            continue
+        shape = graph.shape(node.input(2))
+        if shape is None or len(shape) != 3 or not all(isinstance(d, int) for d in shape[1:]):
+            continue
+        n, k2 = shape[1], shape[2]
+        assert isinstance(n, int) and isinstance(k2, int)
+        if (2 * k2) % rule.k_multiple == 0 and n % rule.n_multiple == 0:
+            continue
+        nodes += 1
+        for i in (2, 5, 8):  # fc1, fc2, fc3 expert weights
+            init = graph.initializers.get(node.input(i)) if node.input(i) else None
+            size = DTYPE_BYTES.get(init.dtype or "") if init is not None else None
+            if init is not None and size is not None:
+                total += math.ceil(math.prod(init.dims) * size)
+    if not total:
+        return 0.0, ""
+    return total, (f"the expert weights of {nodes} MXFP4 QMoE node{'s' if nodes > 1 else ''} held twice on CUDA: "
+                   f"'{rule.message}' ({facts.source})")
+
+
 def _kv(step: StepModel, length: int) -> tuple[float, float, list[str]]:
     """(K + V bytes per position of one sequence over the layers that grow with the length, bytes per sequence the
     sliding-window and fixed-length layers hold, what could not be sized)."""
@@ -240,10 +275,11 @@ def _recomputed_scores(graph: Graph, batch: int, positions: int) -> tuple[float 
 
 def memory_estimate(graph: Graph, step: StepModel, device: Device, *, batch: int, kv_length: int, kv_source: str,
                     shared_buffer: bool, longest_step: int = 1, full_context: int | None = None,
-                    stored: Graph | None = None) -> MemoryEstimate:
+                    stored: Graph | None = None, cuda_release: str | None = None) -> MemoryEstimate:
     """The memory of a deployment of `graph` on `device`. `step` is the cost model's step model of the executed
     graph (its KV layout per layer); `stored` the graph whose initializers are the weights on disk (default:
-    `graph`); `longest_step` the most tokens one sequence feeds in one run (the prompt)."""
+    `graph`); `longest_step` the most tokens one sequence feeds in one run (the prompt); `cuda_release` the ONNX
+    Runtime release of a CUDA deployment (None: not CUDA), whose kernel contracts can hold weights twice."""
     weights, by_dtype, unsized = weight_bytes(stored or graph)
     per_position, fixed, kv_missing = _kv(step, kv_length)
     copies = 1 if shared_buffer else 2
@@ -276,6 +312,9 @@ def memory_estimate(graph: Graph, step: StepModel, device: Device, *, batch: int
         kv_missing.append(f"attention scores of recomputing {positions:,} positions: up to batch x heads x "
                           f"{positions:,} x {positions:,} per layer where attention is decomposed (its heads are not "
                           "in the graph): not counted")
+    repack, repack_how = mxfp4_repack_bytes(graph, cuda_release)
+    if repack:
+        parts.append(MemoryPart("mxfp4_repack", repack, repack_how))
     if linear:
         parts.append(MemoryPart("linear_state", linear, f"recurrent and convolution states x batch {batch}, past "
                                                         "and present"))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ortgate.cost.shapes import DTYPE_BYTES, StepShape, dtype_bytes
-from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Initializer, Node
+from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Initializer, Node, op_key
 from ortgate.graph.patterns.attention import (
     LINEAR_ATTENTION_OPS,
     attention_cores,
@@ -491,10 +491,6 @@ def _kind(key: tuple[str, str], gpu: bool, table) -> tuple[int, bool, int, tuple
     else:
         action = _PLAIN
     return launches, sync, action, _POSITION_TABLES.get(key) if action == _PLAIN else None
-
-
-def op_key(domain: str, op_type: str) -> str:
-    return op_type if domain == DEFAULT_DOMAIN else f"{domain}.{op_type}"
 
 
 def _gather(graph: Graph, model: StepModel, node: Node, known: set[str]) -> None:

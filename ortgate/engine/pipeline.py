@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ortgate.config.deployment import Deployment, build_deployment, resolve_release
+from ortgate.config.deployment import Deployment, OrtRelease, build_deployment, resolve_release
 from ortgate.config.expectations import Expectations, decoder_layer_count, resolve_expectations
 from ortgate.config.genai import GenaiConfig, load_genai_config
 from ortgate.config.model_folder import resolve_model_path
@@ -129,6 +129,28 @@ def run_rules(inputs: LintInputs | PolicyInputs, rules: Iterable[Rule],
 
 
 @dataclass(frozen=True)
+class ReleaseSummary:
+    """The ONNX Runtime release the report judges: where it comes from and, when none is pinned, that it is assumed
+    and how to pin it (the JSON report's `inputs.deployment.onnxruntime_version`)."""
+
+    version: str
+    source: str
+    assumed: bool
+    judged_as: str
+    pin: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "source": self.source, "assumed": self.assumed, "judged_as": self.judged_as,
+                "pin": self.pin}
+
+
+def release_summary(ort: OrtRelease) -> ReleaseSummary:
+    """The release the report judges, said for the reports."""
+    return ReleaseSummary(ort.version, ort.source, not ort.pinned, ort.judged_as,
+                          None if ort.pinned else "execution_provider.onnxruntime_version or --ort-version")
+
+
+@dataclass(frozen=True)
 class ModelSummary:
     """What one linted model was: its files, the policy and provider it was judged for, its size, and the estimate
     of its decode step (the JSON report's `inputs`, or one of its `models`)."""
@@ -143,11 +165,14 @@ class ModelSummary:
     layers: int | None = None  # decoder layers found in the graph, whatever the policy expects
     layer_attribution: str | None = None
     estimate: EstimateHeadline | None = None  # the estimate's headline (None: nothing priced)
+    release: ReleaseSummary | None = None  # the ONNX Runtime release the deployment is judged on
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"model": self.model, "optimized": self.optimized, "policy": self.policy,
                "policy_file": self.policy_file, "genai_config": self.genai_config, "provider": self.provider,
                "nodes": self.nodes, "layers": self.layers, "layer_attribution": self.layer_attribution}
+        if self.release is not None:
+            out["deployment"] = {"onnxruntime_version": self.release.to_dict()}
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_dict()
         return out
@@ -219,6 +244,11 @@ class LintSummary:
         return None if self.several else self.models[0].layers
 
     @property
+    def release(self) -> ReleaseSummary | None:
+        """The release the (first) model's deployment is judged on."""
+        return self.models[0].release
+
+    @property
     def estimate(self) -> EstimateHeadline | None:
         """The one model's estimate; None for several (each model has its own)."""
         return None if self.several else self.models[0].estimate
@@ -226,9 +256,11 @@ class LintSummary:
     def to_dict(self) -> dict:
         """The JSON report's `inputs` object."""
         if self.several:
-            out = {"models": [m.to_dict() for m in self.models], "model": None, "optimized": None,
+            out: dict[str, Any] = {"models": [m.to_dict() for m in self.models], "model": None, "optimized": None,
                    "genai_config": None, "layers": None, "layer_attribution": None, "policy": self.policy,
                    "policy_file": self.policy_file, "provider": self.provider, "nodes": self.nodes}
+            if self.models[0].release is not None:
+                out["deployment"] = {"onnxruntime_version": self.models[0].release.to_dict()}
         else:
             out = self.models[0].to_dict()
         out["not_checked"] = [gap.to_dict() for gap in self.not_checked]
@@ -351,4 +383,5 @@ def summarize(inputs: LintInputs) -> ModelSummary:
         nodes=len(model.nodes),
         layers=decoder_layer_count(model),  # found in the graph, whatever the policy expects
         layer_attribution=model.layer_source,
+        release=release_summary(inputs.deployment.ort),
     )

@@ -31,6 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 MASK_CHECK_LENGTH = 1024  # prompt tokens the mask is computed for (a sliding window shorter than this is seen)
+# ONNX Runtime's GroupQueryAttention (CPU, 1.31-1.32, group_query_attention_helper.h) refuses at run time a cos_cache
+# whose width is not "<= head_size / 2 and a multiple of 8" unless it is exactly head_size / 2
+GQA_PARTIAL_COS_MULTIPLE = 8
 PACK_BUDGET = 1 << 30  # packed QKV weights are built in memory: beyond this, q, k and v stay separate
 _DATA_PATH = {"Reshape", "Transpose", "SimplifiedLayerNormalization", "RMSNormalization", "LayerNormalization",
               "Add", "Mul", "Cast", "Identity", "Squeeze", "Unsqueeze", "Concat", "Slice", "Neg"}
@@ -45,6 +48,7 @@ class AttentionRewrite:
     head_size: int
     scale: float
     rotary: bool = False  # folded in (do_rotary=1)
+    window: int | None = None  # local_window_size: the graph's mask is a sliding window of this many positions
     packed: bool = False  # q, k and v from one MatMul (packed QKV)
 
 
@@ -58,6 +62,12 @@ class AttentionPass:
     caches: dict = field(default_factory=dict)  # id(cos value) -> (cos_cache, sin_cache) initializers, shared
     packed_bytes: int = 0  # packed QKV weights built in memory so far
     gained_cache: int = 0  # layers of a cache-less export given past / present
+
+
+def _sliding_window_size(width: int) -> int:
+    """GroupQueryAttention's local_window_size for a sliding window of `width` positions up to the diagonal: ORT's
+    kernels keep local_window_size positions (measured on ORT 1.32 CPU against the graph's own band mask)."""
+    return width
 
 
 def _projection_width(value, depth: int = 24) -> int | None:
@@ -108,6 +118,8 @@ class Rotation:
     x: object  # the value before the rotation (ir.Value, [B, H, S, Dh])
     cos: object  # the cos table as multiplied (ir.Value, broadcast to [B, 1, S, Dh])
     sin: object
+    partial: bool = False  # only the first rotary_dim channels are rotated, the rest passed through
+    interleaved: bool = False  # channels rotated in adjacent pairs (0, 1), (2, 3)... rather than half-split
 
 
 def _other(node, value):
@@ -133,8 +145,42 @@ def _rotate_half_of(value):
     return x if first.inputs[0] is x else None
 
 
+def _strided_slice(value):
+    """(data, start, step) where value = Slice(data, [start], [end], [-1 | 3], [step]) with constant bounds."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 5:
+        return None
+    starts, axes, steps = _ints(node.inputs[1]), _ints(node.inputs[3]), _ints(node.inputs[4])
+    if not starts or len(starts) != 1 or axes not in ([-1], [3]) or not steps or len(steps) != 1:
+        return None
+    return node.inputs[0], starts[0], steps[0]
+
+
+def _rotate_interleaved_of(value):
+    """x where value = Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1), axis=-1)) (GLM's
+    and GPT-J's pairwise rotate: (-x1, x0), (-x3, x2)...), else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Reshape":
+        return None
+    concat = node.inputs[0].producer()
+    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != 2:
+        return None
+    if concat.attributes.get_int("axis", 0) not in (-1, 4):
+        return None
+    unsqueezed = [i.producer() for i in concat.inputs]
+    if any(u is None or u.op_type != "Unsqueeze" or _ints(u.inputs[1]) not in ([-1], [4]) for u in unsqueezed):
+        return None
+    neg = unsqueezed[0].inputs[0].producer()
+    if neg is None or neg.op_type != "Neg":
+        return None
+    odd, even = _strided_slice(neg.inputs[0]), _strided_slice(unsqueezed[1].inputs[0])
+    if odd is None or even is None or odd[0] is not even[0] or (odd[1], odd[2], even[1], even[2]) != (1, 2, 0, 2):
+        return None
+    return odd[0]
+
+
 def rotation_of(value) -> Rotation | None:
-    """The half-split rotation (not interleaved, over the whole head) whose output is `value`, or None."""
+    """The rotation x * cos + rotate(x) * sin (rotate: half-split or pairwise) whose output is `value`, or None."""
     add = value.producer() if value is not None else None
     if add is None or add.op_type != "Add" or len(add.inputs) != 2:
         return None
@@ -144,10 +190,61 @@ def rotation_of(value) -> Rotation | None:
     for plain, rotated in ((muls[0], muls[1]), (muls[1], muls[0])):
         for r_input in rotated.inputs:
             x = _rotate_half_of(r_input)
+            interleaved = x is None
+            if x is None:
+                x = _rotate_interleaved_of(r_input)
             if x is None or not any(i is x for i in plain.inputs):
                 continue
-            return Rotation(x, _other(plain, x), _other(rotated, r_input))
+            return Rotation(x, _other(plain, x), _other(rotated, r_input), interleaved=interleaved)
     return None
+
+
+def _ints(value) -> list[int] | None:
+    """The int64 numbers of a constant (an initializer or a Constant node's output), else None."""
+    if value is None:
+        return None
+    tensor = value.const_value
+    node = value.producer()
+    if tensor is None and node is not None and node.op_type == "Constant":
+        attr = node.attributes.get("value")
+        tensor = attr.value if attr is not None else None
+    if tensor is None:
+        return None
+    try:
+        return [int(i) for i in tensor.numpy().reshape(-1)]
+    except (TypeError, ValueError):
+        return None
+
+
+def _last_axis_slice(value):
+    """(data, start, end) where value = Slice(data, [start], [end], [-1 | 3]) with constant bounds, else None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 4:
+        return None
+    starts, ends, axes = (_ints(node.inputs[i]) for i in (1, 2, 3))
+    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if not starts or not ends or axes not in ([-1], [3]) or steps != [1] or len(starts) != 1 or len(ends) != 1:
+        return None
+    return node.inputs[0], starts[0], ends[0]
+
+
+def partial_rotation_of(value) -> Rotation | None:
+    """The partial rotation Concat(rotation(Slice(x, 0, r)), Slice(x, r, end), axis=-1) (GLM's partial_rotary_factor:
+    the first r channels rotated half-split, the rest passed through) whose output is `value`, or None. Its x is the
+    whole head, its tables r wide."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Concat" or len(node.inputs) != 2:
+        return None
+    if node.attributes.get_int("axis", 0) not in (-1, 3):
+        return None
+    rotation = rotation_of(node.inputs[0])
+    rotated = _last_axis_slice(rotation.x) if rotation is not None else None
+    passed = _last_axis_slice(node.inputs[1])
+    if rotation is None or rotated is None or passed is None:
+        return None
+    if rotated[0] is not passed[0] or rotated[1] != 0 or passed[1] != rotated[2] or rotated[2] <= 0:
+        return None
+    return Rotation(rotated[0], rotation.cos, rotation.sin, partial=True, interleaved=rotation.interleaved)
 
 
 def position_tables(ir_model, values: list, length: int, kv_heads: int, head: int) -> list | None:
@@ -248,18 +345,24 @@ def _rules(state: AttentionPass):
         return float(got) if isinstance(got, (int, float)) else None
 
     class DecomposedGqa(pattern.RewriteRuleClassBase):
-        def __init__(self, name: str):
+        def __init__(self, name: str, cache: bool | None = None):
             super().__init__(name, remove_nodes=False)
+            # None: a Concat(past, k) cache or none; False: no cache (where a Concat on k is the partial rotary's)
+            self.cache = cache
             self.pending: list[tuple[object, object, object, object]] = []
             self.gained: list[tuple] = []  # (layer, past_key, past_value, present_key, present_value): new cache
             self.own_shapes: set[int] = set()  # Shape(attention_mask) values the rewrite made
+            self._window: int | None = None  # local_window_size of the match being rewritten
 
         def pattern(self, op, q, k, v, past_key, past_value, mask, qs, ks, ss, zero):
             present_k = op.Concat(past_key, k, _outputs=["present_k"])
             present_v = op.Concat(past_value, v, _outputs=["present_v"])
             # a cache-less export attends over this step's k and v only
-            k_seq = pattern.OrValue([present_k, k], tag_var="has_cache", tag_values=[True, False])
-            v_seq = pattern.OrValue([present_v, v])
+            if self.cache is False:
+                k_seq, v_seq = k, v
+            else:
+                k_seq = pattern.OrValue([present_k, k], tag_var="has_cache", tag_values=[True, False])
+                v_seq = pattern.OrValue([present_v, v])
             k_rep = op.Reshape(op.Expand(op.Unsqueeze(k_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
             v_rep = op.Reshape(op.Expand(op.Unsqueeze(v_seq, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE)
             k_all = pattern.OrValue([k_rep, k_seq], tag_var="repeat_kv", tag_values=[True, False])
@@ -278,7 +381,10 @@ def _rules(state: AttentionPass):
             scores = pattern.OrValue([op.Add(scores, mask), op.Add(mask, scores)])
             weights = op.Softmax(scores, axis=-1)
             weights = pattern.OrValue([op.Where(op.IsNaN(weights), zero, weights), weights])
-            out = op.Transpose(op.MatMul(weights, v_all), perm=[0, 2, 1, 3])
+            # torch.onnx (dynamo) may reshape the [B, H, S, D] product to itself before the transpose (GLM-4-MoE)
+            product = op.MatMul(weights, v_all)
+            product = pattern.OrValue([op.Reshape(product, pattern.ANY_VALUE), product])
+            out = op.Transpose(product, perm=[0, 2, 1, 3])
             return op.Reshape(out, pattern.ANY_VALUE, _outputs=["attention"])
 
         def check(self, context, q, k, v, past_key, past_value, mask, zero, attention, present_k=None,
@@ -286,7 +392,10 @@ def _rules(state: AttentionPass):
             result = pattern.MatchResult()
             graph = context.graph_or_function
             inputs = {value.name: value for value in graph.inputs}
-            has_cache = bool(tags.get("has_cache", True)) and present_k is not None
+            has_cache = (self.cache is not False and bool(tags.get("has_cache", True)) and present_k is not None
+                         and present_v is not None)
+            if self.cache is not False and tags.get("has_cache", True) and not has_cache:
+                return result.fail("k is a Concat but v is not: not a KV cache", k)
             if has_cache:
                 for concat in (present_k.producer(), present_v.producer()):
                     if concat.attributes.get_int("axis", 0) not in (-2, 2):
@@ -336,8 +445,9 @@ def _rules(state: AttentionPass):
                 if got is None or got == 0.0:
                     return result.fail(f"the {tag.replace('_', ' ')} is not a constant scalar")
                 scale *= got if kind == "Mul" else 1.0 / got
-            causal = self._plain_causal(context.model, mask, kv_heads, head)
+            causal, self._window = self._plain_causal(context.model, mask, kv_heads, head)
             if causal is not None:
+                state.misses.append(causal)
                 return result.fail(causal, mask)
             self._rotary = self._fold_rotary(context.model, q, k, kv_heads, head)
             if not has_cache and self._rotary is None:
@@ -347,10 +457,13 @@ def _rules(state: AttentionPass):
             self._found = (heads, kv_heads, head, scale, mask_input)
             return result
 
-        def _plain_causal(self, model, mask, kv_heads: int, head: int) -> str | None:
-            """None where the additive mask, computed by the graph's own subgraph for a prompt of MASK_CHECK_LENGTH
-            tokens (attention_mask all ones), is the plain causal mask GroupQueryAttention applies: 0 at and below
-            the diagonal, a large negative number above it. Otherwise why not (a sliding window, a prefix...)."""
+        def _plain_causal(self, model, mask, kv_heads: int, head: int) -> tuple[str | None, int | None]:
+            """(None, None) where the additive mask, computed by the graph's own subgraph for a prompt of
+            MASK_CHECK_LENGTH tokens (attention_mask all ones), is the plain causal mask GroupQueryAttention applies:
+            0 at and below the diagonal, a large negative number above it; (None, W) where it is a sliding window
+            of W positions (0 for the W positions up to the diagonal, large negative elsewhere), which
+            GroupQueryAttention (ORT's kernels) applies as local_window_size W. Otherwise why not (a prefix, a bidirectional
+            mask...), None."""
             import numpy as np
 
             length = min(state.context_length or MASK_CHECK_LENGTH, MASK_CHECK_LENGTH)
@@ -362,22 +475,29 @@ def _rules(state: AttentionPass):
                     state.tables[key] = f"it could not be computed alone ({type(exc).__name__})"
             got = state.tables[key]
             if got is None or isinstance(got, str):
-                return f"the additive mask is not proven causal: {got or 'it depends on more than the prompt'}"
+                return f"the additive mask is not proven causal: {got or 'it depends on more than the prompt'}", None
             values = np.asarray(got[0], np.float64)
             if values.shape[-2:] != (length, length):
-                return f"the additive mask for a {length}-token prompt has shape {list(values.shape)}"
+                return f"the additive mask for a {length}-token prompt has shape {list(values.shape)}", None
             values = values.reshape(-1, length, length)
             below = np.tril(np.ones((length, length), bool))
-            if not (values[:, below] == 0).all():
-                return (f"the additive mask hides positions at or below the diagonal of a {length}-token prompt (a "
-                        "sliding window or another mask GroupQueryAttention's causal mask is not)")
             if not (values[:, ~below] <= -1e4).all():
-                return f"the additive mask lets positions above the diagonal of a {length}-token prompt through"
-            return None
+                return ((f"the additive mask lets positions above the diagonal of a {length}-token prompt through "
+                        "(not causal): GroupQueryAttention's causal mask would hide them"), None)
+            if (values[:, below] == 0).all():
+                return None, None
+            # a sliding window of W positions: row i sees i - W + 1 .. i
+            width = int((values[:, -1, :] == 0).sum(axis=-1).min())
+            rows, cols = np.indices((length, length))
+            window = below & (rows - cols < width)
+            if width > 0 and (values[:, window] == 0).all() and (values[:, below & ~window] <= -1e4).all():
+                return None, _sliding_window_size(width)
+            return ((f"the additive mask hides positions at or below the diagonal of a {length}-token prompt, and "
+                    "not as a sliding window GroupQueryAttention's local_window_size writes"), None)
 
         def _fold_rotary(self, model, q, k, kv_heads: int, head: int):
             """(q before the rotation, k before it, cos_cache, sin_cache) where the rotary can be folded in."""
-            rq, rk = rotation_of(q), rotation_of(k)
+            rq, rk = rotation_of(q) or partial_rotation_of(q), rotation_of(k) or partial_rotation_of(k)
             if rq is None or rk is None:
                 if rq is not None or rk is not None:
                     state.rotary_notes.append("q and k are not rotated alike: the rotary stays beside the node")
@@ -404,14 +524,34 @@ def _rules(state: AttentionPass):
                 return None
             import numpy as np
 
-            cos, sin = (np.asarray(t, np.float32).reshape(-1, head) for t in tables)
-            half = head // 2
-            if (cos.shape[0] != state.context_length or not np.array_equal(cos[:, :half], cos[:, half:])
-                    or not np.array_equal(sin[:, :half], sin[:, half:])):
-                state.rotary_notes.append("the cos/sin tables are not one row per position with duplicated halves: "
-                                          "the rotary stays beside the node")
+            width = int(np.asarray(tables[0]).shape[-1])  # the rotary dim: the head, or its first channels (partial)
+            if rq.partial != rk.partial or width % 2 or width > head or (width != head) != rq.partial:
+                state.rotary_notes.append(f"the cos/sin tables are {width} wide for a head of {head}: the rotary stays "
+                                          "beside the node")
                 return None
-            return rq.x, rk.x, cos[:, :half].copy(), sin[:, :half].copy(), id(rq.cos)
+            cos, sin = (np.asarray(t, np.float32).reshape(-1, width) for t in tables)
+            half = width // 2
+            if half != head // 2 and half % GQA_PARTIAL_COS_MULTIPLE:
+                state.rotary_notes.append(
+                    f"a partial rotary of {width} of {head} head dims: ONNX Runtime's GroupQueryAttention takes "
+                    f"cos/sin caches narrower than half the head only in multiples of {GQA_PARTIAL_COS_MULTIPLE} "
+                    f"(these are {half} wide): the rotary stays beside the node")
+                return None
+            if rq.interleaved != rk.interleaved:
+                state.rotary_notes.append("q is rotated in pairs and k half-split (or the reverse): the rotary stays "
+                                          "beside the node")
+                return None
+            # half-split: cos = [c, c]; interleaved (pairs): cos = [c0, c0, c1, c1, ...]
+            first, second = ((slice(None, None), slice(0, None, 2), slice(1, None, 2)) if rq.interleaved
+                             else (slice(None, None), slice(0, half), slice(half, None)))[1:]
+            if (cos.shape[0] != state.context_length or not np.array_equal(cos[:, first], cos[:, second])
+                    or not np.array_equal(sin[:, first], sin[:, second])):
+                state.rotary_notes.append("the cos/sin tables are not one row per position with each value twice "
+                                          f"({'in pairs' if rq.interleaved else 'in halves'}): the rotary stays "
+                                          "beside the node")
+                return None
+            return (rq.x, rk.x, np.ascontiguousarray(cos[:, first]), np.ascontiguousarray(sin[:, first]), id(rq.cos),
+                    rq.interleaved)
 
         def rewrite(self, op, q, k, v, past_key, past_value, present_k=None, present_v=None, **_):
             heads, kv_heads, head, scale, mask_input = self._found
@@ -437,17 +577,20 @@ def _rules(state: AttentionPass):
             attributes = {"num_heads": heads, "kv_num_heads": kv_heads}
             if not math.isclose(scale, 1.0 / math.sqrt(head), rel_tol=1e-6):
                 attributes["scale"] = scale
+            window = self._window
+            if window is not None:
+                attributes["local_window_size"] = window
             rotary = self._rotary
             extra = []
             packed = None
             if rotary is not None:
-                q, k, cos, sin, table = rotary
+                q, k, cos, sin, table, interleaved = rotary
                 if table not in state.caches:  # one cos/sin cache pair for every layer rotated by these tables
                     index = len(state.caches)
                     state.caches[table] = (op.initializer(ir.tensor(cos, name=f"rotary.{index}.cos_cache")),
                                            op.initializer(ir.tensor(sin, name=f"rotary.{index}.sin_cache")))
                 extra = list(state.caches[table])
-                attributes |= {"do_rotary": 1, "rotary_interleaved": 0}
+                attributes |= {"do_rotary": 1, "rotary_interleaved": int(interleaved)}
                 packed = packable(q, k, v)
                 size = sum(w.const_value.nbytes for w in packed[1]) if packed is not None else 0
                 if packed is not None and state.packed_bytes + size > PACK_BUDGET:
@@ -473,10 +616,21 @@ def _rules(state: AttentionPass):
             else:
                 self.gained.append((*gained, new_k, new_v))
             state.rewrites.append(AttentionRewrite("", past_key.name or "", heads, kv_heads, head, scale,
-                                                   rotary is not None, packed is not None))
+                                                   rotary is not None, window, packed is not None))
             return out
 
     return DecomposedGqa
+
+
+def _both_rules(instance, rule_class) -> list:
+    """The rule as written (a Concat(past, k) cache or none), then one without a cache for graphs where k itself is a
+    Concat (a partial rotary's rotated and passed-through halves), sharing what the first records."""
+    from onnxscript.rewriter import pattern
+
+    plain = rule_class("DecomposedAttentionWithoutCache", cache=False)
+    plain.pending, plain.gained, plain.own_shapes = instance.pending, instance.gained, instance.own_shapes
+    return [pattern.RewriteRule(i.pattern, i.rewrite, i.check, name=i.name, remove_nodes=False)
+            for i in (instance, plain)]
 
 
 def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
@@ -489,9 +643,7 @@ def fuse_gqa(ir_model, context_length: int | None = None) -> AttentionPass:
     state = AttentionPass(context_length=context_length)
     rule_class = _rules(state)
     instance = rule_class("DecomposedAttentionWithCache")
-    rule = pattern.RewriteRule(instance.pattern, instance.rewrite, instance.check, name=instance.name,
-                               remove_nodes=False)
-    rule_set = pattern.RewriteRuleSet([rule], commute=False)
+    rule_set = pattern.RewriteRuleSet(_both_rules(instance, rule_class), commute=False)
     rule_set.apply_to_model(ir_model)
     for old_k, new_k, old_v, new_v in instance.pending:
         for old, new in ((old_k, new_k), (old_v, new_v)):
@@ -527,22 +679,126 @@ def fuse_gqa_with_cache(ir_model, options: dict) -> int:
     rotary; `options["notes"]` gets why a rotary stayed beside)."""
     state = fuse_gqa(ir_model, options.get("context_length"))
     options.setdefault("notes", []).extend(dict.fromkeys(state.rotary_notes))
+    options.setdefault("attention_notes", []).extend(dict.fromkeys(state.misses))
     options["gained_cache"] = options.get("gained_cache", 0) + state.gained_cache
     return len(state.rewrites)
 
 
+_SCORE_PATH = {"Add", "Sub", "Mul", "Div", "Where", "Concat", "Cast"}
+_OPERAND_PATH = {"Mul", "Div", "Transpose", "Reshape", "Cast"}
+PLAIN_REASONS = {
+    "mla": "multi-head latent attention: GroupQueryAttention has no latent projection (q and k are a non-rotated part "
+           "concatenated with a separately rotated one, k and v expanded from a compressed latent)",
+    "sinks": "attention sinks: not written (the softmax runs over a learned sink logit per head beside the scores)",
+    "gated": "gated attention output: not written (a sigmoid gate multiplies the attention before the output "
+             "projection)",
+    "recurrent": "mamba / linear-attention layers (a causal depthwise Conv over the sequence): GroupQueryAttention "
+                 "cannot express them and fix writes no cache for their conv and recurrent state, so the attention "
+                 "layers beside them are not given a KV cache either",
+}
+
+
+def _scores_matmul(softmax, depth: int = 6):
+    """The MatMul of two computed values (q . k^T) upstream of a Softmax's input, or None."""
+    frontier = [(softmax.inputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        node = value.producer() if value is not None else None
+        if node is None or d > depth:
+            continue
+        if node.op_type == "MatMul":
+            if all(i is not None and i.producer() is not None for i in node.inputs[:2]):
+                return node
+            continue
+        if node.op_type in _SCORE_PATH:
+            frontier.extend((i, d + 1) for i in node.inputs)
+    return None
+
+
+def _split_head(value, depth: int = 4) -> bool:
+    """Whether `value` is, through scalings and layout, a Concat of two parts on the last axis."""
+    node = value.producer() if value is not None else None
+    for _ in range(depth):
+        if node is None:
+            return False
+        if node.op_type == "Concat":
+            return len(node.inputs) == 2 and node.attributes.get_int("axis", 0) in (-1, 3)
+        if node.op_type == "ScatterND" and len(node.inputs) == 3:
+            # k's rotated part written into its tail, one rotated key shared by every head (Expand)
+            update = node.inputs[2].producer() if node.inputs[2] is not None else None
+            while update is not None and update.op_type in ("Transpose", "Reshape", "Cast"):
+                update = update.inputs[0].producer() if update.inputs[0] is not None else None
+            return update is not None and update.op_type == "Expand"
+        if node.op_type not in _OPERAND_PATH:
+            return False
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    return False
+
+
+def _gated_output(softmax) -> bool:
+    """Whether the attention output, Reshape(Transpose(Softmax . V)), is multiplied by a Sigmoid."""
+    frontier = [(softmax.outputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        for user, _ in value.uses():
+            if user.op_type == "Mul" and any(i is not None and i.producer() is not None
+                                             and i.producer().op_type == "Sigmoid" for i in user.inputs):
+                return True
+            if d < 5 and user.op_type in ("MatMul", "Transpose", "Reshape", "Where", "Slice", "Cast"):
+                frontier.append((user.outputs[0], d + 1))
+    return False
+
+
+def plain_reasons(ir_model) -> list[str]:
+    """Why the model's attention is a form GroupQueryAttention (as ortgate writes it) does not express, in plain
+    words, read from the graph: multi-head latent attention, attention sinks, a gated output, mamba / linear-attention
+    layers beside a cache-less attention. Empty where none of these is seen."""
+    found: dict[str, None] = {}
+    for node in ir_model.graph:
+        if node.op_type != "Softmax":
+            continue
+        scores = _scores_matmul(node)
+        if scores is None:
+            continue  # a router's or another softmax, not attention's
+        if _split_head(scores.inputs[0]) and _split_head(scores.inputs[1]):
+            found["mla"] = None
+        users = [user.op_type for user, _ in node.outputs[0].uses()]
+        if "Slice" in users and _has_concat_before(node):
+            found["sinks"] = None
+        if _gated_output(node):
+            found["gated"] = None
+    inputs = [value.name or "" for value in ir_model.graph.inputs]
+    if not any(name.startswith("past_key_values.") for name in inputs) and any(
+            node.op_type == "Conv" and node.attributes.get_int("group", 1) > 1 for node in ir_model.graph):
+        found["recurrent"] = None
+    return [PLAIN_REASONS[key] for key in found]
+
+
+def _has_concat_before(softmax, depth: int = 3) -> bool:
+    frontier = [(softmax.inputs[0], 0)]
+    while frontier:
+        value, d = frontier.pop()
+        node = value.producer() if value is not None else None
+        if node is None or d > depth:
+            continue
+        if node.op_type == "Concat" and node.attributes.get_int("axis", 0) in (-1, 3):
+            return True
+        frontier.extend((i, d + 1) for i in node.inputs)
+    return False
+
+
 def near_miss(ir_model) -> str | None:
     """Why the GroupQueryAttention rule stopped where it came closest (onnxscript's MatchingTracer), or None."""
-    from onnxscript.rewriter import _basics, pattern
+    from onnxscript.rewriter import _basics
 
     state = AttentionPass()
-    instance = _rules(state)("DecomposedAttentionWithCache")
-    rule = pattern.RewriteRule(instance.pattern, instance.rewrite, instance.check, name=instance.name,
-                               remove_nodes=False)
+    rule_class = _rules(state)
+    rules = _both_rules(rule_class("DecomposedAttentionWithCache"), rule_class)
     tracer = _basics.MatchingTracer()
     for node in list(ir_model.graph):
         if node.op_type == "Reshape":
-            rule.try_rewrite(ir_model, ir_model.graph, node, tracer=tracer)
+            for rule in rules:
+                rule.try_rewrite(ir_model, ir_model.graph, node, tracer=tracer)
     best = None
     for matches in tracer.best_matches_map.values():
         for info in matches:
@@ -552,3 +808,30 @@ def near_miss(ir_model) -> str | None:
         return None
     return (f"ortgate's GroupQueryAttention rule came closest at {best.root_node.name or best.root_node.op_type}: "
             f"{best.match_result.reason or 'no match'}")
+
+
+def cache_not_fed_back(model) -> str | None:
+    """Why a cache an export writes but never reads is not turned into a KV cache, or None: GroupQueryAttention nodes
+    with no past_key / past_value whose present outputs are graph outputs (transformers' OnnxExporter with
+    ort_fusions: `cache.layers.N.keys` out, no past in). Their seqlens_k, total_sequence_length, cos/sin caches,
+    position ids and attention bias are computed for this call's tokens alone, so giving them a past would mean
+    rewriting every one of those inputs; fix does not."""
+    outputs = {o.name for o in model.graph.output}
+    inputs = {i.name: i for i in model.graph.input}
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    cut = [n for n in nodes if (len(n.input) < 5 or not n.input[3] or not n.input[4])
+           and any(name in outputs for name in n.output[1:3])]
+    if not cut or any(i.startswith("past") for i in inputs):
+        return None
+    written = [name for n in cut for name in n.output[1:3] if name in outputs]
+    ids = inputs.get("input_ids")
+    batch = None
+    if ids is not None and ids.type.tensor_type.shape.dim:
+        first = ids.type.tensor_type.shape.dim[0]
+        batch = first.dim_value if first.HasField("dim_value") else None
+    fixed_batch = f"; its batch is fixed at {batch}" if batch else ""
+    return (f"the export writes a KV cache ({', '.join(written[:2])}{', ...' if len(written) > 2 else ''}: "
+            f"{len(cut)} GroupQueryAttention nodes) but reads none (no past inputs): each step recomputes the whole "
+            "sequence. Not rewired: its GroupQueryAttention's seqlens_k, total_sequence_length, cos/sin caches, "
+            f"position ids and attention bias are computed for this call's tokens alone{fixed_batch}. Export it "
+            "with past_key_values inputs (transformers' exporter given a cache, or onnxruntime-genai's builder)")

@@ -73,6 +73,8 @@ class FusionReport:
     available: bool = True
     note: str | None = None
     attention_near_miss: str | None = None  # why ortgate's GroupQueryAttention rule stopped where it came closest
+    attention_plain: list[str] = field(default_factory=list)  # the attention's form GQA does not express, in words
+    attention_notes: list[str] = field(default_factory=list)  # why ortgate's GQA rule matched but wrote no node
     options: dict = field(default_factory=dict)  # for ortgate's own steps: context_length in; notes out
 
     def total(self, kind: str) -> int:
@@ -151,14 +153,18 @@ def _run_fusions(model: onnx.ModelProto, kinds: tuple[str, ...], weights_dir: Pa
             for name, miss in found.items():
                 misses[left[name]].append(miss.say())
     if "attention" in kinds and any(k.get("attention", (0, 0))[0] for k in after.values()):
-        from ortgate.fix.attention import near_miss
+        from ortgate.fix.attention import near_miss, plain_reasons
 
         with _quiet():
             why = near_miss(ir_model)
+            plain = plain_reasons(ir_model)
         if why:
             report.attention_near_miss = why
+        report.attention_plain = plain
+    report.attention_notes = list(report.options.get("attention_notes", []))
     report.layers = _per_layer(before, after, kinds, has_kv_cache=_has_kv_cache(out), counts=report.counts,
                                near=misses, attention_why=report.attention_near_miss,
+                               attention_plain=report.attention_plain,
                                rotary_why="; ".join(report.options.get("notes", [])) or None)
     after_ops = _fused_ops(after_graph)
     for entry in report.layers:
@@ -349,7 +355,7 @@ def _has_kv_cache(model: onnx.ModelProto) -> bool:
 
 def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, counts: dict[str, int],
                near: dict[int | None, list[str]] | None = None, attention_why: str | None = None,
-               rotary_why: str | None = None) -> list[LayerFusions]:
+               rotary_why: str | None = None, attention_plain: list[str] | None = None) -> list[LayerFusions]:
     layers = sorted(set(before) | set(after), key=lambda x: (x is None, x or 0))
     out = []
     for layer in layers:
@@ -361,6 +367,9 @@ def _per_layer(before, after, kinds: tuple[str, ...], *, has_kv_cache: bool, cou
                 entry.applied[kind] = fused - was_fused
             if still:
                 why = _why(kind, has_kv_cache, counts)
+                if kind == "attention" and attention_plain:
+                    # the form, in words, first; the rule's near-miss stays as the detail
+                    why = "left as it is: " + "; ".join(attention_plain)
                 if kind == "attention" and attention_why:
                     why += f"; {attention_why}"
                 if kind == "rotary" and rotary_why:

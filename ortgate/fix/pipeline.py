@@ -19,6 +19,7 @@ import onnx
 from ortgate.config.model_folder import resolve_model_path
 from ortgate.config.reads import model_reads
 from ortgate.errors import InputError
+from ortgate.fix.attention import cache_not_fed_back
 from ortgate.fix.fusions import FUSED_OPS, FusionReport, run_fusions
 from ortgate.fix.genai_config import GenaiSettings, write_or_keep
 from ortgate.fix.generate import TokenProof, prove_tokens
@@ -540,6 +541,9 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
         fixed, result.fusions = run_fusions(fixed, fusion_kinds, files.model.parent, model_path=files.model,
                                             context_length=(request.genai or GenaiSettings()).context_length)
         result.gained_cache = int(result.fusions.options.get("gained_cache", 0))
+    unfed = cache_not_fed_back(fixed)
+    if unfed:
+        result.warnings.append(unfed)
     decision = needs_keep_alive(request.target_ort, request.target_provider)
     result.keep_decision = decision
     if result.rewrites and decision.keep:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ortgate.errors import printable
 from ortgate.graph.tensors import small_tensor_values
+from ortgate.knowledge.kernels import op_key
 from ortgate.proto import (
     ATTR_FLOAT,
     ATTR_FLOATS,
@@ -69,17 +70,6 @@ def ort_load_refusal(graph: Graph, release: str | None) -> str | None:
 
     used = {node.domain for node in graph.nodes}
     return model_format_refusal(graph.ir_version, graph.opsets, used, release)
-
-
-def parse_op_key(key: str) -> tuple[str, str]:
-    """"com.microsoft.MoE" -> ("com.microsoft", "MoE"); "MatMul" -> ("ai.onnx", "MatMul")."""
-    domain, _, op_type = key.rpartition(".")
-    return canonical_domain(domain), op_type
-
-
-def op_key(domain: str, op_type: str) -> str:
-    domain = canonical_domain(domain)
-    return op_type if domain == DEFAULT_DOMAIN else f"{domain}.{op_type}"
 
 
 _DTYPE_NAMES: dict[int, str | None] = {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -57,6 +58,25 @@ class Mxfp4Shape:
 
 
 @dataclass(frozen=True)
+class Fp4Qmoe:
+    quant_types: tuple[str, ...]  # QMoE quant_type values with FP4 expert weights
+    min_compute_capability: float
+    message: str
+
+
+@dataclass(frozen=True)
+class FpaIntBOptIn:
+    key: str  # the session config entry that turns fpA_intB on for raw-layout weights
+    source: str
+
+
+@dataclass(frozen=True)
+class Fp4DequantGemv:
+    message: str
+    opt_in_env: str
+
+
+@dataclass(frozen=True)
 class CudaContracts:
     schema: Literal[1]
     reflects: str
@@ -64,6 +84,10 @@ class CudaContracts:
     since: str
     source: str
     matmulnbits_fpa_intb: FpaIntB
+    fpa_intb_compute_capability: Mapping[str, float]  # activation dtype -> the lowest compute capability
+    fp4_qmoe: Fp4Qmoe
+    fpa_intb_opt_in: FpaIntBOptIn
+    fp4_dequant_gemv: Fp4DequantGemv
     qmoe_refusals: tuple[Refusal, ...]
     qmoe_gemv: QmoeGemv
     gqa_fused_head_size: GqaHeadSize

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ortgate.knowledge.kernels import op_key, parse_op_key
 from ortgate.knowledge.loader import build, read_json
 
 DEVICES_JSON = Path(__file__).with_name("devices.json")
@@ -68,6 +69,8 @@ class Device:
     cache_bandwidth_gb_s: Figure = Figure(None, "no cache figure", "default")
     # Memory capacity in GiB (None: not in the catalog, as for the cpu device, whose memory is the machine's).
     memory_gib: Figure = Figure(None, "no memory figure", "default")
+    # NVIDIA compute capability, major.minor (None: not an NVIDIA GPU, or not in the catalog).
+    compute_capability: Figure = Figure(None, "no compute capability in the catalog", "default")
 
     @property
     def memory_bytes(self) -> float | None:
@@ -137,6 +140,7 @@ class Device:
             "cache_bytes": self.cache_bytes.to_dict(),
             "cache_bandwidth_gb_s": self.cache_bandwidth_gb_s.to_dict(),
             "memory_gib": self.memory_gib.to_dict(),
+            "compute_capability": self.compute_capability.to_dict(),
         }
 
 
@@ -175,6 +179,7 @@ class _DeviceEntry:
     cache_bytes: _FigureEntry | None = None
     cache_bandwidth_gb_s: _FigureEntry | None = None
     memory_gib: _FigureEntry | None = None
+    compute_capability: _FigureEntry | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,8 @@ def _build(name: str, data: _DeviceEntry) -> Device:
         cache_bandwidth_gb_s=(data.cache_bandwidth_gb_s.figure() if data.cache_bandwidth_gb_s
                               else Figure(None, "no cache figure", "default")),
         memory_gib=data.memory_gib.figure() if data.memory_gib else Figure(None, "no memory figure", "default"),
+        compute_capability=(data.compute_capability.figure() if data.compute_capability
+                            else Figure(None, "no compute capability in the catalog", "default")),
     )
 
 
@@ -288,7 +295,7 @@ class OpCosts:
 
 
 def _op_key(key: str) -> str:
-    return key[len("ai.onnx."):] if key.startswith("ai.onnx.") else key
+    return op_key(*parse_op_key(key))
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ortgate.knowledge.kernels import ONNX_DOMAIN, parse_op_key
 from ortgate.knowledge.loader import build, read_json
 
 ORT_FACTS_JSON = Path(__file__).with_name("ort_facts.json")
-
-
-def split_op_key(key: str) -> tuple[str, str]:
-    """'[domain.]op_type' (the spelling knowledge files use) -> (domain, op_type); no domain is the ONNX domain."""
-    domain, _, op_type = key.rpartition(".")
-    return domain, op_type
 
 
 @dataclass(frozen=True)
@@ -91,7 +86,7 @@ class Tf32:
     @property
     def op_keys(self) -> tuple[tuple[str, str], ...]:
         """(domain, op_type) of each op; '' is the ONNX domain."""
-        return tuple(split_op_key(op) for op in self.ops)
+        return tuple(("" if domain == ONNX_DOMAIN else domain, op_type) for domain, op_type in map(parse_op_key, self.ops))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ortgate.knowledge.facts import ORT_FACTS
+from ortgate.knowledge.kernels import op_key
 from ortgate.knowledge.loader import build, read_json
 
 FUSIONS_JSON = Path(__file__).with_name("ort_fusions.json")
@@ -109,5 +110,4 @@ def rmsnorm_form_providers(form: str) -> list[str]:
 
 def attribute_default(domain: str, op_type: str, attribute: str) -> Any:
     """The value ORT uses when a node omits `attribute` (None when the table does not know)."""
-    key = op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}"
-    return ORT_FUSIONS.attribute_defaults.get(key, {}).get(attribute)
+    return ORT_FUSIONS.attribute_defaults.get(op_key(domain, op_type), {}).get(attribute)

@@ -52,6 +52,20 @@ def normalize_domain(domain: str | None) -> str:
     return ONNX_DOMAIN if domain in (None, "", ONNX_DOMAIN) else domain
 
 
+# The one spelling of an op as a key, as knowledge files, findings and reports write it: "[domain.]op_type", the
+# ONNX domain left out.
+def op_key(domain: str | None, op_type: str) -> str:
+    """("com.microsoft", "MoE") -> "com.microsoft.MoE"; ("", "MatMul") and ("ai.onnx", "MatMul") -> "MatMul"."""
+    domain = normalize_domain(domain)
+    return op_type if domain == ONNX_DOMAIN else f"{domain}.{op_type}"
+
+
+def parse_op_key(key: str) -> tuple[str, str]:
+    """"com.microsoft.MoE" -> ("com.microsoft", "MoE"); "MatMul" and "ai.onnx.MatMul" -> ("ai.onnx", "MatMul")."""
+    domain, _, op_type = key.rpartition(".")
+    return normalize_domain(domain), op_type
+
+
 def normalize_dtype(dtype: Any) -> str | None:
     """Map a dtype (TensorProto int, 'tensor(float16)', 'FLOAT16', 'fp16', numpy dtype, ...) to the table's spelling.
 
@@ -295,7 +309,7 @@ class KernelTable:
         result = self.kernel_support(provider, domain, op_type, opset, input_dtypes)
         if result.status in (Support.YES, Support.UNKNOWN_PROVIDER) or not self.is_function(domain, op_type, opset):
             return result
-        qual = op_type if normalize_domain(domain) == ONNX_DOMAIN else f"{domain}.{op_type}"
+        qual = op_key(domain, op_type)
         return SupportResult(
             Support.YES,
             f"{qual} is an ONNX function (onnx {self.function_ops_onnx}): with no {_canonical_provider(provider)} kernel "

@@ -125,6 +125,8 @@ def render_fix_text(outcome) -> str:
             lines.append(f"  {name}: fused {applied}")
             for kind, (count, why) in layer.missed.items():
                 lines.append(f"    {kind}: {count} still decomposed: {why}")
+        for note in r.fusions.attention_notes:
+            lines.append(f"  no GroupQueryAttention written where its rule matched: {note}")
     v = r.verification
     lines.append("")
     if v is None:
@@ -235,6 +237,7 @@ def fix_json(outcome) -> dict:
             "layers": [{"layer": layer.layer, "applied": layer.applied, "became": layer.became,
                         "missed": {k: {"count": n, "reason": why} for k, (n, why) in layer.missed.items()}}
                        for layer in r.fusions.layers],
+            "attention_notes": r.fusions.attention_notes,
         },
         "tokens": None if r.tokens is None else {
             "passed": r.tokens.passed,

@@ -234,6 +234,10 @@ def _write_verdict(console: Any, kit: _Kit, result: LintResult, active: list[Fin
         shown = f"{entries} entr{'y' if entries == 1 else 'ies'}"
         _print_wrapped(console, kit, Text(f"{len(active)} findings shown as {shown} of identical findings; --expand "
                                      "lists each one", style="dim"), width)
+    release = s.release
+    if release is not None and release.assumed:
+        _print_wrapped(console, kit, Text(f"release: onnxruntime {release.version}, assumed (pin it with "
+                                          f"{release.pin})", style="dim"), width)
     from ortgate.engine.pipeline import not_checked_text
 
     for gap in result.summary.not_checked:

@@ -117,7 +117,13 @@ class LintInputs:
             self.executed, est.model, est.device, batch=batch, kv_length=length, kv_source=source,
             shared_buffer=shared, longest_step=max(self.prompt_length or 0, shape.new_tokens),
             full_context=full if isinstance(full, int) and not isinstance(full, bool) else None,
-            stored=self.model)
+            stored=self.model, cuda_release=self._cuda_release(est.setup))
+
+    def _cuda_release(self, setup) -> str | None:
+        """The deployment's release where the estimate is for the CUDA provider on a GPU (None otherwise)."""
+        if not setup.gpu or (setup.provider or "CUDAExecutionProvider") != "CUDAExecutionProvider":
+            return None
+        return setup.ort_release or self.deployment.ort.judged_as
 
     def __post_init__(self) -> None:
         if self.cost is not None and self.cost.optimized != (self.optimized is not None):

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from ortgate.config.expectations import POLICY
 from ortgate.findings import Severity
-from ortgate.graph.index import Graph, Node, ValueInfo, op_key, parse_op_key
+from ortgate.graph.index import Graph, Node, ValueInfo
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
 from ortgate.graph.patterns.decoder import cache_outputs, cacheless_decoder, carries_state, token_ids_input
 from ortgate.graph.patterns.moe import moe_blocks, moe_misses
 from ortgate.knowledge.cache_exports import cache_export, cache_export_otherwise
+from ortgate.knowledge.kernels import op_key, parse_op_key
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 

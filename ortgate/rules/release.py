@@ -173,7 +173,11 @@ def provider_refuses_node(ctx: RuleContext):
       zero points with a block size below 32 or per-column scales, nvfp4 with a block size other than 16; a
       MatMulNBits with prepacked weights (`weight_prepacked=1`) outside the wheel's compact fpA_intB set
       (float16/bfloat16 activations, INT2 at block 64 or INT4/INT8 at block 32, scales only: no zero points,
-      bias or g_idx).
+      bias or g_idx). Where the policy names a device (`throughput.device`), its compute capability
+      (knowledge/devices.json, NVIDIA's table) decides two more: prepacked fpA_intB needs 7.5 or later for float16
+      and 8.0 or later for bfloat16 activations, and a QMoE with FP4 experts (`quant_type` fp4 or nvfp4) 9.0 or
+      later ("FP4 MoE GEMM requires SM90+": the wheel's error string, not run on a GPU). Without a device these
+      are not judged.
     - Any provider but CPU and CUDA: a GroupQueryAttention with `query_seqlens` (input 16), which "other EPs
       must reject" (the 1.32.0 schema).
 
@@ -271,6 +275,7 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
     facts = cuda_contracts()
     if not at_least(ctx.deployment.ort.judged_as, facts.since):
         return
+    cc = compute_capability(ctx)
     found: dict[str, list[Node]] = {}
     for node in nodes:
         if node.op_type == "QMoE":
@@ -285,10 +290,17 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
                 found.setdefault("zero_points_row_wise", []).append(node)
             if quant == "nvfp4" and block != 16:
                 found.setdefault("nvfp4_block", []).append(node)
+            if quant in facts.fp4_qmoe.quant_types and cc is not None and cc < facts.fp4_qmoe.min_compute_capability:
+                found.setdefault("fp4_compute_capability", []).append(node)
         elif node.op_type == "MatMulNBits" and node.attr("weight_prepacked", 0) == 1:
             if _outside_fpa_intb(graph, node, facts):
                 found.setdefault("fpa_intb", []).append(node)
+            elif cc is not None and cc < facts.fpa_intb_compute_capability.get(graph.dtype(node.input(0)) or "", 0.0):
+                found.setdefault("fpa_intb_compute_capability", []).append(node)
     for key, hit in found.items():
+        if key in ("fpa_intb_compute_capability", "fp4_compute_capability"):
+            yield _compute_capability_refusal(ctx, graph, key, hit, facts)
+            continue
         message = facts.matmulnbits_fpa_intb.message if key == "fpa_intb" else facts.refusal(key).message
         op = hit[0].op_type
         yield ctx.finding(
@@ -301,6 +313,45 @@ def _cuda_refusals(ctx: RuleContext, graph: Graph, nodes: list[Node]):
                  "blocks of 32 or more, nvfp4 at block 16)."),
             properties={"refusal": key, "release": ctx.deployment.ort.version, "nodes": len(hit)},
         )
+
+
+def compute_capability(ctx: RuleContext) -> float | None:
+    """The compute capability of the policy's device (`throughput.device`, knowledge/devices.json); None when the
+    policy names no device or the catalog gives it none (not an NVIDIA GPU): then nothing that needs it is judged."""
+    tp = ctx.inputs.throughput
+    device = tp.device if tp is not None else None
+    return device.compute_capability.value if device is not None else None
+
+
+def _compute_capability_refusal(ctx: RuleContext, graph: Graph, key: str, hit: list[Node], facts):
+    tp = ctx.inputs.throughput
+    assert tp is not None and tp.device is not None
+    device = tp.device
+    cc = device.compute_capability
+    if key == "fp4_compute_capability":
+        need = facts.fp4_qmoe.min_compute_capability
+        quant = _text(hit[0].attr("quant_type", "int"))
+        what = f"QMoE with FP4 experts (quant_type={quant})"
+        message = facts.fp4_qmoe.message
+        fix = ("Deploy on compute capability 9.0 or later (H100, H200, B200), or quantize the experts as INT4/INT8 "
+               "for this device.")
+    else:
+        dtype = graph.dtype(hit[0].input(0)) or "?"
+        need = facts.fpa_intb_compute_capability[dtype]
+        what = f"MatMulNBits with prepacked weights (fpA_intB) and {dtype} activations"
+        message = facts.matmulnbits_fpa_intb.message
+        fix = ("Deploy on a device the compact fpA_intB build supports, use float16 activations (7.5 or later), or "
+               "write raw weights (weight_prepacked=0).")
+    return ctx.finding(
+        f"{_where(hit)}: com.microsoft.{what} on {device.label} (compute capability {cc.value:.1f}, NVIDIA's table): "
+        f"the CUDA provider of {release_text(ctx)} needs compute capability {need:.1f} or later for it: "
+        f"'{message}' ({facts.source})",
+        node=hit[0], graph=graph, related=hit[1:],
+        fix=fix,
+        properties={"refusal": key, "release": ctx.deployment.ort.version, "device": device.name,
+                    "compute_capability": cc.value, "compute_capability_source": cc.source,
+                    "required_compute_capability": need, "nodes": len(hit)},
+    )
 
 
 def _outside_fpa_intb(graph: Graph, node: Node, facts) -> bool:
@@ -390,7 +441,8 @@ def moe_offload_unsupported(ctx: RuleContext):
     MoE / QMoE nodes with float16 or bfloat16 activations; no `use_sparse_mixer=1`; no
     `swiglu_limit_after_activation=1`; and for QMoE with integer weights only the forms (4 bits,
     weights_prepacked=1, block 32), (3 bits, weights_prepacked=0, block 32/64/128) or (2 bits,
-    weights_prepacked=1, block 32/64/128). The device's compute capability (SM80 or later) is not checked.
+    weights_prepacked=1, block 32/64/128); compute capability 8.0 or later, judged where the policy names a
+    device (`throughput.device`, knowledge/devices.json), not judged without one.
     With `mode=auto` (or the `on` / `1` ORT also accepts) nothing is said: whether ORT then runs without offload
     was not verified.
 
@@ -450,6 +502,10 @@ def moe_offload_unsupported(ctx: RuleContext):
         reasons: dict[str, list[Node]] = {}
         if setup.provider_name != facts.provider:
             reasons[f"it runs only on {facts.provider}, not {setup.provider_name}"] = []
+        elif (cc := compute_capability(ctx)) is not None and cc < facts.min_compute_capability:
+            assert ctx.inputs.throughput is not None and ctx.inputs.throughput.device is not None
+            reasons[f"it needs compute capability {facts.min_compute_capability:.1f} or later, and "
+                    f"{ctx.inputs.throughput.device.label} has {cc:.1f}"] = []
         for node in [n for n in _ms_nodes(graph) if n.op_type in ("MoE", "QMoE")]:
             dtype = graph.dtype(node.input(0))
             if dtype is not None and dtype not in facts.activation_dtypes:
@@ -727,7 +783,8 @@ def cuda_kernel_fallback(ctx: RuleContext):
     - GroupQueryAttention with a head size above 256: no fused CUDA attention, the unfused path (Gemma-4's head
       size 512 layers cost 4.3% of its whole decode on H200, onnxruntime/mobius#263);
     - MXFP4 QMoE (`quant_type=fp4`) with an expert shape outside k % 64 == 0 and n % 16 == 0: the interleaved GEMV
-      cannot take it and the persistent MoE weights take twice the memory.
+      cannot take it and the persistent MoE weights take twice the memory (the memory estimate counts the
+      second copy: part `mxfp4_repack`).
     Each finding carries the reported figure and its source; the decode estimate does not price these paths (the
     figures are whole-model ones). A QMoE off the GEMV fast path is qmoe-gemv-fast-path-missed's, which is priced.
 
@@ -907,3 +964,169 @@ def qmoe_gemv_fast_path_missed(ctx: RuleContext):
             properties={"tier": "grouped GEMM", "reported_speedup_of_fast_path": gemv.speedup,
                         "source": gemv.source, "nodes": len(slow_qmoe)},
         )
+
+
+TIER_OPS = ("QMoE", "MoE", "MatMulNBits", "GroupQueryAttention")
+NOT_PRICED = "its cost beside the fast path is not priced: no published figure"
+
+
+@rule("OGK014", "cuda-kernel-tier", Severity.INFO, needs=("provider",))
+def cuda_kernel_tier(ctx: RuleContext):
+    """The CUDA kernel tier of every QMoE, MoE, MatMulNBits and GroupQueryAttention node, and what decides it.
+
+    Each tier is the fast path, a fallback, the default kernel, refused or not decided, with the condition that
+    decides it and whether the cost model prices it.
+
+    ## What it checks
+    On the CUDA provider, on onnxruntime 1.31.1 and later (knowledge/ort_cuda_contracts.json, the strings of the
+    onnxruntime-gpu 1.31.1 wheel's CUDA provider), one finding per op kind the model holds, counting its nodes per
+    tier:
+    - QMoE with float16/bfloat16 activations: integer experts at INT4/INT8 with block 0, 32, 64 or 128 take the
+      batch-1 GEMV fast path; other integer forms the grouped GEMM (priced: qmoe-gemv-fast-path-missed, the fast
+      path is worth about 15% of decode, microsoft/onnxruntime#29037, #29038); MXFP4 (`quant_type=fp4`) the
+      dequant/GEMV path (the native FP4 CUTLASS GEMM is opt-in), twice the resident weights outside k % 64 and
+      n % 16; other forms, and float32 activations, are not decided.
+    - MoE: no tier of the CUDA MoE kernel is known: not decided.
+    - MatMulNBits: prepacked weights (`weight_prepacked=1`) in the compact fpA_intB set run fpA_intB (outside it the
+      session is refused: provider-refuses-node); raw weights run fpA_intB only with the session config entry
+      `ep.cuda.fpa_intb_gemm=1` (microsoft/onnxruntime#29585), else the default MatMulNBits kernel; float32
+      activations never take fpA_intB.
+    - GroupQueryAttention: head size 256 or less runs fused attention, above it the unfused path (reported 4.3% of
+      Gemma-4's whole decode on H200, onnxruntime/mobius#263, not priced per node).
+    A node without a CUDA kernel for its dtypes (a float32 GroupQueryAttention) is op-not-on-ep's, not judged here.
+    A path without a published figure says "not priced". Where the policy names a device, its compute capability
+    decides the FP4 and fpA_intB forms it refuses (provider-refuses-node).
+
+    ## Why it costs throughput
+    A fused node on a slow kernel runs on the GPU, so nothing else shows it; the tier is what decides its time.
+
+    ## Bad
+    ```yaml
+    execution_provider: {name: CUDAExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32>(a, b, scales)
+    }
+    ```
+
+    ## Good
+    ```yaml
+    execution_provider: {name: CPUExecutionProvider}
+    ```
+
+    ```onnx
+    <ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>
+    proj (float16[1, 64] a) => (float16[1, 64] y)
+    <uint8[64, 2, 16] b, float16[128] scales>
+    {
+      y = com.microsoft.MatMulNBits<K = 64, N = 64, bits = 4, block_size = 32>(a, b, scales)
+    }
+    ```
+
+    ## Fix
+    Nothing to fix where every node is on its fast path. Otherwise follow the tier's condition: re-quantize QMoE
+    experts as INT4/INT8 at block 32, 64 or 128; write MatMulNBits prepacked in the compact fpA_intB set or set
+    `ep.cuda.fpa_intb_gemm=1` and measure with `ortgate run`.
+
+    ## References
+    - [microsoft/onnxruntime#29037](https://github.com/microsoft/onnxruntime/issues/29037),
+      [#29038](https://github.com/microsoft/onnxruntime/issues/29038): the CUDA QMoE batch-1 GEMV fast path
+    - [microsoft/onnxruntime#29585](https://github.com/microsoft/onnxruntime/issues/29585): raw weights on
+      fpA_intB only with the session config entry `ep.cuda.fpa_intb_gemm=1`
+    """
+    from ortgate.knowledge.cuda_contracts import cuda_contracts
+    from ortgate.knowledge.deployment_facts import at_least
+
+    facts = cuda_contracts()
+    if ctx.deployment.provider != CUDA or not at_least(ctx.deployment.ort.judged_as, facts.since):
+        return
+    graph = ctx.inputs.executed
+    from ortgate.rules.placement import cpu_bound
+
+    opt_in = any(s.config_entry(facts.fpa_intb_opt_in.key) == "1" for s in ctx.deployment.setups)
+    on_cpu = {id(p.node) for p in cpu_bound(graph, CUDA)}  # no CUDA kernel for its dtypes: op-not-on-ep's
+    by_op: dict[str, dict[tuple[str, str, str, str], list[Node]]] = {}
+    for node in _ms_nodes(graph):
+        if node.op_type in TIER_OPS and id(node) not in on_cpu:
+            tier = _kernel_tier(graph, node, facts, opt_in)
+            by_op.setdefault(node.op_type, {}).setdefault(tier, []).append(node)
+    for op in TIER_OPS:
+        tiers = by_op.get(op)
+        if not tiers:
+            continue
+        nodes = [n for hit in tiers.values() for n in hit]
+        parts = [f"{len(hit)} on {name} ({kind}: {condition}; {price})"
+                 for (name, kind, condition, price), hit in sorted(tiers.items(), key=lambda t: -len(t[1]))]
+        yield ctx.finding(
+            f"{_where(nodes)}: com.microsoft.{op} on {CUDA}, onnxruntime {ctx.deployment.ort.version}: "
+            + "; ".join(parts),
+            node=nodes[0], graph=graph, related=nodes[1:],
+            fix=(None if all(kind in ("fast path", "not decided") for (_, kind, _, _) in tiers) else
+                 "A fallback's or default's condition says what moves its nodes to the fast path; measure with "
+                 "`ortgate run --profile`."),
+            properties={"op": op, "tiers": [
+                {"tier": name, "kind": kind, "condition": condition, "price": price, "nodes": len(hit)}
+                for (name, kind, condition, price), hit in sorted(tiers.items())]},
+        )
+
+
+def _kernel_tier(graph: Graph, node: Node, facts, opt_in: bool) -> tuple[str, str, str, str]:
+    """(tier, "fast path" | "fallback" | "default" | "refused" | "not decided", the deciding condition, its price)."""
+    from ortgate.cost.estimate import qmoe_off_gemv
+
+    dtype = graph.dtype(node.input(0))
+    if node.op_type == "QMoE":
+        gemv = facts.qmoe_gemv
+        if dtype not in gemv.activation_dtypes:
+            return ("unknown kernel", "not decided", (f"{dtype or 'unknown'} activations: the knowledge holds CUDA QMoE "
+                    "tiers for float16/bfloat16 only"), "not priced")
+        quant = _text(node.attr("quant_type", "int"))
+        bits, block = node.attr("expert_weight_bits", 4), node.attr("block_size", 0)
+        if quant == "int":
+            if qmoe_off_gemv(graph, node):
+                return ("grouped GEMM", "fallback", (f"INT{bits} at block {block} is outside the batch-1 GEMV fast "
+                        f"path (INT{'/INT'.join(map(str, gemv.bits))}, block {'/'.join(map(str, gemv.block_sizes))})"),
+                        (f"priced by qmoe-gemv-fast-path-missed: the fast path is worth about {gemv.speedup:.0%} of "
+                        "batch-1 decode, microsoft/onnxruntime#29037, #29038"))
+            return ("batch-1 GEMV", "fast path", f"INT{bits} at block {block}", "the estimate's baseline")
+        if quant == "fp4":
+            shape = graph.shape(node.input(2))
+            n, k2 = (shape[1], shape[2]) if shape is not None and len(shape) == 3 else (None, None)
+            if isinstance(n, int) and isinstance(k2, int) and (
+                    (2 * k2) % facts.mxfp4_shape.k_multiple or n % facts.mxfp4_shape.n_multiple):
+                return ("MXFP4 outside the interleaved GEMV", "fallback", (f"expert shape outside k % "
+                        f"{facts.mxfp4_shape.k_multiple} == 0 and n % {facts.mxfp4_shape.n_multiple} == 0: twice "
+                        "the resident expert weights"), "not priced: the figure is memory, not time")
+            return ("MXFP4 dequant/GEMV", "default", (f"'{facts.fp4_dequant_gemv.message}' (opt in: "
+                    f"{facts.fp4_dequant_gemv.opt_in_env})"), NOT_PRICED)
+        return ("unknown kernel", "not decided", f"quant_type={quant}: no CUDA tier for it in the knowledge",
+                "not priced")
+    if node.op_type == "MoE":
+        return ("the CUDA MoE kernel", "not decided", "no fast path or fallback of it is known", "not priced")
+    if node.op_type == "MatMulNBits":
+        if dtype is not None and dtype not in facts.matmulnbits_fpa_intb.activation_dtypes:
+            return ("default MatMulNBits kernel", "default", f"{dtype} activations never take fpA_intB", NOT_PRICED)
+        if node.attr("weight_prepacked", 0) == 1:
+            if _outside_fpa_intb(graph, node, facts):
+                return ("none", "refused", "prepacked outside the compact fpA_intB set (provider-refuses-node)",
+                        "not priced: the session fails")
+            return ("fpA_intB (prepacked)", "fast path", "prepacked in the compact fpA_intB set", "the estimate's baseline")
+        if opt_in:
+            return ("fpA_intB (opt-in)", "fast path", f"raw weights with {facts.fpa_intb_opt_in.key}=1",
+                    "the estimate's baseline")
+        return ("default MatMulNBits kernel", "default", (f"raw weights; fpA_intB is opt-in ({facts.fpa_intb_opt_in.key}"
+                "=1, microsoft/onnxruntime#29585)"), NOT_PRICED)
+    head = _head_size(graph, node)
+    fused = facts.gqa_fused_head_size
+    if head is None:
+        return ("unknown kernel", "not decided", "head size not known from the graph", "not priced")
+    if head > fused.max:
+        return ("unfused attention", "fallback", f"head size {head} > {fused.max}",
+                (f"not priced per node (reported: {fused.slowdown:.1%} of a whole model's decode, "
+                f"{fused.source.split(' (')[0]})"))
+    return ("fused attention", "fast path", f"head size {head} <= {fused.max}", "the estimate's baseline")

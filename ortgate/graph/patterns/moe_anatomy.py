@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import (
+    CAST_OPS,
+    QDQ_OPS,
+    RESHAPE_OPS,
     cached,
     dequantized_output,
     is_op,
@@ -26,16 +29,21 @@ from ortgate.graph.patterns.common import (
 from ortgate.graph.patterns.moe import ExpertForm, MoeBlock, RoutingForm, moe_blocks, sum_of_weights
 from ortgate.knowledge.moe_op import moe_op_facts
 
-# Pass-through ops between a value and what it means here (a routing weight, a hidden state, an expert output):
-# the views that keep every element (a rewrite reads the value whole, so no Gather of some of its entries).
-_VIEW_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand"})
-_CONSTANT_VIEWS = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze"})
+# Pass-through ops, composed from the one set in common (VIEW_OPS and its parts). A rewrite moves exact values, so
+# it never reads through QuantizeLinear / DequantizeLinear (a value up to rounding): a block whose routing passes
+# Q/DQ is refused with that reason (`_refusal`), one whose experts read DQ'd weights is refused at the weight.
+_CAST_VIEWS = CAST_OPS - QDQ_OPS  # Cast, Identity: before a scorer, between the logits and their consumers
+# Between a value and what it means here (a routing weight, a hidden state, an expert output): the views that keep
+# every element (a rewrite reads the value whole, so no Gather of some of its entries, no Transpose).
+_VIEW_OPS = _CAST_VIEWS | RESHAPE_OPS | frozenset({"Expand"})
+# A constant's values read through the views that keep them in order and count.
+_CONSTANT_VIEWS = _CAST_VIEWS | (RESHAPE_OPS - {"Flatten"})
 _COMBINE_OPS = frozenset({"Add", "ScatterND", "ScatterElements"})
-# Views looked through before one particular op: a scorer, an activation, a projection, gathered rows.
-_CAST_VIEWS = frozenset({"Cast", "Identity"})
-_ACTIVATION_VIEWS = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze"})
-_PROJECTION_VIEWS = frozenset({"Cast", "Identity", "Squeeze"})
-_ROW_VIEWS = frozenset({"Reshape", "Squeeze", "Cast", "Identity"})
+# Views looked through before one particular op: an activation, a projection, gathered rows (the unit-dim reshapes
+# each form's export writes there, no more: a Reshape after a projection may split its features).
+_ACTIVATION_VIEWS = _CAST_VIEWS | (RESHAPE_OPS & {"Unsqueeze", "Squeeze"})
+_PROJECTION_VIEWS = _CAST_VIEWS | (RESHAPE_OPS & {"Squeeze"})
+_ROW_VIEWS = _CAST_VIEWS | (RESHAPE_OPS & {"Reshape", "Squeeze"})
 
 
 @dataclass(frozen=True)
@@ -137,7 +145,7 @@ def _anatomy(graph: Graph, block: MoeBlock) -> MoeAnatomy:
                 f"{len(block.zero)} of the router's {block.experts} columns are zero-computation experts (the hidden "
                 "state times its routing weight, no projection: LongCat-Flash), which com.microsoft.MoE has no "
                 "expert form for: every column it routes to is an FFN of fc1 / fc2")
-        qdq = [n for n in block.routing_nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+        qdq = [n for n in block.routing_nodes if n.op_type in QDQ_OPS]
         if qdq:
             raise _Refuse(
                 f"the routing passes {len(qdq)} QuantizeLinear / DequantizeLinear node(s) (a QDQ graph, first "
@@ -320,9 +328,11 @@ def _read_routing(graph: Graph, a: MoeAnatomy) -> None:
     topk = block.topk
     assert topk is not None and block.router is not None
     routing_ops = {n.op_type for n in block.routing_nodes}
+    # Expert groups are the block's reading (its routing form), never a count of TopK nodes: transformers' token
+    # sort (a TopK over the flattened expert indices, JetMoE, its own exporter) is a second TopK that ranks none.
     _refuse_unexpressible_scores(graph, block, topk.input(0),
-                                 several_topk=sum(1 for n in block.routing_nodes if n.op_type == "TopK") > 1)
-    if "CumSum" in routing_ops:
+                                 groups=block.routing_form in (RoutingForm.GROUP_TOPK, RoutingForm.SIGMOID_GROUP_TOPK))
+    if "CumSum" in routing_ops and _token_sort(graph, block) is None:  # a token sort's CumSum is its offsets
         raise _Inexpressible("capacity-limited dispatch (CumSum over expert assignments): com.microsoft.MoE has no "
                       "expert capacity")
     if not topk.attr("largest", 1) or not _last_axis(graph, topk.input(0), topk.attr("axis", -1)):
@@ -468,7 +478,7 @@ def _concat_of(graph: Graph, parts: list[str]) -> str | None:
     return None
 
 
-def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, several_topk: bool = False) -> None:
+def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, groups: bool = False) -> None:
     """Name every feature of the scores TopK ranks that com.microsoft.MoE cannot express (DeepSeek-V3 routers have
     all three): sigmoid scoring, a correction bias added before ranking, scores reshaped into expert groups."""
     found: list[str] = []
@@ -497,14 +507,14 @@ def _refuse_unexpressible_scores(graph: Graph, block: MoeBlock, ranked: str, *, 
             if not value:
                 break
             continue
-        elif node.op_type not in ("Cast", "Identity", "Softmax"):
+        elif node.op_type != "Softmax" and node.op_type not in _CAST_VIEWS:
             break
         inputs = [i for i in node.inputs if i and not graph.is_constant(i)]
         if not inputs:
             break
         value = inputs[0]
-    if several_topk and not any(f.startswith("group-limited") for f in found):
-        found.append("group-limited top-k (more than one TopK ranks the experts: expert groups)")
+    if groups and not any(f.startswith("group-limited") for f in found):
+        found.append("group-limited top-k (the experts are ranked within chosen expert groups)")
     if len(found) > 1 or (found and "sigmoid" not in found[0]):
         raise _Inexpressible("; ".join(found) + ": DeepSeek-V3-style routing, which com.microsoft.MoE cannot express")
     if found:
@@ -563,7 +573,7 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
     routing_values = _descendants(graph, {a.weights, a.indices})
     contributions = _contributions(graph, a, routing_values)
     if not contributions:
-        raise _Refuse("no expert output weighted by the routing weights was found")
+        raise _Refuse(_unread_experts_reason(graph, a.block))
     experts: dict[int, ExpertAnatomy] = {}
     expert_inputs: set[str] = set()
     activations: set[tuple[str, tuple]] = set()
@@ -602,9 +612,39 @@ def _read_experts(graph: Graph, a: MoeAnatomy) -> None:
 
 
 # Ops a routing weight passes through on its way to the expert it scales (selection and reshaping, no arithmetic).
-_ROUTE_OPS = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Gather",
-                        "GatherND", "GatherElements", "ScatterElements", "Transpose", "Equal", "NonZero", "Where",
-                        "Split", "OneHot", "Not", "Greater", "Less"})
+_ROUTE_OPS = _VIEW_OPS | frozenset({"Slice", "Gather", "GatherND", "GatherElements", "ScatterElements", "Transpose",
+                                    "Equal", "NonZero", "Where", "Split", "OneHot", "Not", "Greater", "Less"})
+
+
+def _token_sort(graph: Graph, block: MoeBlock) -> Node | None:
+    """A second TopK of the routing region that sorts the picked expert indices (tokens grouped by expert:
+    transformers' grouped_mm translation, JetMoE's ParallelExperts): it ranks no expert."""
+    topk = block.topk
+    if topk is None or len(topk.outputs) < 2 or not topk.outputs[1]:
+        return None
+    indices = _descendants(graph, {topk.outputs[1]})
+    return next((n for n in block.routing_nodes if n.op_type == "TopK" and n is not topk
+                 and _through_views(graph, n.input(0)) in indices), None)
+
+
+# Expert linears of integer arithmetic (quantize_dynamic: activations quantized at run time, int32 accumulation).
+_INTEGER_LINEARS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
+
+
+def _unread_experts_reason(graph: Graph, block: MoeBlock) -> str:
+    """Why no expert output weighted by the routing weights was read: the form the experts have, when it is known."""
+    integer = [n for n in block.expert_linears if n.op_type in _INTEGER_LINEARS]
+    if integer:
+        ops = ", ".join(sorted({n.op_type for n in integer}))
+        return (f"{len(integer)} of the block's {len(block.expert_linears)} expert linears are integer matmuls "
+                f"({ops}: activations quantized at run time times int8 weights), which com.microsoft.MoE does not "
+                "compute: it takes float expert weights")
+    sort = _token_sort(graph, block)
+    if sort is not None:
+        return ("the experts read the tokens sorted by expert (a second TopK sorts the picked expert indices; each "
+                "expert computes a slice of the sorted rows: transformers' grouped_mm translation, JetMoE's "
+                "ParallelExperts), a dispatch the rewrite does not read")
+    return "no expert output weighted by the routing weights was found"
 
 
 def _read_batched(graph: Graph, a: MoeAnatomy, mul: Node, expert_out: str, weight: str) -> None:
@@ -791,8 +831,7 @@ def _expert_index(graph: Graph, weight: str, routing_values: set[str]) -> int | 
 
 _GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
 # Ops that compute a row index from the routing indices (NonZero of an expert's mask, row * k + choice).
-_INDEX_OPS = frozenset({"Add", "Mul", "Sub", "Squeeze", "Unsqueeze", "Split", "Transpose", "NonZero", "Cast",
-                        "Reshape", "Flatten", "Concat", "Expand", "Slice", "Identity"})
+_INDEX_OPS = _VIEW_OPS | frozenset({"Add", "Mul", "Sub", "Split", "Transpose", "NonZero", "Concat", "Slice"})
 
 
 def _on_expert_axis(graph: Graph, value: str, axis: int | None) -> bool:
@@ -820,7 +859,7 @@ def _expert_axis(graph: Graph, value: str) -> tuple[int, int] | None:
     node = graph.producer(value)
     if node is None or node.domain != DEFAULT_DOMAIN:
         return None
-    if node.op_type in ("Cast", "Identity"):
+    if node.op_type in _CAST_VIEWS:
         return _expert_axis(graph, node.input(0))
     if node.op_type == "Transpose":
         inner = _expert_axis(graph, node.input(0))
@@ -1209,7 +1248,7 @@ def _combine_end(graph: Graph, muls: list[Node]) -> tuple[str, Node]:
             if c.index in members or c.domain != DEFAULT_DOMAIN:
                 continue
             op_type = c.op_type
-            if op_type in ("Cast", "Identity", "Expand"):
+            if op_type in _CAST_VIEWS or op_type == "Expand":
                 ok = c.input(0) == value  # the weighted rows on their way to a scatter
             elif op_type == "Add":
                 ok = True

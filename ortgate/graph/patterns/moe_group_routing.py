@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
-from ortgate.graph.patterns.common import producer_through
+from ortgate.graph.index import Graph, Node
+from ortgate.graph.patterns.common import producer_through, skip_back
 from ortgate.graph.patterns.moe import RoutingForm, sum_of_weights
 from ortgate.graph.patterns.moe_anatomy import (
+    _CAST_VIEWS,
     MoeAnatomy,
     _read_experts,
     _Refuse,
@@ -33,7 +34,7 @@ from ortgate.graph.patterns.moe_anatomy import (
 )
 from ortgate.knowledge.group_router import group_router_facts
 
-_VIEWS = frozenset({"Cast", "Identity"})
+_VIEWS = _CAST_VIEWS  # the rewrite's exact casts (no Q/DQ: see moe_anatomy)
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,7 @@ def read_group_routing(graph: Graph, a: MoeAnatomy) -> GroupRouting:
 
 
 def _skip(graph: Graph, value: str) -> str:
-    node = graph.producer(value)
-    while node is not None and node.op_type in _VIEWS and node.domain == DEFAULT_DOMAIN:
-        value = node.input(0)
-        node = graph.producer(value)
-    return value
+    return skip_back(graph, value, _VIEWS)
 
 
 def _constant_k(graph: Graph, topk: Node) -> int | None:
