@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ortgate.knowledge.kernels import ONNX_DOMAIN, parse_op_key
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.op_keys import ONNX_DOMAIN, parse_op_key
 
 ORT_FACTS_JSON = Path(__file__).with_name("ort_facts.json")
 

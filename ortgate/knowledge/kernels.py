@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.op_keys import ONNX_DOMAIN as ONNX_DOMAIN
+from ortgate.knowledge.op_keys import normalize_domain as normalize_domain
+from ortgate.knowledge.op_keys import op_key as op_key
+from ortgate.knowledge.op_keys import parse_op_key as parse_op_key
 from ortgate.proto import dtype_names
 
 KERNELS_JSON = Path(__file__).with_name("kernels.json")
 # Kernels ONNX Runtime registered after the table's commit, each with the change that added it.
 KERNEL_ADDITIONS_JSON = Path(__file__).with_name("kernel_additions.json")
-
-ONNX_DOMAIN = "ai.onnx"
 
 # Spellings users and tools write for dtypes -> the lowercased TensorProto names the table uses.
 _DTYPE_ALIASES = {
@@ -45,25 +47,6 @@ _DTYPE_ALIASES = {
     "f64": "double",
     "boolean": "bool",
 }
-
-
-def normalize_domain(domain: str | None) -> str:
-    """'' and 'ai.onnx' are the same (default ONNX) domain; the table spells it 'ai.onnx'."""
-    return ONNX_DOMAIN if domain in (None, "", ONNX_DOMAIN) else domain
-
-
-# The one spelling of an op as a key, as knowledge files, findings and reports write it: "[domain.]op_type", the
-# ONNX domain left out.
-def op_key(domain: str | None, op_type: str) -> str:
-    """("com.microsoft", "MoE") -> "com.microsoft.MoE"; ("", "MatMul") and ("ai.onnx", "MatMul") -> "MatMul"."""
-    domain = normalize_domain(domain)
-    return op_type if domain == ONNX_DOMAIN else f"{domain}.{op_type}"
-
-
-def parse_op_key(key: str) -> tuple[str, str]:
-    """"com.microsoft.MoE" -> ("com.microsoft", "MoE"); "MatMul" and "ai.onnx.MatMul" -> ("ai.onnx", "MatMul")."""
-    domain, _, op_type = key.rpartition(".")
-    return normalize_domain(domain), op_type
 
 
 def normalize_dtype(dtype: Any) -> str | None:
