@@ -17,6 +17,7 @@ from ortgate.config.source import format_key_path
 from ortgate.errors import InputError
 from ortgate.findings import Location
 from ortgate.knowledge import default_optimization_level
+from ortgate.knowledge.provider_names import CPU
 
 ORT_DEFAULT_OPTIMIZATION_LEVEL = default_optimization_level()
 
@@ -98,7 +99,7 @@ class SessionSetup:
             if name == "execution_mode":
                 value = getattr(ort.ExecutionMode, str(value))
             setattr(so, name, value)
-        declared = self.provider_name or "CPUExecutionProvider"
+        declared = self.provider_name or CPU
         if provider is None or provider == declared:
             options = {key: option_text(s.value) for key, s in self.provider_options.items()}
             return so, [(declared, options)]
@@ -266,7 +267,7 @@ def setup_from_genai(config: GenaiConfig) -> SessionSetup:
                 setup.provider_options[key] = Setting(value, loc("provider_options", 0, name, key))
     else:
         # genai runs on CPU when no provider is listed.
-        setup.provider = Setting("CPUExecutionProvider", loc("provider_options"))
+        setup.provider = Setting(CPU, loc("provider_options"))
     if "graph_optimization_level" in options:
         setup.optimization_level = Setting(options["graph_optimization_level"], loc("graph_optimization_level"))
     for key, value in options.items():

@@ -22,6 +22,7 @@ from ortgate.graph.index import DEFAULT_DOMAIN, Graph
 from ortgate.knowledge import cuda_providers
 from ortgate.knowledge.deployment_facts import deployment_fact
 from ortgate.knowledge.devices import Device
+from ortgate.knowledge.provider_names import CPU, CUDA
 
 GPU_GRAPH_PROVIDERS = cuda_providers()  # their graph capture is CUDA graph
 
@@ -40,7 +41,7 @@ class CostSetup:
 
     @property
     def gpu(self) -> bool:
-        return self.device.is_gpu_like and (self.provider is None or self.provider != "CPUExecutionProvider")
+        return self.device.is_gpu_like and (self.provider is None or self.provider != CPU)
 
 
 @dataclass
@@ -327,7 +328,6 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
     return est
 
 
-CUDA = "CUDAExecutionProvider"
 
 
 def _onnx_attention_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, tuple[float, float, float]],

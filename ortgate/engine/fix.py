@@ -126,7 +126,7 @@ def predict(original, fixed, shape: StepShape) -> Prediction:
     from ortgate.cost import CostSetup
     from ortgate.engine.throughput import measured_estimate
     from ortgate.knowledge.devices import find_device
-    from ortgate.runner.session import CPU
+    from ortgate.knowledge.provider_names import CPU
 
     device = find_device("cpu")
     assert device is not None

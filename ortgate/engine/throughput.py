@@ -12,6 +12,7 @@ from ortgate.cost import CostSetup, StepShape
 from ortgate.errors import InputError
 from ortgate.knowledge import graph_capture_option
 from ortgate.knowledge.devices import Device, Figure, device_names, find_device, suggest_device
+from ortgate.knowledge.provider_names import CPU
 from ortgate.rules.context import LintInputs
 
 TRUE_VALUES = ("1", "true", "True")
@@ -75,8 +76,8 @@ def resolve_cost(policy: Policy | None, deployment: Deployment, *, optimized: bo
     primary = deployment.primary
     provider = primary.provider_name if primary is not None else None
     if device.kind == "cpu":
-        provider = "CPUExecutionProvider"
-    elif provider == "CPUExecutionProvider":
+        provider = CPU
+    elif provider == CPU:
         provider = None  # a CPU session priced on a GPU: the GPU's usual provider
     option = graph_capture_option(provider) if provider else None
     cuda_graph = bool(primary is not None and option and primary.option(option) in TRUE_VALUES)

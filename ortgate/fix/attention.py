@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ortgate.knowledge.provider_names import CPU
+
 MASK_CHECK_LENGTH = 1024  # prompt tokens the mask is computed for (a sliding window shorter than this is seen)
 # ONNX Runtime's GroupQueryAttention (CPU, 1.31-1.32, group_query_attention_helper.h) refuses at run time a cos_cache
 # whose width is not "<= head_size / 2 and a multiple of 8" unless it is exactly head_size / 2
@@ -306,7 +308,7 @@ def position_tables(ir_model, values: list, length: int, kv_heads: int, head: in
     model.ir_version = ir_model.ir_version
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU])
     return session.run([v.name for v in values], feeds)
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ortgate.knowledge.provider_names import CPU
+
 STEPS = 32
 PROMPT_LENGTH = 8
 BATCHES = (1, 2)
@@ -109,7 +111,7 @@ def _session(path: Path):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=[CPU])
 
 
 def greedy(path: Path, decoder: _Decoder, prompt: np.ndarray, steps: int = STEPS) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 from ortgate.graph import build_graph
 from ortgate.graph.patterns.moe_inplace import inplace_candidates
 from ortgate.knowledge.moe_op import moe_op_facts
+from ortgate.knowledge.provider_names import CPU, CUDA
 
 KEEP_CONDITION = "ortgate/moe_keep_input/true"
 KEEP_SUFFIX = "/moe_unkept"
@@ -30,7 +31,6 @@ class KeptInput:
     output: str  # the value the Where writes: the MoE node's former output name
 
 
-CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def needs_keep_alive(release: str | None, provider: str | None) -> KeepDecision:
     if provider != CPU:
         return KeepDecision(True, release, provider,
                             f"{provider}'s MoE kernel is not known to be right in place ({defect.cuda})"
-                            if provider == "CUDAExecutionProvider" else
+                            if provider == CUDA else
                             f"{provider}'s MoE kernel is not known to be right in place")
     return KeepDecision(False, release, provider,
                         f"onnxruntime {release} on {provider} computes the node right in place (fixed from "

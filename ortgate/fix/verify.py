@@ -31,6 +31,7 @@ from ortgate.evidence import OutputComparison
 from ortgate.graph.index import Graph
 from ortgate.graph.patterns.decoder import token_ids_input
 from ortgate.knowledge.dims import dim_role
+from ortgate.knowledge.provider_names import CPU
 from ortgate.runner.compare import compare_one, compare_outputs
 from ortgate.runner.inputs import (
     Feeds,
@@ -409,7 +410,7 @@ def session_plan(setup=None) -> SessionPlan:
         return SessionPlan(ort.SessionOptions, "ORT's default session options (ORT_ENABLE_ALL)")
 
     def options():
-        return setup.ort_session_options(provider="CPUExecutionProvider")[0]
+        return setup.ort_session_options(provider=CPU)[0]
 
     return SessionPlan(options, f"the policy's session options on CPU ({setup.effective_optimization_level})")
 
@@ -421,10 +422,10 @@ def _session(source: ModelSource, plan: SessionPlan | None = None):
     with captured_output():
         try:
             if source.path is not None:
-                return ort.InferenceSession(str(source.path), options, providers=["CPUExecutionProvider"])
+                return ort.InferenceSession(str(source.path), options, providers=[CPU])
             options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                              str(source.folder or "."))
-            return ort.InferenceSession(source.data, options, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(source.data, options, providers=[CPU])
         except Exception as exc:
             raise InputError(f"ONNX Runtime cannot load the model for verification: {tidy(str(exc))}",
                              source.where()) from None
@@ -480,7 +481,7 @@ class SessionBuild:
         return self.seconds is None and self.failed is None
 
 
-_BUILD_SCRIPT = """
+_BUILD_SCRIPT = f"""
 import sys, time
 import onnxruntime as ort
 options = ort.SessionOptions()
@@ -488,7 +489,7 @@ if sys.argv[2]:
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, sys.argv[2])
 options.log_severity_level = 4
 start = time.perf_counter()
-ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+ort.InferenceSession(sys.argv[1], options, providers=[{CPU!r}])
 print(time.perf_counter() - start)
 """
 

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from ortgate.knowledge.facts import ORT_FACTS
 from ortgate.knowledge.kernels import op_key
 from ortgate.knowledge.loader import build, read_json
+from ortgate.knowledge.provider_names import CPU
 
 FUSIONS_JSON = Path(__file__).with_name("ort_fusions.json")
-CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True)

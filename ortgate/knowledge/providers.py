@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ortgate.knowledge.facts import ORT_FACTS, ConfigKey, CpuFallback, CudaGraphCapture, GraphCapture, OrtFacts
 from ortgate.knowledge.loader import KnowledgeError, build, read_json
+from ortgate.knowledge.provider_names import TRT_RTX
 
 PROVIDER_OPTIONS_JSON = Path(__file__).with_name("provider_options.json")
 
@@ -303,7 +304,7 @@ def _alias_map() -> dict[str, str]:
         for s in cat.short_names:
             m[s.lower()] = name
     # onnxruntime-genai builder's "-e trt-rtx"
-    m["trt-rtx"] = "NvTensorRTRTXExecutionProvider"
+    m["trt-rtx"] = TRT_RTX
     return m
 
 

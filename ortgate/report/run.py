@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ortgate.engine.pipeline import LintResult
 from ortgate.evidence import Measurement, RunEvidence
+from ortgate.knowledge.provider_names import CPU
 from ortgate.report import clean, unforgeable
 
 MAX_ORT_LINES = 5  # ORT's warnings while creating the policy session (all of them are in the JSON report)
@@ -60,7 +61,7 @@ def _write(console: Console, ev: RunEvidence) -> None:
     cpu = " [CPU]" if ev.cpu_figures else ""
     if ev.cpu_figures:
         console.print(Text(f"CPU FIGURES: {p.requested} is not available here; the policy's config ran on "
-                           "CPUExecutionProvider (--allow-cpu). Every figure below is a CPU figure.", style="bold"))
+                           f"{CPU} (--allow-cpu). Every figure below is a CPU figure.", style="bold"))
     ran = f"session runs on {', '.join(p.ran_on)}" if p.ran_on else "no session built"
     _line(console, "provider", f"requested {p.requested}; {ran}"
           + ("" if p.available else f" ({p.requested} unavailable: {p.unavailable_reason})"))

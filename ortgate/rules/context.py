@@ -19,6 +19,7 @@ from ortgate.cost.memory import MemoryEstimate, memory_estimate
 from ortgate.errors import printable
 from ortgate.findings import Finding, Kind, Location, Severity
 from ortgate.graph.index import Graph, Node
+from ortgate.knowledge.provider_names import CUDA
 from ortgate.rules.advice import producer_fix
 
 
@@ -121,7 +122,7 @@ class LintInputs:
 
     def _cuda_release(self, setup) -> str | None:
         """The deployment's release where the estimate is for the CUDA provider on a GPU (None otherwise)."""
-        if not setup.gpu or (setup.provider or "CUDAExecutionProvider") != "CUDAExecutionProvider":
+        if not setup.gpu or (setup.provider or CUDA) != CUDA:
             return None
         return setup.ort_release or self.deployment.ort.judged_as
 

@@ -24,6 +24,7 @@ from ortgate.knowledge import (
     memcpy_ops,
     tensorrt_untaken_domain,
 )
+from ortgate.knowledge.provider_names import CPU, CUDA, TENSORRT
 from ortgate.rules.advice import torch_export_advice
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
@@ -31,9 +32,6 @@ from ortgate.rules.contracts import input_dtypes, type_violations
 from ortgate.rules.provider import cuda_graph_enabled, cuda_graph_option
 from ortgate.rules.targets import by_layer, layer_text
 
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-TENSORRT = "TensorrtExecutionProvider"
 MEMCPY_OPS = memcpy_ops()
 _FLOAT_DTYPES = frozenset({"float", "float16", "bfloat16", "double"})
 
@@ -524,7 +522,7 @@ def _tensorrt_blockers(graph: Graph) -> list[CaptureBlocker]:
         "not_on_tensorrt", f"TensorRT does not take {key} ({_count(nodes)})",
         f"{tensorrt_untaken_domain(nodes[0].domain)}; a TensorRT CUDA graph needs every node on TensorRT, so session "
         "creation fails", nodes, graph,
-        'Capture with the CUDA provider instead (CUDAExecutionProvider, enable_cuda_graph: "1").',
+        f'Capture with the CUDA provider instead ({CUDA}, enable_cuda_graph: "1").',
         {"op": key, "nodes": len(nodes)}) for key, nodes in sorted(by_key.items(), key=lambda kv: kv[1][0].index)]
 
 

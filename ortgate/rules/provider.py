@@ -17,6 +17,7 @@ from ortgate.knowledge import (
     provider_catalog,
     tf32_ops,
 )
+from ortgate.knowledge.provider_names import CANN, CPU, CUDA, TENSORRT
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, judged_setups
 
@@ -175,7 +176,7 @@ def option_keys(ctx: RuleContext):
 def _rejection(setup: SessionSetup) -> str:
     """What a provider error does to this declaration's session."""
     if setup.origin == "policy":
-        return "ORT's Python API rejects it and silently falls back to CPUExecutionProvider"
+        return f"ORT's Python API rejects it and silently falls back to {CPU}"
     return "session creation fails in onnxruntime-genai"
 
 
@@ -311,7 +312,7 @@ def provider_option_invalid_value(ctx: RuleContext):
         problem = option.validate(setting.value)
         if problem is None:
             continue
-        consequence = ("ORT rejects it and Python's InferenceSession silently falls back to CPUExecutionProvider"
+        consequence = (f"ORT rejects it and Python's InferenceSession silently falls back to {CPU}"
                        if setup.origin == "policy" else "onnxruntime-genai fails to create the session")
         yield ctx.finding(
             f"{setup.label}: {setup.provider_name} option {key!r} {problem}: {consequence}",
@@ -382,10 +383,10 @@ def tf32_disabled(ctx: RuleContext):
     """
     gemms: list | None = None
     for setup in judged_setups(ctx, _flag(lambda _s: "use_tf32")):
-        if setup.provider_name != "CUDAExecutionProvider":
+        if setup.provider_name != CUDA:
             continue
         setting = setup.provider_options.get("use_tf32")
-        option = catalog_option("CUDAExecutionProvider", "use_tf32")
+        option = catalog_option(CUDA, "use_tf32")
         if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
             continue
         if gemms is None:
@@ -467,7 +468,7 @@ def _tensorrt_setups(ctx: RuleContext, value_of: Callable[[SessionSetup], Any]) 
     """TensorRT setups that build engines (none when the model already is an EP context model), judged once."""
     if ctx.model.by_op(MS_DOMAIN, "EPContext"):
         return []
-    return [s for s in judged_setups(ctx, value_of) if s.provider_name == "TensorrtExecutionProvider"]
+    return [s for s in judged_setups(ctx, value_of) if s.provider_name == TENSORRT]
 
 
 @rule("OGP009", "trt-timing-cache-disabled", Severity.INFO, needs=("provider",))
@@ -544,10 +545,10 @@ def cann_graph_disabled(ctx: RuleContext):
     (session.free_dimension_overrides) so that the graph compiles once.
     """
     for setup in judged_setups(ctx, _flag(lambda _s: "enable_cann_graph")):
-        if setup.provider_name != "CANNExecutionProvider":
+        if setup.provider_name != CANN:
             continue
         setting = setup.provider_options.get("enable_cann_graph")
-        option = catalog_option("CANNExecutionProvider", "enable_cann_graph")
+        option = catalog_option(CANN, "enable_cann_graph")
         if setting is None or option.validate(setting.value) is not None or is_true(str(setting.value)):
             continue
         yield ctx.finding(

@@ -17,11 +17,10 @@ from ortgate.knowledge.op_schemas import (
     op_defined,
     op_history,
 )
+from ortgate.knowledge.provider_names import CPU, CUDA, TRT_RTX
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, layers_text
 
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
 # GroupQueryAttention input 16 (query_seqlens, 1.32.0): "honored by the CPU and CUDA execution providers; other EPs
 # must reject the node" (the 1.32.0 schema's description).
 QUERY_SEQLENS = 16
@@ -539,7 +538,6 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-TRT_RTX = "NvTensorRTRTXExecutionProvider"
 
 
 @rule("OGP014", "trt-rtx-plugin-only", Severity.WARNING, needs=("provider",))

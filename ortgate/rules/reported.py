@@ -12,12 +12,12 @@ from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import LINEAR_ATTENTION_OPS
 from ortgate.knowledge import input_position
 from ortgate.knowledge.deployment_facts import deployment_fact
+from ortgate.knowledge.provider_names import CUDA
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.placement import gpu_targets
 from ortgate.rules.provider import cuda_graph_enabled, option_keys
 
-CUDA = "CUDAExecutionProvider"
 TRUE = ("1", "true", "True")
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ortgate.findings import Location, Severity
 from ortgate.knowledge import compute_ops, memcpy_ops
+from ortgate.knowledge.provider_names import CPU
 from ortgate.rules.base import rule
 from ortgate.rules.context import EVIDENCE_KEY, RuleContext
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     from ortgate.config.throughput import ThroughputPolicy
     from ortgate.evidence import RunEvidence
 
-CPU = "CPUExecutionProvider"
 COMPUTE_OPS = compute_ops()
 MEMCPY_OPS = frozenset(memcpy_ops())
 

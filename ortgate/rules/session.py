@@ -18,6 +18,7 @@ from ortgate.knowledge import (
     suggest_session_config_key,
 )
 from ortgate.knowledge.dims import dim_kind, dim_role
+from ortgate.knowledge.provider_names import CPU, CUDA
 from ortgate.rules.base import rule
 from ortgate.rules.context import RuleContext, judged_setups
 from ortgate.rules.provider import cuda_graph_enabled
@@ -580,11 +581,11 @@ def cpu_fallback_allowed(ctx: RuleContext):
     facts = cpu_fallback_facts()
     key, wanted = facts.config_key, facts.enabled_value
     for setup in judged_setups(ctx, lambda s: s.config_entry(key)):
-        if setup.provider_name in (None, "CPUExecutionProvider"):
+        if setup.provider_name in (None, CPU):
             continue
         setting = setup.config_entries.get(key)
         value = config_text(setting.value) if setting is not None else None
-        if value == wanted or (setup.provider_name == "CUDAExecutionProvider" and cuda_graph_enabled(setup)):
+        if value == wanted or (setup.provider_name == CUDA and cuda_graph_enabled(setup)):
             continue
         state = (f"is {value!r} (ORT honours only \"1\")" if setting is not None else "is not set")
         yield ctx.finding(

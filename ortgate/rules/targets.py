@@ -14,11 +14,12 @@ from typing import TypeVar
 from ortgate.config.deployment import ORT_DEFAULT_OPTIMIZATION_LEVEL
 from ortgate.graph.index import Graph, Node
 from ortgate.knowledge.fusions import fusions_version, optimizer_pass, pass_applies
+from ortgate.knowledge.provider_names import ACL, CPU, CUDA, DML, ROCM
 from ortgate.rules.context import RuleContext
 
 T = TypeVar("T")
-_SHORT_PROVIDER = {"CPUExecutionProvider": "CPU", "CUDAExecutionProvider": "CUDA", "ROCMExecutionProvider": "ROCm",
-                   "DmlExecutionProvider": "DirectML", "ACLExecutionProvider": "ACL"}
+_SHORT_PROVIDER = {CPU: "CPU", CUDA: "CUDA", ROCM: "ROCm",
+                   DML: "DirectML", ACL: "ACL"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Target:
 
     @property
     def provider_label(self) -> str:
-        return self.provider or "CPUExecutionProvider (no provider declared)"
+        return self.provider or f"{CPU} (no provider declared)"
 
 
 def target(ctx: RuleContext) -> Target:

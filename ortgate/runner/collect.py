@@ -22,6 +22,7 @@ from ortgate.graph import build_graph
 from ortgate.graph.index import Graph
 from ortgate.graph.load import read_model
 from ortgate.graph.patterns.decoder import cacheless_decoder
+from ortgate.knowledge.provider_names import CPU
 from ortgate.rules.context import LintInputs
 from ortgate.runner.progress import RunProgress
 from ortgate.runner.settings import RunnerSettings
@@ -146,7 +147,7 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
     assert policy is not None
     setup: SessionSetup = inputs.deployment.policy_setup or setup_from_policy(policy)
     libraries = tuple(rs.custom_op_libraries(inputs.model, setup, allowed=request.allow_custom_ops))
-    requested = setup.provider_name or rs.CPU
+    requested = setup.provider_name or CPU
 
     deadline.enter(f"probing {requested}")
     progress.note(f"probing {requested}")
@@ -157,7 +158,7 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
     if not available and not request.allow_cpu:
         evidence.skipped = f"{requested} is not available on this machine (pass --allow-cpu to run on CPU)"
         return
-    run_provider = rs.CPU if substituted else requested
+    run_provider = CPU if substituted else requested
 
     # The policy session, exactly as declared (on CPU with --allow-cpu), with the optimized dump.
     from ortgate.runner.measure import MemoryProbe, plan_binding
@@ -182,7 +183,7 @@ def _collect(request: RunRequest, inputs: LintInputs, settings: RunnerSettings, 
         inputs = inputs.with_optimized(dump_graph)
         dumped(inputs)
         if substituted:
-            evidence.notes.append(f"the optimized dump is {rs.CPU}'s: {requested} would optimize differently")
+            evidence.notes.append(f"the optimized dump is {CPU}'s: {requested} would optimize differently")
 
     feeds = _feeds(inputs, setup, settings, session)
     evidence.dims = dict(feeds.dims)

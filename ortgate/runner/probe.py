@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ortgate.knowledge.provider_names import CPU
+
 _LARGE_MIN = 256 << 20  # bytes of the out-of-cache weight, at least
 _SMALL = 16 << 20  # bytes of the in-cache weight
 _CHAIN = 256
@@ -96,7 +98,7 @@ def probe_cpu(threads: int) -> CpuProbe:
     def session(nodes, inputs, outputs):
         graph = helper.make_graph(nodes, "probe", inputs, outputs)
         model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), so, providers=[CPU])
 
     def best_of(run, runs: int = _RUNS) -> tuple[float, float]:
         run()  # warm-up

@@ -26,8 +26,8 @@ from ortgate.errors import InputError
 from ortgate.evidence import DimCheck, DumpEvidence, OptionCheck, ProviderCheck
 from ortgate.graph.index import Graph
 from ortgate.knowledge import cpu_fallback_facts, cuda_providers, normalize_option_value
+from ortgate.knowledge.provider_names import CPU
 
-CPU = "CPUExecutionProvider"
 RECORD_PLACEMENT_KEY = "session.record_ep_graph_assignment_info"  # makes get_provider_graph_assignment_info work
 DUMP_EXTERNAL_DATA_KEY = "session.optimized_model_external_initializers_file_name"
 DUMP_EXTERNAL_MIN_SIZE_KEY = "session.optimized_model_external_initializers_min_size_in_bytes"
