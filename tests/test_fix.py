@@ -433,7 +433,7 @@ def test_a_static_export_is_measured_at_its_own_shape_and_the_speedup_is_the_pri
 
     graph = load_inputs(LintRequest(str(EXPORTED / "dynamo-mixtral-static"))).model
     _, _, step = decode_step(graph)
-    assert (step.batch_size, step.sequence_length) == (1, 7)
+    assert (step.batch, step.new_tokens) == (1, 7)
     measured = Measurement(Stats(20, 2.0, 1.9, 2.0, 2.1, 2.2, 2.2), Stats(20, 1.85, 1.8, 1.852, 1.9, 2.0, 2.0),
                            "one step of 1 x 7 new token(s)", ratio=Ratio(1.52, 1.1, 2.0, 5, False))
     text = render_fix_text(FixOutcome(FixResult("m.onnx", "out", ("moe",)), measurement=measured))

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from ortgate.cost import StepShape
 from ortgate.engine.pipeline import LintRequest, load_inputs
 from ortgate.errors import InputError
 from ortgate.runner import inputs as ri
@@ -150,7 +151,7 @@ def test_dim_roles(name, role):
 def test_gqa_graph_inputs_seqlens_k_and_total_sequence_length():
     from onnx import TensorProto
 
-    step = ri.StepShape(batch_size=2, sequence_length=1, past_sequence_length=9)
+    step = StepShape(batch=2, new_tokens=1, context=10)  # 9 cached positions and 1 new token
     signature = [ri.InputSpec("seqlens_k", TensorProto.INT32, ("batch_size",)),
                  ri.InputSpec("total_sequence_length", TensorProto.INT32, ())]
     feeds = ri.synthesize(signature, {"batch_size": 2}, step, {})
@@ -162,4 +163,4 @@ def test_string_input_cannot_be_synthesised():
     from onnx import TensorProto
 
     with pytest.raises(InputError, match="input 'prompt' has type string"):
-        ri.synthesize([ri.InputSpec("prompt", TensorProto.STRING, (1,))], {}, ri.StepShape(1, 1, 0), {})
+        ri.synthesize([ri.InputSpec("prompt", TensorProto.STRING, (1,))], {}, StepShape(1, 1, 1), {})

@@ -912,7 +912,7 @@ def attention_core_nodes(graph: Graph, core) -> list[Node]:
 
 def _kv_inputs_by_layer(graph: Graph) -> dict[int | None, list[str]]:
     """Graph inputs holding a KV cache (rank 4 with a past/total dim), by the layer of their consumers."""
-    from ortgate.cost.shapes import dim_role
+    from ortgate.cost.shapes import step_role
 
     def compute(g: Graph) -> dict[int | None, list[str]]:
         out: dict[int | None, list[str]] = defaultdict(list)
@@ -920,7 +920,7 @@ def _kv_inputs_by_layer(graph: Graph) -> dict[int | None, list[str]]:
             shape = info.shape
             if not shape or len(shape) != 4:
                 continue
-            if not any(isinstance(d, str) and dim_role(d) == "context" for d in shape):
+            if not any(isinstance(d, str) and step_role(d) == "context" for d in shape):
                 continue
             layers = {c.layer for c in g.consumers(info.name)}
             if len(layers) == 1:

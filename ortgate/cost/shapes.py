@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortgate.knowledge.dims import dim_role as knowledge_dim_role
-from ortgate.knowledge.dims import dim_value
+from ortgate.knowledge.dims import dim_role, dim_value
 
 # Bytes per element, by dtype as the graph index spells it (onnx TensorProto names, lowercase).
 DTYPE_BYTES: dict[str, float] = {
@@ -26,16 +25,18 @@ def dtype_bytes(dtype: str | None) -> float | None:
 _CONTEXT_ROLES = frozenset({"past", "total", "sliding_past", "max"})
 
 
-def dim_role(name: str) -> str | None:
+def step_role(name: str) -> str | None:
     """"batch", "query" (new tokens), "context" (cached or total positions), "head" (a head size), or None:
-    the one classifier of dim names (ortgate.knowledge.dims), with its cache roles read as the step's context."""
-    role = knowledge_dim_role(name)
+    the one classifier of dim names (ortgate.knowledge.dims.dim_role), with its cache roles read as the step's
+    context."""
+    role = dim_role(name)
     return "context" if role in _CONTEXT_ROLES else role
 
 
 @dataclass(frozen=True)
 class StepShape:
-    """One decode step: `batch` sequences, `new_tokens` each, attending over `context` positions."""
+    """One decode step: `batch` sequences, `new_tokens` each, attending over `context` positions (the cached past
+    and the new tokens). The runner's synthesized inputs and the cost model read the same shape."""
 
     batch: int = 1
     new_tokens: int = 1
@@ -44,6 +45,11 @@ class StepShape:
     @property
     def tokens(self) -> int:
         return self.batch * self.new_tokens
+
+    @property
+    def past(self) -> int:
+        """Cached positions before this step's new tokens."""
+        return self.context - self.new_tokens
 
     def dim(self, dim: int | str | None) -> int | None:
         """A dim's value in this step: an int stays, a symbolic name is resolved by its role, else None."""
@@ -54,7 +60,7 @@ class StepShape:
         return dim_value(dim, self._named)  # an expression (`batch_size * sequence_length`) from its terms
 
     def _named(self, name: str) -> int | None:
-        role = dim_role(name)
+        role = step_role(name)
         if role == "batch":
             return self.batch
         if role == "query":

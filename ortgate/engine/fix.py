@@ -97,8 +97,7 @@ def _run_fix(request: FixRequest, measure: bool, note: Callable[[str], None] | N
             # Estimated first: the CPU probe then runs while no session holds a model's weights.
             say("estimating the decode step with the cost model")
             _, _, step = decode_step(staged.original_graph, settings)
-            outcome.prediction = predict(staged.original_graph, fixed_inputs.executed,
-                                         StepShape(step.batch_size, step.sequence_length, step.total_sequence_length))
+            outcome.prediction = predict(staged.original_graph, fixed_inputs.executed, step)
             del fixed_inputs
             say("measuring original vs fixed on ONNX Runtime CPU")
             assert staged.original is not None

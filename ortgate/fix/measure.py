@@ -67,7 +67,8 @@ def decode_step(graph: Graph, settings: RunnerSettings = DECODE):
     tokens = token_ids_input(graph)
     if tokens is not None and tokens.shape is not None and len(tokens.shape) == 2:
         batch, seq = (d if isinstance(d, int) and d > 0 else None for d in tokens.shape)
-        step = replace(step, batch_size=batch or step.batch_size, sequence_length=seq or step.sequence_length)
+        new_tokens = seq or step.new_tokens
+        step = replace(step, batch=batch or step.batch, new_tokens=new_tokens, context=step.past + new_tokens)
     return signature, dims, step
 
 
@@ -92,14 +93,13 @@ def measure_pair(original: onnx.ModelProto, original_dir: Path, fixed_path: Path
     del bounds
     stats = [latency_stats([x for r in rounds for x in r]) for rounds in latencies]
     roles = graph_dim_roles(graph)
-    past = f" after {step.past_sequence_length} cached" if any((roles.get(d) or dim_role(d)) == "past" for d in dims) else ""
-    what = (f"one step of {step.batch_size} x {step.sequence_length} new token(s){past}, p50 of {stats[-1].iterations} "
+    past = f" after {step.past} cached" if any((roles.get(d) or dim_role(d)) == "past" for d in dims) else ""
+    what = (f"one step of {step.batch} x {step.new_tokens} new token(s){past}, p50 of {stats[-1].iterations} "
             f"runs{' each, alternated' if len(stats) > 1 else ''}, ORT CPU, ORT_ENABLE_ALL")
     if skip_original:
-        return Measurement(None, stats[0], what, skip_original, step.batch_size, step.sequence_length,
-                           step.total_sequence_length)
-    return Measurement(stats[0], stats[1], what, None, step.batch_size, step.sequence_length,
-                       step.total_sequence_length, ratio=round_ratio(latencies[0], latencies[1]))
+        return Measurement(None, stats[0], what, skip_original, step.batch, step.new_tokens, step.context)
+    return Measurement(stats[0], stats[1], what, None, step.batch, step.new_tokens, step.context,
+                       ratio=round_ratio(latencies[0], latencies[1]))
 
 
 def _session(model, folder: Path):

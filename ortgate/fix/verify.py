@@ -596,7 +596,7 @@ def verify_blocks(original: onnx.ModelProto, original_dir: Path, fixed: onnx.Mod
 def _hidden(graph: Graph, block: BlockCheck, step, seed: int) -> np.ndarray:
     value = block.hidden
     rank = _rank(graph, value)
-    lead = [step.batch_size, step.sequence_length] if rank == 3 else [step.batch_size * step.sequence_length]
+    lead = [step.batch, step.new_tokens] if rank == 3 else [step.batch * step.new_tokens]
     width = block.hidden_size
     dtype = _hidden_dtype(graph, value)
     rng = np.random.default_rng(1000 + seed)

@@ -256,9 +256,9 @@ def _feeds(inputs: LintInputs, setup: SessionSetup, settings: RunnerSettings, se
                                  window=ri.sliding_window(inputs.model, inputs.genai),
                                  head=ri.head_size(policy, inputs.genai), policy_file=str(policy.path))
     context = inputs.genai.data["model"].get("context_length") if inputs.genai else None
-    if isinstance(context, int) and not isinstance(context, bool) and step.total_sequence_length > context:
+    if isinstance(context, int) and not isinstance(context, bool) and step.context > context:
         loc = settings.where("past_sequence_length") or settings.where("sequence_length")
-        raise InputError(f"past {step.past_sequence_length} + {step.sequence_length} new tokens exceed the model's "
+        raise InputError(f"past {step.past} + {step.new_tokens} new tokens exceed the model's "
                          f"context_length {context} (genai_config.json): lower runner.past_sequence_length",
                          loc.file if loc else policy.path, line=loc.line if loc else None)
     feeds = ri.synthesize(signature, dims, step, ri.token_inputs(inputs.model, inputs.genai),
@@ -323,8 +323,8 @@ def _measure(label: str, session, provider: str, effective: dict[str, str], feed
     step = feeds.step
     measurement = Measurement(
         label=label, provider=provider, device=device.name, device_kind=device.kind,
-        batch_size=step.batch_size, new_tokens=step.sequence_length, warmup=warmup, stats=stats,
-        tokens_per_second=tokens_per_second(step.batch_size, step.sequence_length, stats),
+        batch_size=step.batch, new_tokens=step.new_tokens, warmup=warmup, stats=stats,
+        tokens_per_second=tokens_per_second(step.batch, step.new_tokens, stats),
         io_binding=True, cuda_graph=plan.cuda_graph, peak_memory_bytes=peak, memory_source=source,
         latencies_ms=[round(x * 1000.0, 4) for x in latencies], prefill=prefill,
     )

@@ -24,6 +24,7 @@ from onnx import TensorProto
 
 from ortgate.config.genai import GenaiConfig
 from ortgate.config.policy import Policy
+from ortgate.cost.shapes import StepShape
 from ortgate.errors import InputError
 from ortgate.findings import Location
 from ortgate.graph.index import Graph
@@ -42,17 +43,6 @@ class InputSpec:
     name: str
     elem_type: int  # onnx.TensorProto data type
     shape: tuple[int | str | None, ...] | None
-
-
-@dataclass(frozen=True)
-class StepShape:
-    batch_size: int
-    sequence_length: int  # new tokens per sequence in this step
-    past_sequence_length: int
-
-    @property
-    def total_sequence_length(self) -> int:
-        return self.past_sequence_length + self.sequence_length
 
 
 @dataclass
@@ -239,18 +229,18 @@ def resolve_dims(signature: list[InputSpec], settings: RunnerSettings, overrides
             raise InputError(f"dims {step_source[role]!r} and {dim!r} are both the {key} but are pinned to "
                              f"{step[role]} and {value}", policy_file)
         step[role], step_source[role] = value, dim
-    shape = StepShape(step["batch"], step["query"], step["past"])
+    shape = StepShape(step["batch"], step["query"], step["past"] + step["query"])
 
     def role_value(dim: str) -> int | None:
         role = role_of(dim)
         if role == "batch":
-            return shape.batch_size
+            return shape.batch
         if role == "query":
-            return shape.sequence_length
+            return shape.new_tokens
         if role == "past":
-            return shape.past_sequence_length
+            return shape.past
         if role == "total":
-            return shape.total_sequence_length
+            return shape.context
         if role == "sliding_past":
             return window  # a sliding-window KV cache holds exactly the window (GQA sliding_window_cache)
         if role == "head":
@@ -375,13 +365,13 @@ def _value(spec: InputSpec, shape: tuple[int, ...], step: StepShape, vocab: dict
         return "attention_mask", _float_array(np.zeros(shape, dtype=np.float32), elem)  # additive: 0 attends
     if "position_ids" in name and is_int:
         if not shape:
-            return "position_ids", np.array(step.past_sequence_length, dtype=np_type)
-        positions = np.arange(step.past_sequence_length, step.past_sequence_length + shape[-1], dtype=np_type)
+            return "position_ids", np.array(step.past, dtype=np_type)
+        positions = np.arange(step.past, step.past + shape[-1], dtype=np_type)
         return "position_ids", np.broadcast_to(positions, shape).copy()
     if "seqlens_k" in name and is_int:
-        return "seqlens_k", np.full(shape, step.total_sequence_length - 1, dtype=np_type)
+        return "seqlens_k", np.full(shape, step.context - 1, dtype=np_type)
     if "total_sequence_length" in name and is_int:
-        return "total_sequence_length", np.full(shape, step.total_sequence_length, dtype=np_type)
+        return "total_sequence_length", np.full(shape, step.context, dtype=np_type)
     if np.issubdtype(np_type, np.floating) or elem == TensorProto.BFLOAT16:
         values = (rng.standard_normal(size=shape) * STATE_SCALE).astype(np.float32)
         return "state", _float_array(values, elem)
@@ -418,6 +408,6 @@ def written_positions(graph: Graph, step: StepShape) -> dict[str, tuple[int, int
     for info in graph.outputs:
         for axis, dim in enumerate(info.shape or ()):
             if isinstance(dim, str) and dim_role(dim) == "total":
-                out[info.name] = (axis, step.total_sequence_length)
+                out[info.name] = (axis, step.context)
                 break
     return out
