@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortgate.cost.model import COMPONENTS, Cost, NodeCost, StepModel, Uncounted, expert_bytes_read, step_model
-from ortgate.cost.repairs import Repair, find_repairs, partial
+from ortgate.cost.repairs import Repair, RepairKind, find_repairs, partial
 from ortgate.cost.shapes import StepShape
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph
 from ortgate.knowledge import cuda_providers
@@ -323,7 +323,7 @@ def estimate(graph: Graph, setup: CostSetup) -> Estimate:
     as_exported = _step("as exported", totals, setup, cuda_graph_now, None, model)
     est = Estimate(setup, model, as_exported, as_exported, repairs, times)
     if setup.gpu and not setup.cuda_graph and (setup.provider is None or setup.provider in GPU_GRAPH_PROVIDERS):
-        repairs.append(Repair("cuda_graph", None, "", frozenset(), []))
+        repairs.append(Repair(RepairKind.cuda_graph, None, "", frozenset(), []))
     est.with_fixes = _apply(est, repairs, label="with fixes")
     return est
 
@@ -357,7 +357,7 @@ def _onnx_attention_on_cuda(model: StepModel, setup: CostSetup, times: dict[int,
                          nc.component if nc is not None else "attention", cost,
                          compute_dtype=nc.compute_dtype if nc is not None else None,
                          label="GroupQueryAttention's decode kernels in place of the ONNX Attention's generic one")
-        out.append(Repair("onnx_attention", node.layer, node.display_name, frozenset({node.index}), [added]))
+        out.append(Repair(RepairKind.onnx_attention, node.layer, node.display_name, frozenset({node.index}), [added]))
     return out
 
 
@@ -407,7 +407,7 @@ def _qmoe_off_gemv_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, 
                          compute_dtype=nc.compute_dtype if nc is not None else None,
                          label="the QMoE batch-1 GEMV fast path in place of the grouped GEMM")
         added.efficiency_kind = nc.efficiency_kind if nc is not None else None
-        out.append(Repair("qmoe_gemv", node.layer, node.display_name, frozenset({node.index}), [added]))
+        out.append(Repair(RepairKind.qmoe_gemv, node.layer, node.display_name, frozenset({node.index}), [added]))
     return out
 
 
@@ -548,7 +548,7 @@ def _apply(est: Estimate, repairs: list[Repair], label: str = "repaired") -> Ste
         totals.add_totals(_removed_totals(est, r), sign=-1)
         for nc in r.added:
             totals.add(nc.cost, *_node_time(nc, device))
-    cuda_graph = base.cuda_graph or (any(r.kind == "cuda_graph" for r in usable)
+    cuda_graph = base.cuda_graph or (any(r.kind == RepairKind.cuda_graph for r in usable)
                                      and _graph_capturable(est.setup, model.control_flow, totals.syncs))
 
     def nodes() -> list[NodeCost]:

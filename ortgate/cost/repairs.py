@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ortgate.cost.model import (
     Cost,
@@ -28,33 +29,53 @@ from ortgate.graph.patterns.projections import gated_mlps, qkv_projections
 from ortgate.graph.patterns.rotary import decomposed_rotaries
 from ortgate.knowledge.devices import op_costs
 
-REPAIR_KINDS = ("moe", "attention", "onnx_attention", "qkv", "rotary", "skip_rmsnorm", "rmsnorm", "gate_up", "swiglu",
-                "cuda_graph", "qmoe_gemv")
+
+class RepairKind(str, Enum):
+    """A repair the cost model prices, by its stable name: what `@rule(price=)` names and findings are priced with.
+    A member is its name as a string (compares, hashes, formats and serializes as the name)."""
+
+    moe = "moe"
+    attention = "attention"
+    onnx_attention = "onnx_attention"
+    qkv = "qkv"
+    rotary = "rotary"
+    skip_rmsnorm = "skip_rmsnorm"
+    rmsnorm = "rmsnorm"
+    gate_up = "gate_up"
+    swiglu = "swiglu"
+    cuda_graph = "cuda_graph"
+    qmoe_gemv = "qmoe_gemv"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+REPAIR_KINDS = tuple(RepairKind)
 _ORDER = {kind: i for i, kind in enumerate(REPAIR_KINDS)}
 _FUSED_OP = {
-    "moe": "com.microsoft.MoE",
-    "attention": "com.microsoft.GroupQueryAttention",
-    "qkv": "MatMul",
-    "rotary": "com.microsoft.RotaryEmbedding",
-    "skip_rmsnorm": "com.microsoft.SkipSimplifiedLayerNormalization",
-    "rmsnorm": "SimplifiedLayerNormalization",
-    "gate_up": "MatMul",
-    "swiglu": "com.microsoft.QuickGelu",
+    RepairKind.moe: "com.microsoft.MoE",
+    RepairKind.attention: "com.microsoft.GroupQueryAttention",
+    RepairKind.qkv: "MatMul",
+    RepairKind.rotary: "com.microsoft.RotaryEmbedding",
+    RepairKind.skip_rmsnorm: "com.microsoft.SkipSimplifiedLayerNormalization",
+    RepairKind.rmsnorm: "SimplifiedLayerNormalization",
+    RepairKind.gate_up: "MatMul",
+    RepairKind.swiglu: "com.microsoft.QuickGelu",
 }
-_COMPONENT = {"moe": "moe", "attention": "attention", "qkv": "attention", "rotary": "attention",
-              "skip_rmsnorm": "norms", "rmsnorm": "norms"}
+_COMPONENT = {RepairKind.moe: "moe", RepairKind.attention: "attention", RepairKind.qkv: "attention",
+              RepairKind.rotary: "attention", RepairKind.skip_rmsnorm: "norms", RepairKind.rmsnorm: "norms"}
 _WHAT = {
-    "moe": "decomposed MoE -> com.microsoft.MoE",
-    "attention": "decomposed attention -> com.microsoft.GroupQueryAttention",
-    "onnx_attention": "ONNX-domain Attention on CUDA -> com.microsoft.GroupQueryAttention",
-    "qkv": "q, k, v -> one packed GEMM",
-    "rotary": "rotate_half -> com.microsoft.RotaryEmbedding",
-    "skip_rmsnorm": "residual Add + RMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization",
-    "rmsnorm": "decomposed RMSNorm -> SimplifiedLayerNormalization",
-    "gate_up": "gate and up -> one merged GEMM",
-    "swiglu": "Sigmoid + Mul -> QuickGelu",
-    "cuda_graph": "CUDA graph capture on",
-    "qmoe_gemv": "CUDA QMoE off the batch-1 GEMV fast path -> INT4/INT8, block 32/64/128",
+    RepairKind.moe: "decomposed MoE -> com.microsoft.MoE",
+    RepairKind.attention: "decomposed attention -> com.microsoft.GroupQueryAttention",
+    RepairKind.onnx_attention: "ONNX-domain Attention on CUDA -> com.microsoft.GroupQueryAttention",
+    RepairKind.qkv: "q, k, v -> one packed GEMM",
+    RepairKind.rotary: "rotate_half -> com.microsoft.RotaryEmbedding",
+    RepairKind.skip_rmsnorm: "residual Add + RMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization",
+    RepairKind.rmsnorm: "decomposed RMSNorm -> SimplifiedLayerNormalization",
+    RepairKind.gate_up: "gate and up -> one merged GEMM",
+    RepairKind.swiglu: "Sigmoid + Mul -> QuickGelu",
+    RepairKind.cuda_graph: "CUDA graph capture on",
+    RepairKind.qmoe_gemv: "CUDA QMoE off the batch-1 GEMV fast path -> INT4/INT8, block 32/64/128",
 }
 
 
@@ -62,7 +83,7 @@ _WHAT = {
 class Repair:
     """One repair the cost model prices: the nodes it removes and adds in one layer."""
 
-    kind: str
+    kind: RepairKind
     layer: int | None
     anchor: str  # the first node the repair is about (display name)
     removed: frozenset[int]  # node indices whose cost goes away
@@ -100,7 +121,7 @@ def find_repairs(model: StepModel) -> list[Repair]:
     graph = model.graph
     launches = op_costs().gpu_launches if model.gpu_launches else (lambda _key: 1)
     costs = model.costs
-    groups: dict[tuple[str, int | None], _Group] = defaultdict(_Group)
+    groups: dict[tuple[RepairKind, int | None], _Group] = defaultdict(_Group)
 
     launch_counts = model.launches
 
@@ -126,7 +147,7 @@ def find_repairs(model: StepModel) -> list[Repair]:
         nc = costs.get(index)
         return nc.compute_dtype if nc is not None else None
 
-    def add(kind: str, layer: int | None, anchor: Node, indices, cost: Cost, dtype: str | None = None,
+    def add(kind: RepairKind, layer: int | None, anchor: Node, indices, cost: Cost, dtype: str | None = None,
             label: str | None = None, component: str | None = None, efficiency_kind: str | None = None) -> None:
         g = groups[(kind, layer)]
         g.removed.update(indices)
@@ -147,7 +168,7 @@ def find_repairs(model: StepModel) -> list[Repair]:
         cost.add_bytes((fused_expert_bytes_read(form, tokens) or 0.0) + form.shared_bytes, dtype)
         cost.flops = 2.0 * tokens * (k * form.expert_macs + form.shared_macs)
         cost.launches = moe_launches + form.shared_linears + (2 if form.shared_linears else 0)
-        add("moe", form.layer, form.anchor, (n.index for n in form.nodes), cost, graph.dtype(form.anchor.input(0)),
+        add(RepairKind.moe, form.layer, form.anchor, (n.index for n in form.nodes), cost, graph.dtype(form.anchor.input(0)),
             f"the fused MoE reads {touched:.1f} of {form.experts} experts per step", "moe", "moe")
     gqa = launches("com.microsoft.GroupQueryAttention")
     for core in attention_cores(graph):
@@ -159,12 +180,12 @@ def find_repairs(model: StepModel) -> list[Repair]:
         if info is not None:
             cost.add_bytes(info["bytes"], info["dtype"])
         label = None if info is None else f"the KV cache at {info['positions']:,} positions"
-        add("attention", core.layer, core.softmax, indices, cost, dtype_of(core.softmax.index), label)
+        add(RepairKind.attention, core.layer, core.softmax, indices, cost, dtype_of(core.softmax.index), label)
     # patterns whose fused op reads the same bytes with fewer launches: grouped first, summed once per layer
     # (kind, layer) -> [indices, anchor, instances, dtype node, parts]
-    simple: dict[tuple[str, int | None], list] = defaultdict(lambda: [[], None, 0, None, []])
+    simple: dict[tuple[RepairKind, int | None], list] = defaultdict(lambda: [[], None, 0, None, []])
 
-    def collect(kind: str, layer: int | None, anchor: Node, indices, dtype_index: int | None = None) -> None:
+    def collect(kind: RepairKind, layer: int | None, anchor: Node, indices, dtype_index: int | None = None) -> None:
         entry = simple[(kind, layer)]
         indices = list(indices)
         entry[0].extend(indices)
@@ -177,26 +198,26 @@ def find_repairs(model: StepModel) -> list[Repair]:
     for qkv in qkv_projections(graph):
         separate = qkv.separate
         if not qkv.packed and qkv.shared_input and len(separate) >= 2:
-            collect("qkv", qkv.layer, separate[0], [n.index for n in separate], separate[0].index)
+            collect(RepairKind.qkv, qkv.layer, separate[0], [n.index for n in separate], separate[0].index)
     for rot in decomposed_rotaries(graph):
         # its Sin/Cos nodes are shared by every layer's rotary: not removed per layer
-        collect("rotary", rot.layer, rot.neg, [n.index for n in rot.nodes])
+        collect(RepairKind.rotary, rot.layer, rot.neg, [n.index for n in rot.nodes])
     for res in residual_norms(graph):
         nodes: list[Node] = [res.add] + (res.decomposed.nodes if res.decomposed is not None else [res.norm])
-        collect("skip_rmsnorm", res.layer, res.norm, [n.index for n in nodes])
+        collect(RepairKind.skip_rmsnorm, res.layer, res.norm, [n.index for n in nodes])
     launch_list = model.launches
     for norm in decomposed_rmsnorms(graph):
         indices = [n.index for n in norm.nodes]
         if sum(launch_list[i] for i in indices) > 1:  # else ORT's own fusion already makes it one node
-            collect("rmsnorm", norm.layer, norm.last, indices)
+            collect(RepairKind.rmsnorm, norm.layer, norm.last, indices)
     for mlp in gated_mlps(graph):
         if mlp.separate and mlp.gate is not None and mlp.up is not None:
-            collect("gate_up", mlp.layer, mlp.gate, (mlp.gate.index, mlp.up.index), mlp.gate.index)
+            collect(RepairKind.gate_up, mlp.layer, mlp.gate, (mlp.gate.index, mlp.up.index), mlp.gate.index)
         if not mlp.fused_activation:
             sigmoid = [n.index for n in mlp.activation if n.op_type == "Sigmoid" and launch_list[n.index]]
             if sigmoid:
-                collect("swiglu", mlp.layer, mlp.activation[0], sigmoid)
-    parts_of: dict[tuple[str, int | None], tuple[frozenset[int], ...]] = {}
+                collect(RepairKind.swiglu, mlp.layer, mlp.activation[0], sigmoid)
+    parts_of: dict[tuple[RepairKind, int | None], tuple[frozenset[int], ...]] = {}
     for (kind, layer), (indices, anchor, instances, dtype_index, parts) in simple.items():
         parts_of[(kind, layer)] = tuple(parts)
         cost = removed_cost(set(indices))
@@ -222,9 +243,9 @@ def find_repairs(model: StepModel) -> list[Repair]:
     return out
 
 
-def fused_launches(kind: str, instances: int) -> int:
+def fused_launches(kind: RepairKind, instances: int) -> int:
     """Launches of the fused ops that replace `instances` patterns of a simple repair kind."""
-    return 0 if kind == "swiglu" else instances
+    return 0 if kind == RepairKind.swiglu else instances
 
 
 def partial(model: StepModel, repair: Repair, taken: set[int]) -> Repair | None:

@@ -58,7 +58,7 @@ class Rule:
     doc: str
     # What the rule needs to find anything (ortgate.rules.needs.NEEDS): without one of them it yields nothing.
     needs: tuple[str, ...] = ()
-    # The cost model's repair kind (ortgate.cost.repairs.REPAIR_KINDS) that prices its findings; None: unpriced.
+    # The cost model's repair kind (ortgate.cost.repairs.RepairKind, a str) that prices its findings; None: unpriced.
     price: str | None = None
     # Its one finding is about every node of its kind (it names the first): priced with all repairs of `price`.
     price_all: bool = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes, kv_expanded
@@ -63,7 +64,7 @@ def _group_verdict(ctx: RuleContext, block: MoeBlock) -> GroupVerdict | None:
     return group_verdict(ctx.model, anatomy, str(release) if release is not None else None)
 
 
-@rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price="moe", fix="moe")
+@rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price=RepairKind.moe, fix="moe")
 def moe_not_fused(ctx: RuleContext):
     """A Mixture-of-Experts layer is computed with standard ops instead of com.microsoft MoE / QMoE.
 
@@ -225,7 +226,7 @@ MLA_FIX = (
 )
 
 
-@rule("OGF002", "gqa-not-fused", Severity.ERROR, needs=("attention",), price="attention", fix="attention")
+@rule("OGF002", "gqa-not-fused", Severity.ERROR, needs=("attention",), price=RepairKind.attention, fix="attention")
 def gqa_not_fused(ctx: RuleContext):
     """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
 

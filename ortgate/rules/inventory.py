@@ -5,6 +5,7 @@ with no KV cache at all."""
 from __future__ import annotations
 
 from ortgate.config.expectations import POLICY
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node, ValueInfo
 from ortgate.graph.patterns.attention import attention_cores, fused_attention_nodes
@@ -32,7 +33,7 @@ def _count_mismatch(ctx: RuleContext, key: str, what: str, graph: Graph, found: 
     )
 
 
-@rule("OGM008", "moe-layer-count-mismatch", Severity.ERROR, price="moe")
+@rule("OGM008", "moe-layer-count-mismatch", Severity.ERROR, price=RepairKind.moe)
 def moe_layer_count_mismatch(ctx: RuleContext):
     """The graph has another number of MoE layers than the policy's `model.moe_layers`.
 
@@ -84,7 +85,7 @@ def moe_layer_count_mismatch(ctx: RuleContext):
     yield from mismatch
 
 
-@rule("OGM009", "attention-layer-count-mismatch", Severity.ERROR, price="attention")
+@rule("OGM009", "attention-layer-count-mismatch", Severity.ERROR, price=RepairKind.attention)
 def attention_layer_count_mismatch(ctx: RuleContext):
     """The graph has another number of softmax-attention layers than the policy or genai_config.json declares.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import Graph, Node
 from ortgate.graph.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, residual_norms
@@ -40,7 +41,7 @@ _FORM_TEXT = {
 }
 
 
-@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING, price="rmsnorm", fix="rmsnorm")
+@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING, price=RepairKind.rmsnorm, fix="rmsnorm")
 def rmsnorm_not_fused(ctx: RuleContext):
     """An RMSNorm is computed with Pow/ReduceMean/Add/Sqrt/Div or Reciprocal/Mul instead of SimplifiedLayerNormalization.
 
@@ -222,7 +223,7 @@ def rmsnorm_fused_by_ort(ctx: RuleContext):
             yield _rmsnorm_finding(ctx, group)
 
 
-@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING, price="skip_rmsnorm", fix="rmsnorm")
+@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING, price=RepairKind.skip_rmsnorm, fix="rmsnorm")
 def skip_rmsnorm_not_fused(ctx: RuleContext):
     """A residual Add feeds an RMSNorm instead of one com.microsoft SkipSimplifiedLayerNormalization.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.common import is_op
@@ -70,7 +71,7 @@ def _ort_packs(graph: Graph, found: QkvProjections, tgt: Target) -> bool:
     return False
 
 
-@rule("OGF007", "qkv-not-packed", Severity.WARNING, needs=("attention",), price="qkv")
+@rule("OGF007", "qkv-not-packed", Severity.WARNING, needs=("attention",), price=RepairKind.qkv)
 def qkv_not_packed(ctx: RuleContext):
     """Attention reads Q, K and V from separate projections of the same hidden state instead of one packed QKV GEMM.
 
@@ -237,7 +238,7 @@ def _routed(mlp: GatedMlp, routed_linears: set[int]) -> bool:
     return any(n is not None and n.index in routed_linears for n in (mlp.gate, mlp.up))
 
 
-@rule("OGF008", "gate-up-not-merged", Severity.WARNING, needs=("moe",), price="gate_up")
+@rule("OGF008", "gate-up-not-merged", Severity.WARNING, needs=("moe",), price=RepairKind.gate_up)
 def gate_up_not_merged(ctx: RuleContext):
     """MoE experts compute the gate and up projections as two GEMMs instead of one merged (w13) GEMM.
 
@@ -356,7 +357,7 @@ def _below(level: str, floor: str) -> bool:
     return levels.get(level, 99) < levels[floor]
 
 
-@rule("OGF009", "swiglu-not-fused", Severity.WARNING, price="swiglu")
+@rule("OGF009", "swiglu-not-fused", Severity.WARNING, price=RepairKind.swiglu)
 def swiglu_not_fused(ctx: RuleContext):
     """SiLU(gate) * up is computed with Sigmoid and Mul nodes that no ORT fusion before 1.32.0 folds.
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ortgate.config.deployment import SessionSetup
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph
 from ortgate.knowledge import (
@@ -50,7 +51,7 @@ def cuda_graph_enabled(setup: SessionSetup) -> bool:
     return key is not None and is_true(setup.option(key))
 
 
-@rule("OGP001", "cuda-graph-disabled", Severity.ERROR, needs=("provider",), price="cuda_graph")
+@rule("OGP001", "cuda-graph-disabled", Severity.ERROR, needs=("provider",), price=RepairKind.cuda_graph)
 def cuda_graph_disabled(ctx: RuleContext):
     """CUDA graph capture is off for a CUDA or TensorRT deployment.
 

@@ -6,6 +6,7 @@ the policy's `execution_provider.onnxruntime_version`, else the release ortgate 
 
 from __future__ import annotations
 
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.index import MS_DOMAIN, Graph, Node
 from ortgate.knowledge.op_schemas import (
@@ -882,7 +883,7 @@ def _head_size(graph: Graph, node: Node) -> int | None:
     return width // parts if parts and width % parts == 0 else None
 
 
-@rule("OGK013", "qmoe-gemv-fast-path-missed", Severity.WARNING, needs=("provider", "moe"), price="qmoe_gemv",
+@rule("OGK013", "qmoe-gemv-fast-path-missed", Severity.WARNING, needs=("provider", "moe"), price=RepairKind.qmoe_gemv,
       price_all=True)
 def qmoe_gemv_fast_path_missed(ctx: RuleContext):
     """A float16/bfloat16 QMoE on CUDA whose weights are outside the batch-1 GEMV fast path: decode runs the

@@ -7,6 +7,7 @@ release is not declared."""
 from __future__ import annotations
 
 from ortgate.config.deployment import SessionSetup
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Location, Severity
 from ortgate.graph.index import DEFAULT_DOMAIN, MS_DOMAIN, Graph, Node
 from ortgate.graph.patterns.attention import LINEAR_ATTENTION_OPS
@@ -343,7 +344,7 @@ def qmoe_cuda_kernel_set(ctx: RuleContext):
 # ---- ONNX-domain Attention on CUDA ----------------------------------------------------------------------------
 
 
-@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider", "attention"), price="onnx_attention",
+@rule("OGK009", "onnx-attention-cuda-decode", Severity.WARNING, needs=("provider", "attention"), price=RepairKind.onnx_attention,
       price_all=True)
 def onnx_attention_cuda_decode(ctx: RuleContext):
     """ONNX-domain Attention (opset 23/24) on the CUDA provider, which has none of GroupQueryAttention's decode

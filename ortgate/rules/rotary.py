@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ortgate.cost.repairs import RepairKind
 from ortgate.findings import Severity
 from ortgate.graph.patterns.rotary import decomposed_rotaries, rotary_misses
 from ortgate.knowledge.fusions import fusions_version
@@ -46,7 +47,7 @@ def _partial(graph, rotary) -> tuple[int, int] | None:
     return None
 
 
-@rule("OGF006", "rotary-not-fused", Severity.WARNING, price="rotary", fix="rotary")
+@rule("OGF006", "rotary-not-fused", Severity.WARNING, price=RepairKind.rotary, fix="rotary")
 def rotary_not_fused(ctx: RuleContext):
     """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
 
