@@ -23,36 +23,37 @@ from ortgate.graph.index import Graph
 from ortgate.graph.patterns.attention import attention_cores
 from ortgate.graph.patterns.norms import decomposed_rmsnorms
 from ortgate.graph.patterns.rotary import decomposed_rotaries
+from ortgate.rules.base import FixKind
 
 # Fusion kinds ortgate asks onnxscript for, by the rule whose finding each repairs, in the order onnxscript needs them
 # (SkipRMSNorm builds on RMSNorm; the attention rules on SDPA).
 # A function named "ortgate.<module>.<name>" is one of ortgate's own rules (ortgate.fix.norms,
 # ortgate.fix.attention), written with onnxscript's rewriter API for the forms onnxscript's rules do not read.
 FUSION_STEPS: tuple[tuple[str, str, str], ...] = (
-    ("rmsnorm", "layer_norm_no_bias", "ortgate.norms.fuse_layer_norms"),
-    ("rmsnorm", "rms_normalization", "fuse_rms_normalization"),
-    ("rmsnorm", "rms_norm_forms", "ortgate.norms.fuse_rms_forms"),
-    ("rmsnorm", "skip_rms_normalization", "ortgate.norms.fuse_skip_rms"),
+    (FixKind.rmsnorm, "layer_norm_no_bias", "ortgate.norms.fuse_layer_norms"),
+    (FixKind.rmsnorm, "rms_normalization", "fuse_rms_normalization"),
+    (FixKind.rmsnorm, "rms_norm_forms", "ortgate.norms.fuse_rms_forms"),
+    (FixKind.rmsnorm, "skip_rms_normalization", "ortgate.norms.fuse_skip_rms"),
     # before onnxscript's rotary rules: ortgate's GroupQueryAttention rule reads the rotation as the graph has it
-    ("attention", "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
-    ("rotary", "rotary_embedding", "fuse_rotary_embedding"),
-    ("rotary", "cos_sin_cache", "fuse_cos_sin_cache"),
-    ("rotary", "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
-    ("attention", "sdpa", "fuse_sdpa"),
-    ("attention", "gqa", "fuse_gqa"),
-    ("attention", "packed_qkv_for_gqa", "fuse_qkv_gqa"),
-    ("attention", "mha1", "fuse_mha1"),
-    ("attention", "mha2", "fuse_mha2"),
-    ("attention", "mha_scale", "fuse_mha_scale"),
-    ("attention", "mha_bias", "fuse_mha_bias"),
-    ("attention", "attention", "fuse_attention"),
-    ("attention", "sdpa_via_mha", "replace_sdpa_by_mha"),
+    (FixKind.attention, "gqa_with_cache", "ortgate.attention.fuse_gqa_with_cache"),
+    (FixKind.rotary, "rotary_embedding", "fuse_rotary_embedding"),
+    (FixKind.rotary, "cos_sin_cache", "fuse_cos_sin_cache"),
+    (FixKind.rotary, "partial_rotary_embedding", "fuse_partial_rotary_embedding"),
+    (FixKind.attention, "sdpa", "fuse_sdpa"),
+    (FixKind.attention, "gqa", "fuse_gqa"),
+    (FixKind.attention, "packed_qkv_for_gqa", "fuse_qkv_gqa"),
+    (FixKind.attention, "mha1", "fuse_mha1"),
+    (FixKind.attention, "mha2", "fuse_mha2"),
+    (FixKind.attention, "mha_scale", "fuse_mha_scale"),
+    (FixKind.attention, "mha_bias", "fuse_mha_bias"),
+    (FixKind.attention, "attention", "fuse_attention"),
+    (FixKind.attention, "sdpa_via_mha", "replace_sdpa_by_mha"),
 )
 FUSED_OPS = {
-    "rmsnorm": {("ai.onnx", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
+    FixKind.rmsnorm: {("ai.onnx", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
                 ("ai.onnx", "RMSNormalization"), ("ai.onnx", "LayerNormalization")},
-    "rotary": {("com.microsoft", "RotaryEmbedding"), ("ai.onnx", "RotaryEmbedding")},
-    "attention": {("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention"),
+    FixKind.rotary: {("com.microsoft", "RotaryEmbedding"), ("ai.onnx", "RotaryEmbedding")},
+    FixKind.attention: {("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention"),
                   ("com.microsoft", "Attention"), ("ai.onnx", "Attention")},
 }
 

@@ -61,10 +61,11 @@ from ortgate.graph.load import load_model
 from ortgate.knowledge.group_router import group_router_facts
 from ortgate.knowledge.moe_op import moe_op_facts
 from ortgate.rules import match_rules, suggest_rule
+from ortgate.rules.base import FixKind
 
 # The repairs `fix` makes, in the order it makes them. A rule names the one that removes its findings (`fix=` on
 # `@rule`).
-KIND_ORDER = ("moe", "rmsnorm", "rotary", "attention")
+KIND_ORDER = tuple(FixKind)
 
 
 def fixable_rules() -> dict[str, str]:
@@ -463,7 +464,7 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
     files = resolve_model_path(request.model)
     kinds = fix_kinds(request.select, request.ignore)
     if keep_attention:
-        kinds = tuple(k for k in kinds if k != "attention")
+        kinds = tuple(k for k in kinds if k != FixKind.attention)
     say(f"loading {files.model}")
     original = load_model(files.model)
     graph = build_graph(original, str(files.model))
@@ -487,7 +488,7 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
     fixed = onnx.ModelProto()
     fixed.CopyFrom(original)
     planned: list[PlannedTensor] = []
-    if "moe" in kinds:
+    if FixKind.moe in kinds:
         say("matching MoE blocks")
         rewrites, refusals = plan_moe(graph, request.target_ort)
         gate = moe_op_facts().swiglu_gate
@@ -523,7 +524,7 @@ def _stage_fix(request: FixRequest, note: Callable[[str], None] | None = None, *
         planned = apply_moe(fixed, graph, rewrites)
     source.check_all(dict.fromkeys(weight_names(result.rewrites)))
     _inline_small(fixed, planned, source)
-    fusion_kinds = tuple(k for k in kinds if k != "moe")
+    fusion_kinds = tuple(k for k in kinds if k != FixKind.moe)
     if request.verify and not request.dry_run and (result.rewrites or fusion_kinds):
         say("timing a bounded session build of the original on ONNX Runtime CPU")
         result.original_build = measure_session_build(files.model, session_plan(request.session_setup))

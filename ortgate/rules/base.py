@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from ortgate.findings import Finding, Severity
@@ -44,6 +45,19 @@ _CODE = re.compile(r"^OG[A-Z]\d{3}$")
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 CheckFunction = Callable[["RuleContext"], Iterable[Finding]]
+
+
+class FixKind(str, Enum):
+    """A repair `ortgate fix` makes, in the order it makes them: what `@rule(fix=)` names. A member is its name as
+    a string (compares, hashes, formats and serializes as the name)."""
+
+    moe = "moe"
+    rmsnorm = "rmsnorm"
+    rotary = "rotary"
+    attention = "attention"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,7 @@ class Rule:
     price: str | None = None
     # Its one finding is about every node of its kind (it names the first): priced with all repairs of `price`.
     price_all: bool = False
-    # The repair `ortgate fix` makes for its findings (moe, rmsnorm, rotary, attention); None: no automatic fix.
+    # The repair `ortgate fix` makes for its findings (a FixKind, a str); None: no automatic fix.
     fix: str | None = None
     # It judges the policy's declared session alone: `ortgate policy validate` runs it as lint does.
     policy_only: bool = False

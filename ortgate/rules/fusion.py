@@ -15,7 +15,7 @@ from ortgate.graph.patterns.moe_group_routing import GroupVerdict, group_verdict
 from ortgate.graph.patterns.projections import decomposed_heads
 from ortgate.knowledge.group_router import group_router_facts
 from ortgate.rules.advice import FIX_COMMAND, WAIVE, builder_advice
-from ortgate.rules.base import rule
+from ortgate.rules.base import FixKind, rule
 from ortgate.rules.context import RuleContext
 
 MOE_HOW = (
@@ -64,7 +64,7 @@ def _group_verdict(ctx: RuleContext, block: MoeBlock) -> GroupVerdict | None:
     return group_verdict(ctx.model, anatomy, str(release) if release is not None else None)
 
 
-@rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price=RepairKind.moe, fix="moe")
+@rule("OGF001", "moe-not-fused", Severity.ERROR, needs=("moe",), price=RepairKind.moe, fix=FixKind.moe)
 def moe_not_fused(ctx: RuleContext):
     """A Mixture-of-Experts layer is computed with standard ops instead of com.microsoft MoE / QMoE.
 
@@ -226,7 +226,7 @@ MLA_FIX = (
 )
 
 
-@rule("OGF002", "gqa-not-fused", Severity.ERROR, needs=("attention",), price=RepairKind.attention, fix="attention")
+@rule("OGF002", "gqa-not-fused", Severity.ERROR, needs=("attention",), price=RepairKind.attention, fix=FixKind.attention)
 def gqa_not_fused(ctx: RuleContext):
     """Attention runs as decomposed ops or as a kernel that expands K/V, instead of com.microsoft GroupQueryAttention.
 

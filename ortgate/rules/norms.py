@@ -12,7 +12,7 @@ from ortgate.graph.patterns.norms import EPSILON_NORM_OPS, decomposed_rmsnorms, 
 from ortgate.knowledge.families import ModelFamily, model_family
 from ortgate.knowledge.fusions import attribute_default, fusions_version, rmsnorm_form_fused, rmsnorm_form_providers
 from ortgate.rules.advice import builder_advice, fusion_fix_advice
-from ortgate.rules.base import rule
+from ortgate.rules.base import FixKind, rule
 from ortgate.rules.context import RuleContext, layers_text
 from ortgate.rules.targets import by_layer, judged_graph, layer_text, ort_pass_note, target
 
@@ -41,7 +41,7 @@ _FORM_TEXT = {
 }
 
 
-@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING, price=RepairKind.rmsnorm, fix="rmsnorm")
+@rule("OGF004", "rmsnorm-not-fused", Severity.WARNING, price=RepairKind.rmsnorm, fix=FixKind.rmsnorm)
 def rmsnorm_not_fused(ctx: RuleContext):
     """An RMSNorm is computed with Pow/ReduceMean/Add/Sqrt/Div or Reciprocal/Mul instead of SimplifiedLayerNormalization.
 
@@ -223,7 +223,7 @@ def rmsnorm_fused_by_ort(ctx: RuleContext):
             yield _rmsnorm_finding(ctx, group)
 
 
-@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING, price=RepairKind.skip_rmsnorm, fix="rmsnorm")
+@rule("OGF005", "skip-rmsnorm-not-fused", Severity.WARNING, price=RepairKind.skip_rmsnorm, fix=FixKind.rmsnorm)
 def skip_rmsnorm_not_fused(ctx: RuleContext):
     """A residual Add feeds an RMSNorm instead of one com.microsoft SkipSimplifiedLayerNormalization.
 

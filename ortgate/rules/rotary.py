@@ -7,7 +7,7 @@ from ortgate.findings import Severity
 from ortgate.graph.patterns.rotary import decomposed_rotaries, rotary_misses
 from ortgate.knowledge.fusions import fusions_version
 from ortgate.rules.advice import builder_advice, fusion_fix_advice
-from ortgate.rules.base import rule
+from ortgate.rules.base import FixKind, rule
 from ortgate.rules.context import RuleContext
 from ortgate.rules.targets import by_layer, judged_graph, layer_text
 
@@ -47,7 +47,7 @@ def _partial(graph, rotary) -> tuple[int, int] | None:
     return None
 
 
-@rule("OGF006", "rotary-not-fused", Severity.WARNING, price=RepairKind.rotary, fix="rotary")
+@rule("OGF006", "rotary-not-fused", Severity.WARNING, price=RepairKind.rotary, fix=FixKind.rotary)
 def rotary_not_fused(ctx: RuleContext):
     """The rotary position embedding is computed with Sin/Cos/Slice/Neg/Concat/Mul instead of a fused rotary op.
 
