@@ -120,4 +120,6 @@ def test_version_reads_the_kernel_table_only():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
     code, modules = done.stdout.split(" ", 1)
     assert code == "0", done.stderr
-    assert set(modules.split()) == {"ortgate.knowledge", "ortgate.knowledge.kernels", "ortgate.knowledge.loader"}
+    # op_keys is a leaf of kernels (the one spelling of an op key) and reads no file
+    assert set(modules.split()) == {"ortgate.knowledge", "ortgate.knowledge.kernels", "ortgate.knowledge.loader",
+                                    "ortgate.knowledge.op_keys"}
