@@ -2,7 +2,8 @@
 
 It holds nodes by (domain, op_type), producers and consumers of every value, declared shapes and dtypes,
 initializer metadata (never their bytes), subgraph nodes (If/Loop/Scan bodies, flattened with their path)
-and the decoder layer each node belongs to.
+and the decoder layer each node belongs to. What it holds per node and value is ortgate.graph.nodes; how it
+answers dtypes, ortgate.graph.dtypes.
 """
 
 from __future__ import annotations
