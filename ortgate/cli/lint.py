@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ortgate.cli.args import GateArgs
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -13,7 +14,6 @@ from ortgate.cli.output import (
     progress,
     progress_wanted,
     release_notice,
-    split_list,
     terminal_options,
     write,
 )
@@ -53,14 +53,7 @@ def add_parser(sub) -> None:
     lint.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE (one test per rule)")
     lint.add_argument("--codequality", metavar="FILE",
                       help="also write a GitLab Code Quality report to FILE (artifacts:reports:codequality)")
-    lint.add_argument("--baseline", metavar="FILE",
-                      help="an ortgate baseline: findings listed in it are reported as suppressed")
-    add_baseline_arguments(lint)
-    lint.add_argument("--fail-on", choices=("error", "warning", "info"),
-                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
-    lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
-    lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
-    add_preview_argument(lint)
+    GateArgs.add_to(lint)
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     add_compare_argument(lint)
     lint.add_argument("--expand", action="store_true",
@@ -81,6 +74,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
+    gate = GateArgs.parse(args)
     models = expand_models(args.model)
     if len(models) > 1 and (args.optimized or args.config):
         flag = "--optimized" if args.optimized else "--config"
@@ -116,9 +110,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
         # every file read, now that all are known
         check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline,
                                 *(base.files_read if base is not None else ())])
-        config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
-                                  cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
-                                  baseline_path=args.baseline, preview=args.preview)
+        config = gate_config_from(inputs[0].policy, cli_select=gate.select, cli_ignore=gate.ignore,
+                                  fail_on=gate.fail_on, baseline=baseline, baseline_path=gate.baseline,
+                                  preview=gate.preview)
         rules = selected_rules(config)
         raw = collect(inputs, rules, note)
         # judged once: against the baseline this command writes, when it writes one
@@ -135,12 +129,6 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
-
-
-def add_preview_argument(parser) -> None:
-    parser.add_argument("--preview", action="store_true",
-                        help="also run the rules in preview: new rules, not yet promoted, which otherwise run only "
-                             "when selected by code or name (`ortgate rules` marks them)")
 
 
 def add_compare_argument(parser) -> None:
@@ -161,15 +149,6 @@ def check_compare(args: argparse.Namespace, models: list[str]) -> None:
                          "to compare each")
     if args.optimized:
         raise InputError("--compare compares two models as exported; drop --optimized to compare them")
-
-
-def add_baseline_arguments(parser) -> None:
-    parser.add_argument("--write-baseline", metavar="FILE",
-                        help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
-                             "then judge against it")
-    parser.add_argument("--prune-baseline", action="store_true",
-                        help="rewrite the --baseline file without its stale entries (entries that matched no "
-                             "finding), as the current baseline version")
 
 
 def baseline_outputs(args: argparse.Namespace) -> list[Output]:

@@ -1,0 +1,63 @@
+"""Argument groups shared by the subcommands: one class per concern, each adding its flags to a parser
+(`add_to`) and reading them back from the parsed namespace into a typed, immutable request (`parse`). A command that
+takes a concern's flags takes them from its group, so their names, defaults, choices and help are one definition."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NamedTuple
+
+from ortgate.cli.output import split_list
+
+
+def _owned(action: argparse.Action, group: type) -> argparse.Action:
+    """Mark `action` as added by `group` (tests check that every command's flags of a concern come from its group)."""
+    action.ortgate_group = group.__name__  # type: ignore[attr-defined]
+    return action
+
+
+class GateRequest(NamedTuple):
+    """The gate's flags: the baseline it reads and writes, the severity that fails it and the rules it runs.
+
+    (Immutable; a NamedTuple, not a dataclass, as cli.output.Output: `ortgate --help` imports this module.)"""
+
+    baseline: str | None
+    write_baseline: str | None
+    prune_baseline: bool
+    fail_on: str | None
+    select: list[str] | None
+    ignore: list[str] | None
+    preview: bool
+
+
+class GateArgs:
+    """--baseline, --write-baseline, --prune-baseline, --fail-on, --select, --ignore, --preview (lint, run)."""
+
+    FLAGS = ("--baseline", "--write-baseline", "--prune-baseline", "--fail-on", "--select", "--ignore", "--preview")
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser) -> None:
+        add = parser.add_argument
+        _owned(add("--baseline", metavar="FILE",
+                   help="an ortgate baseline: findings listed in it are reported as suppressed"), cls)
+        _owned(add("--write-baseline", metavar="FILE",
+                   help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
+                        "then judge against it"), cls)
+        _owned(add("--prune-baseline", action="store_true",
+                   help="rewrite the --baseline file without its stale entries (entries that matched no "
+                        "finding), as the current baseline version"), cls)
+        _owned(add("--fail-on", choices=("error", "warning", "info"),
+                   help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)"), cls)
+        _owned(add("--select", metavar="RULES",
+                   help="comma-separated rule names, codes or code prefixes to run"), cls)
+        _owned(add("--ignore", metavar="RULES",
+                   help="comma-separated rule names, codes or code prefixes to skip"), cls)
+        _owned(add("--preview", action="store_true",
+                   help="also run the rules in preview: new rules, not yet promoted, which otherwise run only "
+                        "when selected by code or name (`ortgate rules` marks them)"), cls)
+
+    @staticmethod
+    def parse(args: argparse.Namespace) -> GateRequest:
+        return GateRequest(baseline=args.baseline, write_baseline=args.write_baseline,
+                           prune_baseline=args.prune_baseline, fail_on=args.fail_on, select=split_list(args.select),
+                           ignore=split_list(args.ignore), preview=args.preview)

@@ -1,0 +1,54 @@
+"""The subcommands' flags of one concern come from one argument group (ortgate.cli.args)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ortgate.cli.args import GateArgs, GateRequest
+from ortgate.cli.main import build_parser
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = ""):
+    """Every (sub)command's parser, by its command line ("lint", "policy show", ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prefix}{name}", sub
+                yield from _commands(sub, f"{prefix}{name} ")
+
+
+def _owners(parser: argparse.ArgumentParser, flags) -> dict[str, str | None]:
+    return {opt: getattr(action, "ortgate_group", None)
+            for action in parser._actions for opt in action.option_strings if opt in flags}
+
+
+def test_every_gate_flag_comes_from_the_gate_group():
+    seen = {}
+    for name, parser in _commands(build_parser()):
+        owners = _owners(parser, GateArgs.FLAGS)
+        if owners:
+            seen[name] = owners
+    assert set(seen) >= {"lint", "run"}
+    # `fix` has --select/--ignore of its own: the rules whose findings it repairs, not the gate's
+    assert seen.pop("fix") == {"--select": None, "--ignore": None}
+    for name, owners in seen.items():
+        assert owners == dict.fromkeys(GateArgs.FLAGS, "GateArgs"), name
+
+
+def test_a_flag_added_by_hand_is_not_the_group_s():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fail-on", choices=("error", "warning", "info"))
+    assert _owners(parser, GateArgs.FLAGS) == {"--fail-on": None}
+
+
+@pytest.mark.parametrize("command", ["lint", "run"])
+def test_gate_group_parses_into_a_request(command):
+    args = build_parser().parse_args([command, "m.onnx", "--policy", "p.yaml", "--select", "a, b,,c",
+                                      "--fail-on", "warning", "--baseline", "b.json", "--prune-baseline"])
+    request = GateArgs.parse(args)
+    assert request == GateRequest(baseline="b.json", write_baseline=None, prune_baseline=True, fail_on="warning",
+                                  select=["a", "b", "c"], ignore=None, preview=False)
+    with pytest.raises(AttributeError):
+        request.fail_on = "error"  # type: ignore[misc]
