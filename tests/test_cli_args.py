@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ortgate.cli.args import GateArgs, GateRequest
+from ortgate.cli.args import GROUPS, GateArgs, GateRequest, ReleaseArgs
 from ortgate.cli.main import build_parser
 
 
@@ -52,3 +52,15 @@ def test_gate_group_parses_into_a_request(command):
                                   select=["a", "b", "c"], ignore=None, preview=False)
     with pytest.raises(AttributeError):
         request.fail_on = "error"  # type: ignore[misc]
+
+
+def test_every_release_flag_comes_from_the_release_group():
+    seen = {name: _owners(parser, ReleaseArgs.FLAGS) for name, parser in _commands(build_parser())}
+    seen = {name: owners for name, owners in seen.items() if owners}
+    assert set(seen) >= {"lint", "estimate"}
+    assert all(owners == {"--ort-version": "ReleaseArgs"} for owners in seen.values()), seen
+
+
+def test_groups_are_listed():
+    assert GROUPS == (GateArgs, ReleaseArgs)
+    assert ReleaseArgs.parse(build_parser().parse_args(["estimate", "--ort-version", "1.32.0"])) == ("1.32.0",)

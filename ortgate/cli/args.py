@@ -61,3 +61,30 @@ class GateArgs:
         return GateRequest(baseline=args.baseline, write_baseline=args.write_baseline,
                            prune_baseline=args.prune_baseline, fail_on=args.fail_on, select=split_list(args.select),
                            ignore=split_list(args.ignore), preview=args.preview)
+
+
+class ReleaseRequest(NamedTuple):
+    """The ONNX Runtime release the deployment is judged on (None: the policy's, else the one ortgate assumes)."""
+
+    ort_version: str | None
+
+
+class ReleaseArgs:
+    """--ort-version (lint, estimate)."""
+
+    FLAGS = ("--ort-version",)
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser) -> None:
+        _owned(parser.add_argument("--ort-version", metavar="RELEASE",
+                                   help="judge the deployment on this ONNX Runtime release (default: the policy's "
+                                        "execution_provider.onnxruntime_version, else the release ortgate assumes, "
+                                        "1.31.1)"), cls)
+
+    @staticmethod
+    def parse(args: argparse.Namespace) -> ReleaseRequest:
+        return ReleaseRequest(ort_version=args.ort_version)
+
+
+# Every group, for the tests that check each command takes a concern's flags from its group.
+GROUPS = (GateArgs, ReleaseArgs)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.cli.args import GateArgs
+from ortgate.cli.args import GateArgs, ReleaseArgs
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -39,9 +39,7 @@ def add_parser(sub) -> None:
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
-    lint.add_argument("--ort-version", metavar="RELEASE",
-                      help="judge the deployment on this ONNX Runtime release (default: the policy's "
-                           "execution_provider.onnxruntime_version, else the release ortgate assumes, 1.31.1)")
+    ReleaseArgs.add_to(lint)
     lint.add_argument("--format", choices=LINT_FORMATS, default="text",
                       help="report format on stdout (or --output): text, json, sarif, github (workflow "
                            "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
@@ -75,6 +73,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.report import render
 
     gate = GateArgs.parse(args)
+    release = ReleaseArgs.parse(args)
     models = expand_models(args.model)
     if len(models) > 1 and (args.optimized or args.config):
         flag = "--optimized" if args.optimized else "--config"
@@ -94,7 +93,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         inputs: list[LintInputs] = []
         for model in models:
             one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config,
-                                          ort_version=args.ort_version), note)
+                                          ort_version=release.ort_version), note)
             if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):
                 inputs.append(one)  # a model named twice (its folder and its file, two globs) is linted once
         release_notice(inputs[0])
