@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ortgate.cli.args import GROUPS, GateArgs, GateRequest, ReleaseArgs
+from ortgate.cli.args import GROUPS, REPORT_FORMATS, GateArgs, GateRequest, ReleaseArgs, ReportArgs
 from ortgate.cli.main import build_parser
 
 
@@ -62,5 +62,17 @@ def test_every_release_flag_comes_from_the_release_group():
 
 
 def test_groups_are_listed():
-    assert GROUPS == (GateArgs, ReleaseArgs)
+    assert GROUPS == (GateArgs, ReleaseArgs, ReportArgs)
     assert ReleaseArgs.parse(build_parser().parse_args(["estimate", "--ort-version", "1.32.0"])) == ("1.32.0",)
+
+
+def test_every_gate_report_format_comes_from_the_report_group():
+    """lint and run take --format and --output from ReportArgs; estimate, fix, rules, upgrade and policy show have
+    report formats of their own (not the gate's)."""
+    seen = {name: _owners(parser, ReportArgs.FLAGS) for name, parser in _commands(build_parser())}
+    from_group = {name for name, owners in seen.items() if owners and set(owners.values()) == {"ReportArgs"}}
+    assert from_group == {"lint", "run"}
+    for name, parser in _commands(build_parser()):
+        for action in parser._actions:
+            if "--format" in action.option_strings and action.choices == REPORT_FORMATS:
+                assert getattr(action, "ortgate_group", None) == "ReportArgs", name

@@ -86,5 +86,34 @@ class ReleaseArgs:
         return ReleaseRequest(ort_version=args.ort_version)
 
 
+# The gate's report formats (lint, run); cli.lint.LINT_FORMATS.
+REPORT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
+
+
+class ReportRequest(NamedTuple):
+    """The main report: its format and the file it goes to (None: stdout)."""
+
+    format: str
+    output: str | None
+
+
+class ReportArgs:
+    """--format (one of the gate's report formats) and --output (lint, run)."""
+
+    FLAGS = ("--format", "--output")
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser) -> None:
+        _owned(parser.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                                   help="report format on stdout (or --output): text, json, sarif, github (workflow "
+                                        "annotations), markdown (job summary), junit (JUnit XML), codequality "
+                                        "(GitLab Code Quality)"), cls)
+        _owned(parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout"), cls)
+
+    @staticmethod
+    def parse(args: argparse.Namespace) -> ReportRequest:
+        return ReportRequest(format=args.format, output=args.output)
+
+
 # Every group, for the tests that check each command takes a concern's flags from its group.
-GROUPS = (GateArgs, ReleaseArgs)
+GROUPS = (GateArgs, ReleaseArgs, ReportArgs)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.cli.args import GateArgs, ReleaseArgs
+from ortgate.cli.args import REPORT_FORMATS, GateArgs, ReleaseArgs, ReportArgs
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ortgate.engine.gate import GateConfig
     from ortgate.rules.context import LintInputs
 
-LINT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
+LINT_FORMATS = REPORT_FORMATS
 # --FLAG FILE: a report beside the main one (its format, the argparse dest, what an error calls it).
 SIDE_REPORTS = (("sarif", "sarif", "SARIF report"), ("markdown", "markdown", "markdown report"),
                 ("json", "json_output", "JSON report"), ("junit", "junit", "JUnit XML report"),
@@ -40,11 +40,7 @@ def add_parser(sub) -> None:
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
     ReleaseArgs.add_to(lint)
-    lint.add_argument("--format", choices=LINT_FORMATS, default="text",
-                      help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                           "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
-                           "Quality)")
-    lint.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    ReportArgs.add_to(lint)
     lint.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
     lint.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
     lint.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
@@ -78,8 +74,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if len(models) > 1 and (args.optimized or args.config):
         flag = "--optimized" if args.optimized else "--config"
         raise InputError(f"{flag} belongs to one model; lint the {len(models)} models one at a time to use it")
-    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
-                                              if getattr(args, dest)]
+    report = ReportArgs.parse(args)
+    reports = [(report.format, report.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                                  if getattr(args, dest)]
     names = {fmt: what for fmt, _, what in SIDE_REPORTS}
     outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ortgate.cli.args import GateArgs
+from ortgate.cli.args import GateArgs, ReportArgs
 from ortgate.cli.lint import (
     LINT_FORMATS,
     SIDE_REPORTS,
@@ -50,11 +50,7 @@ def add_parser(sub) -> None:
                      help="load the custom-op libraries named by the policy's session.custom_op_libraries")
     run.add_argument("--timeout", type=float, metavar="S",
                      help="stop the run after S seconds: a run-timeout finding, the report, exit 1")
-    run.add_argument("--format", choices=FORMATS, default="text",
-                     help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                          "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
-                          "Quality)")
-    run.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    ReportArgs.add_to(run)
     for fmt, dest, what in SIDE_REPORTS:
         run.add_argument(f"--{fmt if dest != 'json_output' else 'json'}", metavar="FILE", dest=dest,
                          help=f"also write the {what} to FILE")
@@ -75,8 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ortgate.runner.collect import RunRequest
     from ortgate.runner.progress import RunProgress
 
-    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
-                                              if getattr(args, dest)]
+    report = ReportArgs.parse(args)
+    reports = [(report.format, report.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                                  if getattr(args, dest)]
     outputs = run_outputs(args, reports)
     check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
     flags = GateArgs.parse(args)
