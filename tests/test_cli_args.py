@@ -6,7 +6,15 @@ import argparse
 
 import pytest
 
-from ortgate.cli.args import GROUPS, REPORT_FORMATS, GateArgs, GateRequest, ReleaseArgs, ReportArgs
+from ortgate.cli.args import (
+    GROUPS,
+    REPORT_FORMATS,
+    GateArgs,
+    GateRequest,
+    GenaiConfigArgs,
+    ReleaseArgs,
+    ReportArgs,
+)
 from ortgate.cli.main import build_parser
 
 
@@ -62,7 +70,7 @@ def test_every_release_flag_comes_from_the_release_group():
 
 
 def test_groups_are_listed():
-    assert GROUPS == (GateArgs, ReleaseArgs, ReportArgs)
+    assert GROUPS == (GateArgs, ReleaseArgs, ReportArgs, GenaiConfigArgs)
     assert ReleaseArgs.parse(build_parser().parse_args(["estimate", "--ort-version", "1.32.0"])) == ("1.32.0",)
 
 
@@ -76,3 +84,10 @@ def test_every_gate_report_format_comes_from_the_report_group():
         for action in parser._actions:
             if "--format" in action.option_strings and action.choices == REPORT_FORMATS:
                 assert getattr(action, "ortgate_group", None) == "ReportArgs", name
+
+
+def test_every_config_flag_comes_from_the_genai_config_group():
+    seen = {name: _owners(parser, GenaiConfigArgs.FLAGS) for name, parser in _commands(build_parser())}
+    seen = {name: owners for name, owners in seen.items() if owners}
+    assert set(seen) >= {"lint", "estimate", "run", "upgrade"}
+    assert all(owners == {"--config": "GenaiConfigArgs"} for owners in seen.values()), seen

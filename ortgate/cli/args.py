@@ -115,5 +115,26 @@ class ReportArgs:
         return ReportRequest(format=args.format, output=args.output)
 
 
+class GenaiConfigRequest(NamedTuple):
+    """The onnxruntime-genai genai_config.json given (None: the one beside the model, if any)."""
+
+    config: str | None
+
+
+class GenaiConfigArgs:
+    """--config, the model's onnxruntime-genai configuration (lint, estimate, run, upgrade)."""
+
+    FLAGS = ("--config",)
+
+    @classmethod
+    def add_to(cls, parser: argparse.ArgumentParser) -> None:
+        _owned(parser.add_argument("--config",
+                                   help="onnxruntime-genai genai_config.json (default: the one beside the model)"), cls)
+
+    @staticmethod
+    def parse(args: argparse.Namespace) -> GenaiConfigRequest:
+        return GenaiConfigRequest(config=args.config)
+
+
 # Every group, for the tests that check each command takes a concern's flags from its group.
-GROUPS = (GateArgs, ReleaseArgs, ReportArgs)
+GROUPS = (GateArgs, ReleaseArgs, ReportArgs, GenaiConfigArgs)

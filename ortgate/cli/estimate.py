@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Literal
 
-from ortgate.cli.args import ReleaseArgs
+from ortgate.cli.args import GenaiConfigArgs, ReleaseArgs
 from ortgate.cli.output import EXIT_PASS, Output, check_outputs, release_notice, write
 from ortgate.errors import InputError
 
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                    help="prompt tokens per sequence: estimate the prefill (time to first token) too")
     p.add_argument("--context", type=_context, help="positions each step attends to (overrides the policy's)")
     p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
-    p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    GenaiConfigArgs.add_to(p)
     ReleaseArgs.add_to(p)
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", metavar="FILE", help="write the estimate to FILE instead of stdout")

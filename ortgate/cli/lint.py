@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortgate.cli.args import REPORT_FORMATS, GateArgs, ReleaseArgs, ReportArgs
+from ortgate.cli.args import REPORT_FORMATS, GateArgs, GenaiConfigArgs, ReleaseArgs, ReportArgs
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                            "quoted glob (models/*/model.onnx, models/**/*.onnx), give one report and one exit code")
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
-    lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    GenaiConfigArgs.add_to(lint)
     ReleaseArgs.add_to(lint)
     ReportArgs.add_to(lint)
     lint.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ortgate.cli.args import GateArgs, ReportArgs
+from ortgate.cli.args import GateArgs, GenaiConfigArgs, ReportArgs
 from ortgate.cli.lint import (
     LINT_FORMATS,
     SIDE_REPORTS,
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                                      "what it saw")
     run.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     run.add_argument("--policy", required=True, help="deployment policy YAML: the session to build")
-    run.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    GenaiConfigArgs.add_to(run)
     run.add_argument("--dump", metavar="OUT.onnx",
                      help="keep the session's optimized model here (default: a temporary file, linted then deleted)")
     run.add_argument("--profile", nargs="?", const=True, default=False, metavar="TRACE.json",
