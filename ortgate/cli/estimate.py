@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Literal
 
+from ortgate.cli.args import GenaiConfigArgs, ReleaseArgs
 from ortgate.cli.output import EXIT_PASS, Output, check_outputs, release_notice, write
 from ortgate.errors import InputError
 
@@ -30,10 +31,8 @@ def add_parser(sub) -> None:
                    help="prompt tokens per sequence: estimate the prefill (time to first token) too")
     p.add_argument("--context", type=_context, help="positions each step attends to (overrides the policy's)")
     p.add_argument("--optimized", metavar="DUMP", help="estimate ORT's optimized model dump instead of the model")
-    p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
-    p.add_argument("--ort-version", metavar="RELEASE",
-                   help="judge the deployment on this ONNX Runtime release (default: the policy's "
-                   "execution_provider.onnxruntime_version, else the release ortgate assumes, 1.31.1)")
+    GenaiConfigArgs.add_to(p)
+    ReleaseArgs.add_to(p)
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", metavar="FILE", help="write the estimate to FILE instead of stdout")
     p.add_argument("--probe", action="store_true",
@@ -103,7 +102,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     request = LintRequest(args.model, args.policy, args.optimized, args.config,
                           CostOverrides(args.device, args.batch[0] if args.batch else None, args.context, args.prompt,
                                         tuple(args.batch) if args.batch and len(args.batch) > 1 else (),
-                                        probe=args.probe), ort_version=args.ort_version)
+                                        probe=args.probe),
+                          ort_version=ReleaseArgs.parse(args).ort_version)
     inputs = load_inputs(request)
     release_notice(inputs)
     check_outputs(outputs, inputs.files_read)

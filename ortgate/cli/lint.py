@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ortgate.cli.args import REPORT_FORMATS, GateArgs, GenaiConfigArgs, ReleaseArgs, ReportArgs
 from ortgate.cli.output import (
     EXIT_PASS,
     Output,
@@ -13,7 +14,6 @@ from ortgate.cli.output import (
     progress,
     progress_wanted,
     release_notice,
-    split_list,
     terminal_options,
     write,
 )
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ortgate.engine.gate import GateConfig
     from ortgate.rules.context import LintInputs
 
-LINT_FORMATS = ("text", "json", "sarif", "github", "markdown", "junit", "codequality")
+LINT_FORMATS = REPORT_FORMATS
 # --FLAG FILE: a report beside the main one (its format, the argparse dest, what an error calls it).
 SIDE_REPORTS = (("sarif", "sarif", "SARIF report"), ("markdown", "markdown", "markdown report"),
                 ("json", "json_output", "JSON report"), ("junit", "junit", "JUnit XML report"),
@@ -38,29 +38,16 @@ def add_parser(sub) -> None:
                            "quoted glob (models/*/model.onnx, models/**/*.onnx), give one report and one exit code")
     lint.add_argument("--policy", help="deployment policy YAML")
     lint.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
-    lint.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
-    lint.add_argument("--ort-version", metavar="RELEASE",
-                      help="judge the deployment on this ONNX Runtime release (default: the policy's "
-                           "execution_provider.onnxruntime_version, else the release ortgate assumes, 1.31.1)")
-    lint.add_argument("--format", choices=LINT_FORMATS, default="text",
-                      help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                           "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
-                           "Quality)")
-    lint.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    GenaiConfigArgs.add_to(lint)
+    ReleaseArgs.add_to(lint)
+    ReportArgs.add_to(lint)
     lint.add_argument("--sarif", metavar="FILE", help="also write a SARIF 2.1.0 report to FILE")
     lint.add_argument("--markdown", metavar="FILE", help="also write the markdown job summary to FILE")
     lint.add_argument("--json", metavar="FILE", dest="json_output", help="also write the JSON report to FILE")
     lint.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report to FILE (one test per rule)")
     lint.add_argument("--codequality", metavar="FILE",
                       help="also write a GitLab Code Quality report to FILE (artifacts:reports:codequality)")
-    lint.add_argument("--baseline", metavar="FILE",
-                      help="an ortgate baseline: findings listed in it are reported as suppressed")
-    add_baseline_arguments(lint)
-    lint.add_argument("--fail-on", choices=("error", "warning", "info"),
-                      help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
-    lint.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
-    lint.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
-    add_preview_argument(lint)
+    GateArgs.add_to(lint)
     lint.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     add_compare_argument(lint)
     lint.add_argument("--expand", action="store_true",
@@ -81,12 +68,15 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from ortgate.graph.index import gc_paused
     from ortgate.report import render
 
+    gate = GateArgs.parse(args)
+    release = ReleaseArgs.parse(args)
     models = expand_models(args.model)
     if len(models) > 1 and (args.optimized or args.config):
         flag = "--optimized" if args.optimized else "--config"
         raise InputError(f"{flag} belongs to one model; lint the {len(models)} models one at a time to use it")
-    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
-                                              if getattr(args, dest)]
+    report = ReportArgs.parse(args)
+    reports = [(report.format, report.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                                  if getattr(args, dest)]
     names = {fmt: what for fmt, _, what in SIDE_REPORTS}
     outputs = [Output(path, "report" if i == 0 else names[fmt]) for i, (fmt, path) in enumerate(reports)
                if path is not None]
@@ -100,7 +90,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         inputs: list[LintInputs] = []
         for model in models:
             one = load_inputs(LintRequest(model, args.policy, args.optimized, args.config,
-                                          ort_version=args.ort_version), note)
+                                          ort_version=release.ort_version), note)
             if all(Path(one.model.path).resolve() != Path(o.model.path).resolve() for o in inputs):
                 inputs.append(one)  # a model named twice (its folder and its file, two globs) is linted once
         release_notice(inputs[0])
@@ -116,9 +106,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
         # every file read, now that all are known
         check_outputs(outputs, [*(p for one in inputs for p in one.files_read), args.baseline,
                                 *(base.files_read if base is not None else ())])
-        config = gate_config_from(inputs[0].policy, cli_select=split_list(args.select),
-                                  cli_ignore=split_list(args.ignore), fail_on=args.fail_on, baseline=baseline,
-                                  baseline_path=args.baseline, preview=args.preview)
+        config = gate_config_from(inputs[0].policy, cli_select=gate.select, cli_ignore=gate.ignore,
+                                  fail_on=gate.fail_on, baseline=baseline, baseline_path=gate.baseline,
+                                  preview=gate.preview)
         rules = selected_rules(config)
         raw = collect(inputs, rules, note)
         # judged once: against the baseline this command writes, when it writes one
@@ -135,12 +125,6 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if args.exit_zero:
         return EXIT_PASS
     return result.verdict.exit_code
-
-
-def add_preview_argument(parser) -> None:
-    parser.add_argument("--preview", action="store_true",
-                        help="also run the rules in preview: new rules, not yet promoted, which otherwise run only "
-                             "when selected by code or name (`ortgate rules` marks them)")
 
 
 def add_compare_argument(parser) -> None:
@@ -161,15 +145,6 @@ def check_compare(args: argparse.Namespace, models: list[str]) -> None:
                          "to compare each")
     if args.optimized:
         raise InputError("--compare compares two models as exported; drop --optimized to compare them")
-
-
-def add_baseline_arguments(parser) -> None:
-    parser.add_argument("--write-baseline", metavar="FILE",
-                        help="write every current finding (not covered by a waiver) to FILE as the new baseline, "
-                             "then judge against it")
-    parser.add_argument("--prune-baseline", action="store_true",
-                        help="rewrite the --baseline file without its stale entries (entries that matched no "
-                             "finding), as the current baseline version")
 
 
 def baseline_outputs(args: argparse.Namespace) -> list[Output]:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ortgate.cli.args import GateArgs, GenaiConfigArgs, ReportArgs
 from ortgate.cli.lint import (
     LINT_FORMATS,
     SIDE_REPORTS,
-    add_baseline_arguments,
-    add_preview_argument,
     baseline_outputs,
     baseline_target,
     write_baseline,
@@ -21,7 +20,6 @@ from ortgate.cli.output import (
     Output,
     check_outputs,
     require_onnxruntime,
-    split_list,
     terminal_options,
     write,
 )
@@ -35,7 +33,7 @@ def add_parser(sub) -> None:
                                      "what it saw")
     run.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     run.add_argument("--policy", required=True, help="deployment policy YAML: the session to build")
-    run.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    GenaiConfigArgs.add_to(run)
     run.add_argument("--dump", metavar="OUT.onnx",
                      help="keep the session's optimized model here (default: a temporary file, linted then deleted)")
     run.add_argument("--profile", nargs="?", const=True, default=False, metavar="TRACE.json",
@@ -52,22 +50,11 @@ def add_parser(sub) -> None:
                      help="load the custom-op libraries named by the policy's session.custom_op_libraries")
     run.add_argument("--timeout", type=float, metavar="S",
                      help="stop the run after S seconds: a run-timeout finding, the report, exit 1")
-    run.add_argument("--format", choices=FORMATS, default="text",
-                     help="report format on stdout (or --output): text, json, sarif, github (workflow "
-                          "annotations), markdown (job summary), junit (JUnit XML), codequality (GitLab Code "
-                          "Quality)")
-    run.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    ReportArgs.add_to(run)
     for fmt, dest, what in SIDE_REPORTS:
         run.add_argument(f"--{fmt if dest != 'json_output' else 'json'}", metavar="FILE", dest=dest,
                          help=f"also write the {what} to FILE")
-    run.add_argument("--baseline", metavar="FILE",
-                     help="an ortgate baseline: findings listed in it are reported as suppressed")
-    add_baseline_arguments(run)
-    run.add_argument("--fail-on", choices=("error", "warning", "info"),
-                     help="lowest severity that fails the gate (default: the policy's rules.fail_on, else error)")
-    run.add_argument("--select", metavar="RULES", help="comma-separated rule names, codes or code prefixes to run")
-    run.add_argument("--ignore", metavar="RULES", help="comma-separated rule names, codes or code prefixes to skip")
-    add_preview_argument(run)
+    GateArgs.add_to(run)
     run.add_argument("--exit-zero", action="store_true", help="exit 0 even when the gate fails")
     run.add_argument("--write-calibration", metavar="FILE",
                      help="write the device figures fitted to this measurement to FILE (YAML), for a policy's "
@@ -84,17 +71,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ortgate.runner.collect import RunRequest
     from ortgate.runner.progress import RunProgress
 
-    reports = [(args.format, args.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
-                                              if getattr(args, dest)]
+    report = ReportArgs.parse(args)
+    reports = [(report.format, report.output)] + [(fmt, getattr(args, dest)) for fmt, dest, _ in SIDE_REPORTS
+                                                  if getattr(args, dest)]
     outputs = run_outputs(args, reports)
     check_outputs(outputs, [args.model, args.policy, args.config, args.baseline])  # before loading: fail at once
-    gate = RunGate(split_list(args.select), split_list(args.ignore),
-                   load_baseline(args.baseline) if args.baseline else None, args.baseline, preview=args.preview,
-                   write_baseline_to=baseline_target(args), prune=args.prune_baseline)
+    flags = GateArgs.parse(args)
+    gate = RunGate(flags.select, flags.ignore, load_baseline(flags.baseline) if flags.baseline else None,
+                   flags.baseline, preview=flags.preview, write_baseline_to=baseline_target(args),
+                   prune=flags.prune_baseline)
     request = RunRequest(args.model, args.policy, config=args.config, dump=args.dump, profile=args.profile,
                          warmup=args.warmup, iterations=args.iterations, compare_default=args.compare_default,
                          allow_cpu=args.allow_cpu, allow_custom_ops=args.allow_custom_ops, timeout_s=args.timeout,
-                         fail_on=args.fail_on)
+                         fail_on=flags.fail_on)
 
     def emit(outcome) -> int:
         return _emit(args, reports, outcome)

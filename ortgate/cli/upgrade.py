@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from ortgate.cli.args import GenaiConfigArgs
 from ortgate.cli.output import Output, check_outputs, write
 from ortgate.errors import InputError
 
@@ -26,7 +27,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("upgrade", help="what changes for a model and policy between two ONNX Runtime releases")
     p.add_argument("model", help="an .onnx file, or a folder holding model.onnx (and genai_config.json)")
     p.add_argument("--policy", help="deployment policy YAML")
-    p.add_argument("--config", help="onnxruntime-genai genai_config.json (default: the one beside the model)")
+    GenaiConfigArgs.add_to(p)
     p.add_argument("--optimized", metavar="DUMP", help="ORT's optimized model dump (optimized_model_filepath)")
     p.add_argument("--to", required=True, metavar="RELEASE", help="the ONNX Runtime release to judge the deployment on")
     p.add_argument("--from", dest="from_", metavar="RELEASE",
