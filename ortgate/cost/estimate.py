@@ -343,22 +343,9 @@ def _onnx_attention_on_cuda(model: StepModel, setup: CostSetup, times: dict[int,
         return []
     slow_us, fast_us = deployment_fact("onnx_attention_cuda_decode").values[:2]
     extra = (slow_us - fast_us) * 1e-6
-    out = []
-    for node in nodes:
-        roof, floor, roof_cache = times.get(node.index, (0.0, 0.0, 0.0))
-        times[node.index] = (roof + extra, floor, roof_cache + extra)
-        totals.roofline_s += extra
-        totals.roofline_cache_s += extra
-        nc = model.costs.get(node.index)
-        cost = nc.cost.copy() if nc is not None else Cost()
-        cost.launches = model.launches[node.index]
-        gqa = "com.microsoft.GroupQueryAttention"
-        added = NodeCost(-1, f"{gqa} (onnx_attention repair, layer {node.layer})", gqa, node.layer,
-                         nc.component if nc is not None else "attention", cost,
-                         compute_dtype=nc.compute_dtype if nc is not None else None,
-                         label="GroupQueryAttention's decode kernels in place of the ONNX Attention's generic one")
-        out.append(Repair(RepairKind.onnx_attention, node.layer, node.display_name, frozenset({node.index}), [added]))
-    return out
+    return _slow_path_repairs(model, times, totals, nodes, lambda roof: extra, RepairKind.onnx_attention,
+                              "com.microsoft.GroupQueryAttention", "attention",
+                              "GroupQueryAttention's decode kernels in place of the ONNX Attention's generic one")
 
 
 def qmoe_off_gemv(graph, node) -> bool:
@@ -391,23 +378,34 @@ def _qmoe_off_gemv_on_cuda(model: StepModel, setup: CostSetup, times: dict[int, 
         return []  # before the fast path, every QMoE takes the grouped GEMM: nothing to repair
     nodes = [n for n in model.graph.by_op("com.microsoft", "QMoE") if n.graph is None and qmoe_off_gemv(model.graph, n)]
     speedup = cuda_contracts().qmoe_gemv.speedup
+    # fast = slow / (1 + speedup): the slow path takes `speedup` times the fast one more
+    return _slow_path_repairs(model, times, totals, nodes, lambda roof: roof * speedup, RepairKind.qmoe_gemv,
+                              "com.microsoft.QMoE", "moe", "the QMoE batch-1 GEMV fast path in place of the grouped GEMM",
+                              keep_efficiency=True)
+
+
+def _slow_path_repairs(model: StepModel, times: dict[int, tuple[float, float, float]], totals: Totals, nodes: list,
+                       extra_s: Callable[[float], float], kind: RepairKind, op: str, component: str, label: str,
+                       *, keep_efficiency: bool = False) -> list[Repair]:
+    """Nodes that take a slow kernel path: each node's time gains `extra_s(its roofline time)` (`times` and `totals`
+    are updated), and a repair per node puts `op` with the same bytes, FLOPs and launches in its place, so the
+    difference is its saving."""
     out = []
     for node in nodes:
         roof, floor, roof_cache = times.get(node.index, (0.0, 0.0, 0.0))
-        extra = roof * speedup  # fast = slow / (1 + speedup): the slow path takes `speedup` times the fast one more
+        extra = extra_s(roof)
         times[node.index] = (roof + extra, floor, roof_cache + extra)
         totals.roofline_s += extra
         totals.roofline_cache_s += extra
         nc = model.costs.get(node.index)
         cost = nc.cost.copy() if nc is not None else Cost()
         cost.launches = model.launches[node.index]
-        qmoe = "com.microsoft.QMoE"
-        added = NodeCost(-1, f"{qmoe} (qmoe_gemv repair, layer {node.layer})", qmoe, node.layer,
-                         nc.component if nc is not None else "moe", cost,
-                         compute_dtype=nc.compute_dtype if nc is not None else None,
-                         label="the QMoE batch-1 GEMV fast path in place of the grouped GEMM")
-        added.efficiency_kind = nc.efficiency_kind if nc is not None else None
-        out.append(Repair(RepairKind.qmoe_gemv, node.layer, node.display_name, frozenset({node.index}), [added]))
+        added = NodeCost(-1, f"{op} ({kind} repair, layer {node.layer})", op, node.layer,
+                         nc.component if nc is not None else component, cost,
+                         compute_dtype=nc.compute_dtype if nc is not None else None, label=label)
+        if keep_efficiency:
+            added.efficiency_kind = nc.efficiency_kind if nc is not None else None
+        out.append(Repair(kind, node.layer, node.display_name, frozenset({node.index}), [added]))
     return out
 
 
